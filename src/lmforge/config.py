@@ -1,0 +1,195 @@
+"""Typed configs: flat dataclasses saved as JSON, with checked ``key=value`` overrides.
+
+Every config in lmforge is a ``@dataclass`` whose fields have simple types (int, float, bool,
+str, optional or tuple/list of those).  :func:`from_dict` rejects unknown keys with the list of
+valid ones; :func:`apply_overrides` parses ``--set key=value`` strings against the field types.
+Values are validated by each dataclass's ``__post_init__``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import json
+import types
+import typing
+from pathlib import Path
+from typing import Any, TypeVar
+
+from .errors import ConfigError
+from .utils import atomic_write_text
+
+T = TypeVar("T")
+
+
+def _field_types(cls) -> dict[str, Any]:
+    hints = typing.get_type_hints(cls)
+    return {f.name: hints[f.name] for f in dataclasses.fields(cls) if f.init}
+
+
+def _unknown_key_message(cls, key: str, valid: list[str]) -> str:
+    close = difflib.get_close_matches(key, valid, n=1)
+    hint = f" (did you mean '{close[0]}'?)" if close else ""
+    return f"unknown config key '{key}' for {cls.__name__}{hint}; valid keys: {', '.join(sorted(valid))}"
+
+
+def _coerce(value: Any, tp: Any, key: str) -> Any:
+    """Convert a JSON value or a command-line string to the field type ``tp``."""
+    origin = typing.get_origin(tp)
+    args = typing.get_args(tp)
+    if origin in (typing.Union, types.UnionType):
+        if value is None or (isinstance(value, str) and value.lower() in ("none", "null")):
+            if type(None) in args:
+                return None
+        errors = []
+        for a in args:
+            if a is type(None):
+                continue
+            try:
+                return _coerce(value, a, key)
+            except ConfigError as e:
+                errors.append(str(e))
+        raise ConfigError(errors[0] if errors else f"bad value {value!r} for '{key}'")
+    if origin in (list, tuple):
+        if isinstance(value, str):
+            s = value.strip()
+            if s.startswith("["):
+                try:
+                    value = json.loads(s)
+                except json.JSONDecodeError as e:
+                    raise ConfigError(f"bad list value {value!r} for '{key}': {e.msg}") from None
+            else:
+                value = [v for v in s.split(",") if v.strip()]
+        if not isinstance(value, (list, tuple)):
+            raise ConfigError(f"'{key}' expects a list, got {value!r}")
+        inner = args[0] if args else Any
+        items = [_coerce(v, inner, key) for v in value]
+        return tuple(items) if origin is tuple else items
+    if tp is Any:
+        return value
+    if tp is bool:
+        if isinstance(value, bool):
+            return value
+        if isinstance(value, str) and value.lower() in ("true", "1", "yes", "on"):
+            return True
+        if isinstance(value, str) and value.lower() in ("false", "0", "no", "off"):
+            return False
+        if isinstance(value, int) and value in (0, 1):
+            return bool(value)
+        raise ConfigError(f"'{key}' expects true/false, got {value!r}")
+    if tp is int:
+        if isinstance(value, bool):
+            raise ConfigError(f"'{key}' expects an integer, got {value!r}")
+        if isinstance(value, int):
+            return value
+        if isinstance(value, float) and value.is_integer():
+            return int(value)
+        if isinstance(value, str):
+            try:
+                f = float(value)
+            except ValueError:
+                raise ConfigError(f"'{key}' expects an integer, got {value!r}") from None
+            if f.is_integer():
+                return int(f)
+        raise ConfigError(f"'{key}' expects an integer, got {value!r}")
+    if tp is float:
+        if isinstance(value, bool):
+            raise ConfigError(f"'{key}' expects a number, got {value!r}")
+        try:
+            return float(value)
+        except (TypeError, ValueError):
+            raise ConfigError(f"'{key}' expects a number, got {value!r}") from None
+    if tp is str:
+        if isinstance(value, str):
+            return value
+        raise ConfigError(f"'{key}' expects a string, got {value!r}")
+    if typing.get_origin(tp) is typing.Literal:
+        if value not in args:
+            raise ConfigError(f"'{key}' must be one of {', '.join(map(str, args))}, got {value!r}")
+        return value
+    return value
+
+
+def from_dict(cls: type[T], data: dict[str, Any], *, ignore: tuple[str, ...] = ()) -> T:
+    """Build dataclass ``cls`` from ``data``, rejecting unknown keys and coercing types.
+
+    Args:
+        cls: the config dataclass.
+        data: mapping of field name to value (e.g. a parsed ``config.json``).
+        ignore: keys that may be present but are not fields (e.g. ``"model_type"``).
+    """
+    fields = _field_types(cls)
+    kwargs = {}
+    for key, value in data.items():
+        if key in ignore:
+            continue
+        if key not in fields:
+            raise ConfigError(_unknown_key_message(cls, key, list(fields)))
+        kwargs[key] = _coerce(value, fields[key], key)
+    try:
+        return cls(**kwargs)
+    except (TypeError, ValueError) as e:
+        raise ConfigError(f"invalid {cls.__name__}: {e}") from None
+
+
+def to_dict(cfg) -> dict[str, Any]:
+    """Plain JSON-ready dict of a config dataclass (tuples become lists)."""
+    return json.loads(json.dumps(dataclasses.asdict(cfg)))
+
+
+def parse_overrides(pairs: list[str] | None) -> dict[str, str]:
+    """Split ``["a=1", "b=x"]`` into a dict; a pair without ``=`` is a config error."""
+    out: dict[str, str] = {}
+    for pair in pairs or []:
+        if "=" not in pair:
+            raise ConfigError(f"override '{pair}' is not of the form key=value")
+        k, v = pair.split("=", 1)
+        out[k.strip()] = v.strip()
+    return out
+
+
+def apply_overrides(cfg: T, pairs: list[str] | dict[str, Any] | None) -> T:
+    """Return a copy of ``cfg`` with ``key=value`` overrides applied and validated."""
+    overrides = pairs if isinstance(pairs, dict) else parse_overrides(pairs)
+    if not overrides:
+        return cfg
+    fields = _field_types(type(cfg))
+    changes = {}
+    for k, v in overrides.items():
+        if k not in fields:
+            raise ConfigError(_unknown_key_message(type(cfg), k, list(fields)))
+        changes[k] = _coerce(v, fields[k], k)
+    try:
+        return dataclasses.replace(cfg, **changes)
+    except (TypeError, ValueError) as e:
+        raise ConfigError(f"invalid {type(cfg).__name__}: {e}") from None
+
+
+def split_overrides(cls, pairs: list[str] | None) -> tuple[dict[str, str], dict[str, str]]:
+    """Split overrides into those naming a field of ``cls`` and the rest (left for another config)."""
+    overrides = parse_overrides(pairs)
+    names = set(_field_types(cls))
+    mine = {k: v for k, v in overrides.items() if k in names}
+    rest = {k: v for k, v in overrides.items() if k not in names}
+    return mine, rest
+
+
+def save_json(cfg_or_dict, path: str | Path, **extra: Any) -> None:
+    """Write a config (dataclass or dict) as pretty JSON, atomically; ``extra`` keys go first."""
+    data = cfg_or_dict if isinstance(cfg_or_dict, dict) else to_dict(cfg_or_dict)
+    data = {**extra, **data}
+    atomic_write_text(Path(path), json.dumps(data, indent=2, ensure_ascii=False) + "\n")
+
+
+def load_json(path: str | Path) -> dict[str, Any]:
+    """Read a JSON object from ``path`` with a one-line error when missing or malformed."""
+    p = Path(path)
+    if not p.is_file():
+        raise ConfigError(f"config file not found: {p}")
+    try:
+        data = json.loads(p.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise ConfigError(f"{p} is not valid JSON ({e}); fix or regenerate it") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"{p} must hold a JSON object")
+    return data

@@ -1,0 +1,136 @@
+"""What every lmforge model family shares: the model folder contract and the output type.
+
+A model folder holds ``config.json`` (with ``model_type``), ``model.safetensors``, the tokenizer
+files and, after pretraining, ``training_state/``.  ``Model(config)`` never needs weights;
+:meth:`PretrainedModel.from_pretrained` is the separate loading step, and reads safetensors only.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from pathlib import Path
+from typing import Any, ClassVar
+
+import torch
+from torch import nn
+
+from ..config import from_dict, load_json, save_json
+from ..errors import CheckpointError
+from ..utils import load_safetensors, save_safetensors
+
+logger = logging.getLogger(__name__)
+
+
+@dataclasses.dataclass
+class ModelOutput:
+    """What ``forward`` returns in every family.
+
+    Attributes:
+        loss: scalar training loss when labels were given, else ``None``.
+        logits: the main prediction scores (family-specific shape, documented on each model).
+        metrics: extra detached scalars for logging, e.g. ``{"mlm_loss": ..., "nsp_acc": ...}``.
+        hidden_states: per-layer representations when asked for, else ``None``.
+    """
+
+    loss: torch.Tensor | None = None
+    logits: torch.Tensor | None = None
+    metrics: dict[str, torch.Tensor] = dataclasses.field(default_factory=dict)
+    hidden_states: tuple[torch.Tensor, ...] | None = None
+
+
+@dataclasses.dataclass
+class TokenLayers:
+    """Contextual (or static) vectors of one text, as ``embed`` returns them in every family.
+
+    Attributes:
+        tokens: the model's tokens for the text (no special tokens).
+        offsets: (start, end) character span of each token in the original text.
+        layers: (L, n_tokens, C) float tensor, one row per layer, lowest first (embedding layer
+            first for the Transformers, token layer then LSTM-1, LSTM-2 for ELMo, a single layer for
+            word2vec).
+        layer_names: a short name per layer, e.g. ``["emb", "layer1", ...]``.
+    """
+
+    tokens: list[str]
+    offsets: list[tuple[int, int]]
+    layers: torch.Tensor
+    layer_names: list[str]
+
+
+class PretrainedModel(nn.Module):
+    """Base class: config handling plus safetensors save/load of a model folder."""
+
+    config_class: ClassVar[type]
+    model_type: ClassVar[str]
+
+    def __init__(self, config):
+        super().__init__()
+        self.config = config
+        self.tokenizer = None  # attached by lmforge.load / from_pretrained when the folder has one
+
+    # -- weights -----------------------------------------------------------------------------
+    def tied_weight_keys(self) -> list[str]:
+        """State-dict keys that alias another parameter and are not written to disk."""
+        return []
+
+    def save_pretrained(self, out_dir: str | Path, tokenizer=None) -> None:
+        """Write ``config.json`` and ``model.safetensors`` (and the tokenizer) into ``out_dir``."""
+        out = Path(out_dir)
+        out.mkdir(parents=True, exist_ok=True)
+        state = {k: v for k, v in self.state_dict().items() if k not in set(self.tied_weight_keys())}
+        save_safetensors(state, out / "model.safetensors", metadata={"format": "pt", "model_type": self.model_type})
+        save_json(self.config, out / "config.json", model_type=self.model_type)
+        tok = tokenizer if tokenizer is not None else self.tokenizer
+        if tok is not None:
+            tok.save(out)
+
+    def load_weights(self, state: dict[str, torch.Tensor], strict: bool = True) -> None:
+        """Load a state dict, treating tied keys as optional; mismatches are a CheckpointError."""
+        tied = set(self.tied_weight_keys())
+        own = self.state_dict()
+        missing = [k for k in own if k not in state and k not in tied]
+        unexpected = [k for k in state if k not in own]
+        if strict and (missing or unexpected):
+            raise CheckpointError(
+                f"weights do not fit this {self.model_type} config: "
+                f"missing {missing[:5]}{'...' if len(missing) > 5 else ''}, "
+                f"unexpected {unexpected[:5]}{'...' if len(unexpected) > 5 else ''}"
+            )
+        bad = [k for k, v in state.items() if k in own and own[k].shape != v.shape]
+        if bad:
+            k = bad[0]
+            raise CheckpointError(
+                f"weight '{k}' has shape {tuple(state[k].shape)} but the config expects {tuple(own[k].shape)}"
+            )
+        self.load_state_dict(state, strict=False)
+
+    @classmethod
+    def config_from_folder(cls, path: str | Path):
+        data = load_json(Path(path) / "config.json")
+        mt = data.get("model_type")
+        if mt != cls.model_type:
+            raise CheckpointError(f"{path} holds a '{mt}' model, not '{cls.model_type}'")
+        return from_dict(cls.config_class, data, ignore=("model_type",))
+
+    @classmethod
+    def from_pretrained(cls, path: str | Path, *, load_tokenizer: bool = True):
+        """Build the model from ``path/config.json`` and load ``path/model.safetensors``."""
+        p = Path(path)
+        if not p.is_dir():
+            raise CheckpointError(f"model folder not found: {p}")
+        config = cls.config_from_folder(p)
+        model = cls(config)
+        model.load_weights(load_safetensors(p / "model.safetensors"))
+        model.eval()
+        if load_tokenizer and (p / "tokenizer.json").is_file():
+            from ..tokenization import Tokenizer
+
+            model.tokenizer = Tokenizer.load(p)
+        return model
+
+    def num_parameters(self, trainable_only: bool = False) -> int:
+        return sum(p.numel() for p in self.parameters() if p.requires_grad or not trainable_only)
+
+    def extra_repr_dict(self) -> dict[str, Any]:  # pragma: no cover - cosmetic
+        return dataclasses.asdict(self.config)

@@ -1,0 +1,169 @@
+"""Multi-head self-attention over SDPA and the Transformer block shared by BERT and GPT.
+
+Names are generic (``attn.qkv``, ``attn.proj``, ``mlp.fc``, ``mlp.proj``, ``ln_attn``, ``ln_mlp``);
+each family's interop module maps them to HF names with one explicit dict.  Q, K and V are one
+fused ``Linear`` because one (C -> 3C) matmul is faster than three (C -> C) ones on CPU.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+def gelu(x: torch.Tensor, approximate: str = "none") -> torch.Tensor:
+    return F.gelu(x, approximate=approximate)
+
+
+class KVCache:
+    """Keys and values of earlier positions, one (B, nh, T_past, hs) pair per layer."""
+
+    def __init__(self, n_layers: int):
+        self.keys: list[torch.Tensor | None] = [None] * n_layers
+        self.values: list[torch.Tensor | None] = [None] * n_layers
+
+    @property
+    def length(self) -> int:
+        k = self.keys[0]
+        return 0 if k is None else k.shape[2]
+
+    def update(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        if self.keys[layer] is not None:
+            k = torch.cat([self.keys[layer], k], dim=2)
+            v = torch.cat([self.values[layer], v], dim=2)
+        self.keys[layer], self.values[layer] = k, v
+        return k, v
+
+
+class SelfAttention(nn.Module):
+    """Multi-head self-attention (causal or bidirectional) via ``scaled_dot_product_attention``."""
+
+    def __init__(self, hidden_size: int, num_heads: int, dropout: float = 0.0, bias: bool = True):
+        super().__init__()
+        if hidden_size % num_heads:
+            raise ValueError(f"hidden_size {hidden_size} is not divisible by num_heads {num_heads}")
+        self.num_heads = num_heads
+        self.head_size = hidden_size // num_heads
+        self.qkv = nn.Linear(hidden_size, 3 * hidden_size, bias=bias)
+        self.proj = nn.Linear(hidden_size, hidden_size, bias=bias)
+        self.dropout = dropout
+        self.resid_dropout = nn.Dropout(dropout)
+
+    def forward(
+        self,
+        x: torch.Tensor,
+        attn_mask: torch.Tensor | None = None,
+        causal: bool = False,
+        cache: KVCache | None = None,
+        layer_idx: int = 0,
+    ) -> torch.Tensor:
+        """Args:
+            x: (B, T, C) input.
+            attn_mask: boolean (B, 1, 1|T, T_total) mask, True = may attend; or None.
+            causal: mask out future positions (GPT).
+            cache: KV cache for incremental decoding; new keys/values are appended to it.
+        Returns:
+            (B, T, C) output.
+        """
+        B, T, C = x.shape
+        q, k, v = self.qkv(x).split(C, dim=2)
+        q = q.view(B, T, self.num_heads, self.head_size).transpose(1, 2)  # (B, nh, T, hs)
+        k = k.view(B, T, self.num_heads, self.head_size).transpose(1, 2)  # (B, nh, T, hs)
+        v = v.view(B, T, self.num_heads, self.head_size).transpose(1, 2)  # (B, nh, T, hs)
+        past = 0
+        if cache is not None:
+            past = cache.length
+            k, v = cache.update(layer_idx, k, v)  # (B, nh, past+T, hs)
+        drop = self.dropout if self.training else 0.0
+        if causal and attn_mask is None and past == 0:
+            y = F.scaled_dot_product_attention(q, k, v, dropout_p=drop, is_causal=True)
+        else:
+            mask = attn_mask
+            if causal and T > 1:
+                # query i sits at absolute position past+i and may see keys 0..past+i
+                total = past + T
+                tri = torch.ones(T, total, dtype=torch.bool, device=x.device).tril(diagonal=past)
+                mask = tri if mask is None else (mask & tri)
+            y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=drop)
+        y = y.transpose(1, 2).reshape(B, T, C)  # (B, T, C)
+        return self.resid_dropout(self.proj(y))
+
+
+class MLP(nn.Module):
+    def __init__(self, hidden_size: int, intermediate_size: int, dropout: float = 0.0, act: str = "gelu"):
+        super().__init__()
+        self.fc = nn.Linear(hidden_size, intermediate_size)
+        self.proj = nn.Linear(intermediate_size, hidden_size)
+        self.approximate = "tanh" if act in ("gelu_new", "gelu_tanh", "gelu_pytorch_tanh") else "none"
+        self.dropout = nn.Dropout(dropout)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.dropout(self.proj(gelu(self.fc(x), self.approximate)))
+
+
+class TransformerBlock(nn.Module):
+    """Attention + MLP with residuals; post-LN (BERT, GPT-1) or pre-LN (GPT-2) by ``norm_first``."""
+
+    def __init__(
+        self,
+        hidden_size: int,
+        num_heads: int,
+        intermediate_size: int,
+        dropout: float = 0.1,
+        attn_dropout: float = 0.1,
+        norm_first: bool = False,
+        layer_norm_eps: float = 1e-12,
+        act: str = "gelu",
+    ):
+        super().__init__()
+        self.norm_first = norm_first
+        self.attn = SelfAttention(hidden_size, num_heads, attn_dropout)
+        self.attn.resid_dropout = nn.Dropout(dropout)
+        self.ln_attn = nn.LayerNorm(hidden_size, eps=layer_norm_eps)
+        self.mlp = MLP(hidden_size, intermediate_size, dropout, act)
+        self.ln_mlp = nn.LayerNorm(hidden_size, eps=layer_norm_eps)
+
+    def forward(
+        self,
+        x: torch.Tensor,
+        attn_mask: torch.Tensor | None = None,
+        causal: bool = False,
+        cache: KVCache | None = None,
+        layer_idx: int = 0,
+    ) -> torch.Tensor:
+        if self.norm_first:
+            x = x + self.attn(self.ln_attn(x), attn_mask, causal, cache, layer_idx)
+            x = x + self.mlp(self.ln_mlp(x))
+        else:
+            x = self.ln_attn(x + self.attn(x, attn_mask, causal, cache, layer_idx))
+            x = self.ln_mlp(x + self.mlp(x))
+        return x
+
+
+def padding_mask(attention_mask: torch.Tensor | None) -> torch.Tensor | None:
+    """(B, T) 1/0 padding mask -> (B, 1, 1, T) boolean SDPA mask (True = attend), or None if no padding."""
+    if attention_mask is None:
+        return None
+    if bool(attention_mask.all()):
+        return None  # no padding: let SDPA pick its fastest kernel
+    return attention_mask.bool()[:, None, None, :]
+
+
+def init_weights(module: nn.Module, std: float = 0.02) -> None:
+    """BERT/GPT initialisation: N(0, std) for Linear/Embedding, ones/zeros for LayerNorm."""
+    if isinstance(module, nn.Linear):
+        nn.init.normal_(module.weight, mean=0.0, std=std)
+        if module.bias is not None:
+            nn.init.zeros_(module.bias)
+    elif isinstance(module, nn.Embedding):
+        nn.init.normal_(module.weight, mean=0.0, std=std)
+        if module.padding_idx is not None:
+            with torch.no_grad():
+                module.weight[module.padding_idx].zero_()
+    elif isinstance(module, nn.LayerNorm):
+        nn.init.ones_(module.weight)
+        nn.init.zeros_(module.bias)
+
+
+__all__ = ["SelfAttention", "MLP", "TransformerBlock", "KVCache", "padding_mask", "init_weights"]
