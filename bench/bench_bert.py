@@ -1,0 +1,279 @@
+"""lmforge BERT vs ``transformers.BertForPreTraining`` (sdpa): training and inference speed, MFU, bf16.
+
+Both models live in ONE process and take turns step by step (the order flips every step), start
+from the same weights (copied through ``lmforge.interop.bert``) and see the same batches, so the
+machine's drift (+-15-20 % between runs here) hits both alike.  Before timing, the script checks
+that the two compute the same loss.
+
+    python bench/bench_bert.py                 # default: hidden 256, 4 layers, seq 128, batch 16
+    python bench/bench_bert.py --steps 10      # shorter
+
+What is measured:
+* training tokens/s: forward + backward + AdamW step, with dropout 0.1 as in pretraining;
+* inference tokens/s: forward under ``inference_mode`` producing the MLM scores of every
+  position and the NSP scores (what HF's ``BertForPreTraining`` returns);
+* MFU = model FLOPs/s / the fp32 matmul peak measured here (best of several large GEMMs).
+  The model FLOPs count the matmuls each model actually runs (lmforge scores only the masked
+  positions when labels are given, HF every position), times 3 for training;
+* bf16: lmforge under ``torch.autocast("cpu", bfloat16)`` vs lmforge fp32, alternating, from the
+  same weights, batches and dropout masks, with both loss curves printed.
+
+Batches are synthetic: Zipf-distributed token ids (so the MLM loss has something to learn: the
+unigram distribution), 15 % of the positions masked 80/10/10, segments A/B, random NSP labels.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import statistics
+import sys
+import time
+
+import torch
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+
+def measure_peak_gflops(n: int = 1024, reps: int = 10) -> float:
+    """Best fp32 GEMM throughput of this machine at the current thread count, in GFLOP/s."""
+    best = 0.0
+    for size in (n, 2 * n):
+        a, b = torch.randn(size, size), torch.randn(size, size)
+        torch.mm(a, b)  # warm up
+        for _ in range(reps if size == n else max(2, reps // 4)):
+            t = time.perf_counter()
+            torch.mm(a, b)
+            best = max(best, 2 * size**3 / (time.perf_counter() - t) / 1e9)
+    return best
+
+
+def make_batches(n: int, B: int, T: int, V: int, seed: int = 0) -> list[dict[str, torch.Tensor]]:
+    g = torch.Generator().manual_seed(seed)
+    ranks = torch.arange(1, V - 5 + 1, dtype=torch.float)
+    zipf = 1.0 / ranks  # ids 5.. follow a Zipf law
+    batches = []
+    for _ in range(n):
+        ids = torch.multinomial(zipf, B * T, replacement=True, generator=g).view(B, T) + 5  # (B, T)
+        ids[:, 0] = 2  # [CLS]
+        ids[:, T // 2] = 3  # [SEP]
+        ids[:, -1] = 3
+        seg = torch.zeros(B, T, dtype=torch.long)
+        seg[:, T // 2 + 1 :] = 1
+        special = (ids == 2) | (ids == 3)
+        pick = (torch.rand(B, T, generator=g) < 0.15) & ~special
+        labels = torch.where(pick, ids, torch.full_like(ids, -100))
+        u = torch.rand(B, T, generator=g)
+        inputs = ids.clone()
+        inputs[pick & (u < 0.8)] = 4  # [MASK]
+        rand = pick & (u >= 0.8) & (u < 0.9)
+        inputs[rand] = torch.randint(5, V, (int(rand.sum()),), generator=g)
+        batches.append(
+            {
+                "input_ids": inputs,
+                "attention_mask": torch.ones(B, T, dtype=torch.long),
+                "token_type_ids": seg,
+                "labels": labels,
+                "next_sentence_label": torch.randint(0, 2, (B,), generator=g),
+            }
+        )
+    return batches
+
+
+def forward_flops(cfg, B: int, T: int, n_scored: int) -> float:
+    """Matmul FLOPs of one forward pass; ``n_scored`` = positions that go through the MLM head."""
+    C, I, L, V = cfg.hidden_size, cfg.intermediate_size, cfg.num_hidden_layers, cfg.vocab_size
+    per_token = L * (2 * C * 3 * C + 2 * C * C + 2 * 2 * C * I + 2 * 2 * T * C)  # qkv, proj, FFN, QK^T and AV
+    heads = n_scored * (2 * C * C + 2 * C * V) + B * (2 * C * C + 2 * C * 2)  # MLM transform+decoder, pooler+NSP
+    return B * T * per_token + heads
+
+
+def timed(fn) -> float:
+    t = time.perf_counter()
+    fn()
+    return time.perf_counter() - t
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--steps", type=int, default=20, help="timed training steps per model")
+    ap.add_argument("--infer-steps", type=int, default=20, help="timed inference passes per model")
+    ap.add_argument("--bf16-steps", type=int, default=20, help="timed bf16-vs-fp32 training steps")
+    ap.add_argument("--warmup", type=int, default=3)
+    ap.add_argument("--threads", type=int, default=torch.get_num_threads())
+    ap.add_argument("--batch", type=int, default=16)
+    ap.add_argument("--seq", type=int, default=128)
+    ap.add_argument("--hidden", type=int, default=256)
+    ap.add_argument("--layers", type=int, default=4)
+    ap.add_argument("--heads", type=int, default=4)
+    ap.add_argument("--intermediate", type=int, default=1024)
+    ap.add_argument("--vocab", type=int, default=8192)
+    ap.add_argument("--lr", type=float, default=1e-3)
+    args = ap.parse_args(argv)
+
+    import transformers
+
+    from lmforge.interop.bert import hf_config_dict, to_hf_state_dict
+    from lmforge.models.bert import BertConfig, BertForPreTraining
+
+    torch.set_num_threads(args.threads)
+    transformers.logging.set_verbosity_error()
+    B, T = args.batch, args.seq
+    print(f"torch {torch.__version__}, transformers {transformers.__version__}, {args.threads} threads")
+    peak = measure_peak_gflops()
+    print(f"measured fp32 matmul peak: {peak:.1f} GFLOP/s")
+
+    cfg = BertConfig(vocab_size=args.vocab, hidden_size=args.hidden, num_hidden_layers=args.layers,
+                     num_attention_heads=args.heads, intermediate_size=args.intermediate,
+                     max_position_embeddings=512, max_seq_length=T)
+    torch.manual_seed(0)
+    ours = BertForPreTraining(cfg)
+    hf_cfg = transformers.BertConfig(**{k: v for k, v in hf_config_dict(cfg).items() if k != "architectures"})
+    hf = transformers.BertForPreTraining._from_config(hf_cfg, attn_implementation="sdpa")
+    missing, unexpected = hf.load_state_dict(to_hf_state_dict(ours), strict=False)
+    assert not unexpected and set(missing) <= {"cls.predictions.decoder.weight", "cls.predictions.decoder.bias"}, (
+        missing, unexpected)
+    hf.tie_weights()
+    assert hf.cls.predictions.decoder.weight.data_ptr() == hf.bert.embeddings.word_embeddings.weight.data_ptr()
+    print(f"config: hidden {args.hidden}, {args.layers} layers, {args.heads} heads, intermediate {args.intermediate}, "
+          f"vocab {args.vocab}, seq {T}, batch {B}; {ours.num_parameters() / 1e6:.2f}M parameters")
+
+    batches = make_batches(4, B, T, args.vocab)
+    n_masked = statistics.mean(int((b["labels"] != -100).sum()) for b in batches)
+
+    # 1. same loss from the same weights (eval mode: no dropout)
+    ours.eval()
+    hf.eval()
+    with torch.no_grad():
+        lo, lh = ours(**batches[0]).loss.item(), hf(**batches[0]).loss.item()
+    print(f"loss check (eval, same weights, same batch): lmforge {lo:.6f}  transformers {lh:.6f}  "
+          f"diff {abs(lo - lh):.2e}")
+    if abs(lo - lh) > 1e-4:
+        print("losses disagree; the comparison would be meaningless", file=sys.stderr)
+        return 1
+
+    # 2. training, alternating
+    ours.train()
+    hf.train()
+    opt_o = torch.optim.AdamW(ours.parameters(), lr=args.lr, weight_decay=0.01)
+    opt_h = torch.optim.AdamW(hf.parameters(), lr=args.lr, weight_decay=0.01)
+    models = {"lmforge": (ours, opt_o), "transformers": (hf, opt_h)}
+    times: dict[str, list[float]] = {k: [] for k in models}
+    losses: dict[str, list[float]] = {k: [] for k in models}
+    for step in range(args.warmup + args.steps):
+        batch = batches[step % len(batches)]
+        order = list(models) if step % 2 == 0 else list(models)[::-1]
+        for name in order:
+            model, opt = models[name]
+
+            def train_step(model=model, opt=opt, name=name):
+                loss = model(**batch).loss
+                loss.backward()
+                opt.step()
+                opt.zero_grad(set_to_none=True)
+                losses[name].append(loss.item())
+
+            dt = timed(train_step)
+            if step >= args.warmup:
+                times[name].append(dt)
+    tok_step = B * T
+    train_tps = {k: tok_step * len(v) / sum(v) for k, v in times.items()}
+    flops_train = {
+        "lmforge": 3 * forward_flops(cfg, B, T, n_masked),
+        "transformers": 3 * forward_flops(cfg, B, T, B * T),
+    }
+    print(f"\ntraining ({args.steps} alternating steps after {args.warmup} warm-up, fwd+bwd+AdamW, dropout 0.1):")
+    for k in models:
+        step_s = sum(times[k]) / len(times[k])
+        mfu = flops_train[k] / step_s / 1e9 / peak
+        print(f"  {k:<12} {train_tps[k]:9.0f} tokens/s  {step_s * 1e3:7.1f} ms/step  "
+              f"{flops_train[k] / step_s / 1e9:6.1f} GFLOP/s  MFU {mfu:.2f}  last loss {losses[k][-1]:.4f}")
+    # lmforge's useful work per step is smaller: also state its speed in HF-equivalent FLOPs
+    hf_equiv = flops_train["transformers"] / (sum(times["lmforge"]) / len(times["lmforge"])) / 1e9
+    print(f"  lmforge in HF-equivalent FLOPs: {hf_equiv:.1f} GFLOP/s (MFU-equivalent {hf_equiv / peak:.2f})")
+    train_ratio = train_tps["lmforge"] / train_tps["transformers"]
+    print(f"  training speed ratio lmforge / transformers: {train_ratio:.2f}  (target >= 1.3)")
+
+    # 3. inference, alternating
+    ours.eval()
+    hf.eval()
+    itimes: dict[str, list[float]] = {k: [] for k in models}
+    infer_in = {k: v for k, v in batches[0].items() if k in ("input_ids", "attention_mask", "token_type_ids")}
+    with torch.inference_mode():
+        a = ours(**infer_in)
+        h = hf(**infer_in)
+        diff = (a.logits - h.prediction_logits).abs().max().item()
+        for step in range(args.warmup + args.infer_steps):
+            order = list(models) if step % 2 == 0 else list(models)[::-1]
+            for name in order:
+                model = models[name][0]
+                dt = timed(lambda model=model: model(**infer_in))
+                if step >= args.warmup:
+                    itimes[name].append(dt)
+    infer_tps = {k: tok_step * len(v) / sum(v) for k, v in itimes.items()}
+    f_inf = forward_flops(cfg, B, T, B * T)
+    print(f"\ninference ({args.infer_steps} alternating passes, MLM scores of all {B * T} positions + NSP; "
+          f"max logit diff {diff:.1e}):")
+    for k in models:
+        step_s = sum(itimes[k]) / len(itimes[k])
+        print(f"  {k:<12} {infer_tps[k]:9.0f} tokens/s  {step_s * 1e3:7.1f} ms/pass  MFU {f_inf / step_s / 1e9 / peak:.2f}")
+    infer_ratio = infer_tps["lmforge"] / infer_tps["transformers"]
+    print(f"  inference speed ratio lmforge / transformers: {infer_ratio:.2f}  (target >= 1.0)")
+
+    # 4. bf16 autocast vs fp32, both lmforge, alternating, same weights / batches / dropout masks
+    torch.manual_seed(0)
+    fp32 = BertForPreTraining(cfg)
+    bf16 = BertForPreTraining(cfg)
+    bf16.load_state_dict(fp32.state_dict())
+    fp32.train()
+    bf16.train()
+    runs = {
+        "fp32": (fp32, torch.optim.AdamW(fp32.parameters(), lr=args.lr, weight_decay=0.01), contextlib.nullcontext),
+        "bf16": (bf16, torch.optim.AdamW(bf16.parameters(), lr=args.lr, weight_decay=0.01),
+                 lambda: torch.autocast("cpu", dtype=torch.bfloat16)),
+    }
+    btimes: dict[str, list[float]] = {k: [] for k in runs}
+    blosses: dict[str, list[float]] = {k: [] for k in runs}
+    for step in range(args.warmup + args.bf16_steps):
+        batch = batches[step % len(batches)]
+        order = list(runs) if step % 2 == 0 else list(runs)[::-1]
+        for name in order:
+            model, opt, ctx = runs[name]
+
+            def train_step(model=model, opt=opt, ctx=ctx, name=name, step=step):
+                torch.manual_seed(1000 + step)  # the same dropout masks for both
+                with ctx():
+                    loss = model(**batch).loss
+                loss.backward()
+                opt.step()
+                opt.zero_grad(set_to_none=True)
+                blosses[name].append(loss.item())
+
+            dt = timed(train_step)
+            if step >= args.warmup:
+                btimes[name].append(dt)
+    btps = {k: tok_step * len(v) / sum(v) for k, v in btimes.items()}
+    print(f"\nbf16 autocast vs fp32 (lmforge, {args.bf16_steps} alternating training steps):")
+    for k in runs:
+        print(f"  {k:<5} {btps[k]:9.0f} tokens/s")
+    bf16_ratio = btps["bf16"] / btps["fp32"]
+    print(f"  bf16 speed-up: {bf16_ratio:.2f}x  (target >= 1.5)")
+    rel = [abs(a - b) / a for a, b in zip(blosses["fp32"], blosses["bf16"])]
+    print("  loss curve (step: fp32 / bf16):  " + "  ".join(
+        f"{i}: {a:.3f}/{b:.3f}" for i, (a, b) in enumerate(zip(blosses["fp32"], blosses["bf16"]))
+        if i % max(1, len(rel) // 6) == 0 or i == len(rel) - 1))
+    print(f"  max relative loss difference over {len(rel)} steps: {max(rel):.4f}; "
+          f"loss fell {blosses['fp32'][0] - blosses['fp32'][-1]:.3f} (fp32) vs "
+          f"{blosses['bf16'][0] - blosses['bf16'][-1]:.3f} (bf16)")
+
+    def verdict(x: float, target: float) -> str:
+        return f"{x:.2f} (target {target}: {'ok' if x >= target else 'MISSED'})"
+
+    print(f"\nsummary: train ratio {verdict(train_ratio, 1.3)}, inference ratio {verdict(infer_ratio, 1.0)}, "
+          f"bf16 speed-up {verdict(bf16_ratio, 1.5)}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

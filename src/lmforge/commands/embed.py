@@ -1,0 +1,43 @@
+"""``lmforge embed MODEL_DIR... SENTENCE... --word WORD``: one word's similarity across sentences, per layer."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+
+def register(sub) -> None:
+    p = sub.add_parser(
+        "embed",
+        help="compare a word's vectors across sentences, for every model and layer",
+        description=(
+            "Embed the sentences with every model and print, for each layer, the cosine similarity of "
+            "--word between the sentences. Arguments that are model folders are models; the rest are "
+            'sentences. Example: lmforge embed models/elmo models/w2v "He got bit by Python." '
+            '"Python is my favorite programming language." --word python'
+        ),
+    )
+    p.add_argument("items", nargs="+", metavar="MODEL_DIR_OR_SENTENCE", help="model folders, then sentences")
+    p.add_argument("--word", required=True, help="the word to compare (whole word, case-insensitive)")
+    p.add_argument("--reference", choices=["minilm"], help="add the real all-MiniLM-L6-v2 as a reference row")
+    p.set_defaults(func=run)
+
+
+def _is_model_dir(item: str) -> bool:
+    return Path(item).is_dir() and (Path(item) / "config.json").is_file()
+
+
+def run(args) -> int:
+    from ..errors import LmforgeError
+    from ..evaluate import load_models
+    from ..evaluate.polysemy import format_polysemy, polysemy_table
+
+    model_dirs = [i for i in args.items if _is_model_dir(i)]
+    sentences = [i for i in args.items if not _is_model_dir(i)]
+    if len(sentences) < 2:
+        raise LmforgeError(f"give at least two sentences after the model folders (got {len(sentences)})")
+    models = load_models(model_dirs, args.reference)
+    rows = polysemy_table(models, sentences, args.word)
+    for k, s in enumerate(sentences, 1):
+        print(f"[{k}] {s}")
+    print(format_polysemy(rows, args.word, len(sentences)))
+    return 0

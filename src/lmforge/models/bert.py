@@ -1,0 +1,533 @@
+"""BERT: a bidirectional Transformer encoder pretrained with masked LM + next-sentence prediction.
+
+Devlin et al. 2018, "BERT: Pre-training of Deep Bidirectional Transformers for Language
+Understanding" (https://arxiv.org/abs/1810.04805).  The file reads top to bottom:
+
+* :class:`BertConfig` - one flat config with HF field names (plus the pretraining-data knobs);
+* :class:`BertEmbeddings` - token + position + segment embeddings, summed, LayerNorm, dropout;
+* :class:`BertBody` - embeddings, a stack of :class:`~lmforge.nn.transformer.TransformerBlock`
+  (post-LN as in the paper, pre-LN as an option) and the tanh pooler on ``[CLS]``;
+* :class:`BertForPreTraining` - the body plus the MLM head (decoder tied to the token embeddings)
+  and the NSP head; loss = MLM + NSP.
+
+Module names follow HF's ``BertForPreTraining`` (``bert.embeddings.LayerNorm``, ``bert.pooler.dense``,
+``cls.predictions.transform.dense`` ...) so that ``lmforge/interop/bert.py`` maps weights with one
+small dict; only the inside of a layer uses lmforge's shared names (fused ``attn.qkv`` etc.).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ..errors import DataError, LmforgeError
+from ..nn.transformer import Dropout, TransformerBlock, init_weights, padding_mask
+from .base import ModelOutput, PretrainedModel, TokenLayers
+
+logger = logging.getLogger(__name__)
+
+#: activations of the FFN and the MLM transform that lmforge implements (HF names).
+SUPPORTED_ACTS = {"gelu": "none", "gelu_new": "tanh", "gelu_pytorch_tanh": "tanh"}
+
+
+@dataclasses.dataclass
+class BertConfig:
+    """BERT architecture (HF field names) plus the pretraining-data recipe.
+
+    The first block of fields matches ``transformers.BertConfig``; ``norm_first`` switches to a
+    pre-LN encoder (not expressible in HF BERT, so such models cannot be exported);
+    ``next_sentence=False`` trains MLM only on single segments (RoBERTa style).  The last block
+    configures :class:`lmforge.data.bert.BertPretrainingSampler` and is ignored by the model.
+    """
+
+    vocab_size: int = 30522
+    hidden_size: int = 768
+    num_hidden_layers: int = 12
+    num_attention_heads: int = 12
+    intermediate_size: int = 3072
+    hidden_act: str = "gelu"
+    hidden_dropout_prob: float = 0.1
+    attention_probs_dropout_prob: float = 0.1
+    max_position_embeddings: int = 512
+    type_vocab_size: int = 2
+    layer_norm_eps: float = 1e-12
+    initializer_range: float = 0.02
+    pad_token_id: int = 0
+    norm_first: bool = False
+    next_sentence: bool = True
+    # pretraining data (create_pretraining_data.py's flags, applied at batch time)
+    max_seq_length: int = 128
+    short_seq_prob: float = 0.1
+    masked_lm_prob: float = 0.15
+    max_predictions_per_seq: int = 20
+    whole_word_mask: bool = False
+
+    def __post_init__(self) -> None:
+        for name in ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size",
+                     "max_position_embeddings", "type_vocab_size", "max_predictions_per_seq"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.hidden_size % self.num_attention_heads:
+            raise ValueError(
+                f"hidden_size {self.hidden_size} must be divisible by num_attention_heads {self.num_attention_heads}"
+            )
+        if self.hidden_act not in SUPPORTED_ACTS:
+            raise ValueError(f"hidden_act must be one of {', '.join(SUPPORTED_ACTS)}, got '{self.hidden_act}'")
+        for name in ("hidden_dropout_prob", "attention_probs_dropout_prob", "short_seq_prob"):
+            if not 0.0 <= getattr(self, name) < 1.0:
+                raise ValueError(f"{name} must be in [0, 1), got {getattr(self, name)}")
+        if not 0.0 < self.masked_lm_prob < 1.0:
+            raise ValueError(f"masked_lm_prob must be in (0, 1), got {self.masked_lm_prob}")
+        if self.layer_norm_eps <= 0 or self.initializer_range <= 0:
+            raise ValueError("layer_norm_eps and initializer_range must be > 0")
+        if not 0 <= self.pad_token_id < self.vocab_size:
+            raise ValueError(f"pad_token_id {self.pad_token_id} is outside the vocabulary (size {self.vocab_size})")
+        if self.next_sentence and self.type_vocab_size < 2:
+            raise ValueError("next_sentence needs type_vocab_size >= 2 (segments A and B)")
+        if not 5 <= self.max_seq_length <= self.max_position_embeddings:
+            raise ValueError(
+                f"max_seq_length must be in [5, max_position_embeddings={self.max_position_embeddings}], "
+                f"got {self.max_seq_length}"
+            )
+
+    @property
+    def head_size(self) -> int:
+        return self.hidden_size // self.num_attention_heads
+
+
+def _preset(layers: int, hidden: int) -> dict[str, Any]:
+    # Google's 24 small BERTs (Turc et al. 2019): heads = H/64, FFN = 4H.
+    return {
+        "num_hidden_layers": layers,
+        "hidden_size": hidden,
+        "num_attention_heads": max(1, hidden // 64),
+        "intermediate_size": 4 * hidden,
+    }
+
+
+#: preset name -> BertConfig kwargs (``vocab_size`` comes from the tokenizer).
+PRESETS: dict[str, dict[str, Any]] = {
+    "tiny": _preset(2, 128),
+    "mini": _preset(4, 256),
+    "small": _preset(4, 512),
+    "medium": _preset(8, 512),
+    "base": _preset(12, 768),
+}
+DEFAULT_PRESET = "mini"
+#: TrainConfig overrides for ``lmforge pretrain bert`` (small BERTs like a larger lr than base's 1e-4).
+TRAIN_DEFAULTS: dict[str, Any] = {"lr": 5e-4, "weight_decay": 0.01}
+
+
+@dataclasses.dataclass
+class BertPreTrainingOutput(ModelOutput):
+    """:class:`ModelOutput` plus the next-sentence scores.
+
+    ``logits`` are MLM scores: (B, T, V) without labels; with labels only the masked positions are
+    scored, (N, V) in row-major order of ``labels != -100``.  ``nsp_logits`` is (B, 2), index 0 =
+    IsNext (B follows A), 1 = NotNext, as in HF.
+    """
+
+    nsp_logits: torch.Tensor | None = None
+
+
+class BertEmbeddings(nn.Module):
+    """Token + position + segment embeddings, summed, then LayerNorm and dropout."""
+
+    def __init__(
+        self,
+        vocab_size: int,
+        hidden_size: int,
+        max_position_embeddings: int,
+        type_vocab_size: int,
+        layer_norm_eps: float = 1e-12,
+        dropout: float = 0.1,
+        pad_token_id: int = 0,
+    ):
+        super().__init__()
+        self.word_embeddings = nn.Embedding(vocab_size, hidden_size, padding_idx=pad_token_id)
+        self.position_embeddings = nn.Embedding(max_position_embeddings, hidden_size)
+        self.token_type_embeddings = nn.Embedding(type_vocab_size, hidden_size)
+        # camel-case kept from the original TF checkpoints so the HF key map stays one-to-one
+        self.LayerNorm = nn.LayerNorm(hidden_size, eps=layer_norm_eps)
+        self.dropout = Dropout(dropout)
+
+    def forward(self, input_ids: torch.Tensor, token_type_ids: torch.Tensor | None = None) -> torch.Tensor:
+        """(B, T) ids (and segment ids) -> (B, T, C) embeddings."""
+        T = input_ids.shape[1]
+        n_pos = self.position_embeddings.num_embeddings
+        if T > n_pos:
+            raise LmforgeError(f"sequence of {T} tokens is longer than max_position_embeddings={n_pos}")
+        x = self.word_embeddings(input_ids)  # (B, T, C)
+        if token_type_ids is None:
+            x = x + self.token_type_embeddings.weight[0]
+        else:
+            x = x + self.token_type_embeddings(token_type_ids)
+        x = x + self.position_embeddings.weight[:T]  # (T, C) broadcast over B
+        return self.dropout(self.LayerNorm(x))
+
+
+class BertEncoder(nn.Module):
+    """A stack of Transformer blocks; ``ln_f`` (a final LayerNorm) exists only for pre-LN."""
+
+    def __init__(self, config: BertConfig):
+        super().__init__()
+        self.layer = nn.ModuleList(
+            TransformerBlock(
+                config.hidden_size,
+                config.num_attention_heads,
+                config.intermediate_size,
+                dropout=config.hidden_dropout_prob,
+                attn_dropout=config.attention_probs_dropout_prob,
+                norm_first=config.norm_first,
+                layer_norm_eps=config.layer_norm_eps,
+                act=config.hidden_act,
+            )
+            for _ in range(config.num_hidden_layers)
+        )
+        # pre-LN leaves the residual stream un-normalised; one LayerNorm at the top fixes its scale
+        self.ln_f = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps) if config.norm_first else None
+
+    def forward(self, x: torch.Tensor, attn_mask: torch.Tensor | None, all_states: bool = False):
+        states = [x]
+        for block in self.layer:
+            x = block(x, attn_mask)
+            states.append(x)
+        if self.ln_f is not None:
+            x = self.ln_f(x)
+            states[-1] = x
+        return states if all_states else x
+
+
+class BertPooler(nn.Module):
+    """tanh(dense(h[CLS])): the sentence vector the NSP head (and sentence-level tasks) read."""
+
+    def __init__(self, hidden_size: int):
+        super().__init__()
+        self.dense = nn.Linear(hidden_size, hidden_size)
+
+    def forward(self, h: torch.Tensor) -> torch.Tensor:
+        """(B, T, C) -> (B, C)."""
+        return torch.tanh(self.dense(h[:, 0]))
+
+
+class BertBody(nn.Module):
+    """Embeddings + encoder + pooler (HF's ``BertModel``)."""
+
+    def __init__(self, config: BertConfig):
+        super().__init__()
+        self.embeddings = BertEmbeddings(
+            config.vocab_size,
+            config.hidden_size,
+            config.max_position_embeddings,
+            config.type_vocab_size,
+            config.layer_norm_eps,
+            config.hidden_dropout_prob,
+            config.pad_token_id,
+        )
+        self.encoder = BertEncoder(config)
+        self.pooler = BertPooler(config.hidden_size)
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor | None = None,
+        token_type_ids: torch.Tensor | None = None,
+        all_states: bool = False,
+    ):
+        """Returns the (B, T, C) top layer, or every layer (embeddings first) when ``all_states``."""
+        x = self.embeddings(input_ids, token_type_ids)
+        return self.encoder(x, padding_mask(attention_mask), all_states)
+
+
+class BertPredictionHeadTransform(nn.Module):
+    def __init__(self, hidden_size: int, act: str, layer_norm_eps: float):
+        super().__init__()
+        self.dense = nn.Linear(hidden_size, hidden_size)
+        self.approximate = SUPPORTED_ACTS[act]
+        self.LayerNorm = nn.LayerNorm(hidden_size, eps=layer_norm_eps)
+
+    def forward(self, h: torch.Tensor) -> torch.Tensor:
+        return self.LayerNorm(F.gelu(self.dense(h), approximate=self.approximate))
+
+
+class BertLMPredictionHead(nn.Module):
+    """dense + GELU + LayerNorm, then the decoder: the token embedding matrix (tied) plus own bias."""
+
+    def __init__(self, config: BertConfig, word_embeddings: nn.Embedding):
+        super().__init__()
+        self.transform = BertPredictionHeadTransform(config.hidden_size, config.hidden_act, config.layer_norm_eps)
+        self.bias = nn.Parameter(torch.zeros(config.vocab_size))
+        # a plain attribute, not a submodule: the tied matrix is saved once, under the embeddings
+        self._decoder = [word_embeddings]
+
+    def forward(self, h: torch.Tensor) -> torch.Tensor:
+        """(..., C) -> (..., V) scores."""
+        return F.linear(self.transform(h), self._decoder[0].weight, self.bias)
+
+
+class BertPreTrainingHeads(nn.Module):
+    def __init__(self, config: BertConfig, word_embeddings: nn.Embedding):
+        super().__init__()
+        self.predictions = BertLMPredictionHead(config, word_embeddings)
+        # the NSP head is always built so that every model exports to HF's BertForPreTraining; it stays
+        # untrained when next_sentence=False
+        self.seq_relationship = nn.Linear(config.hidden_size, 2)
+
+
+class BertForPreTraining(PretrainedModel):
+    """BERT with the masked-LM and next-sentence heads.
+
+    Args:
+        config: a :class:`BertConfig`.
+    """
+
+    config_class = BertConfig
+    model_type = "bert"
+
+    def __init__(self, config: BertConfig):
+        super().__init__(config)
+        self.bert = BertBody(config)
+        self.cls = BertPreTrainingHeads(config, self.bert.embeddings.word_embeddings)
+        self.apply(lambda m: init_weights(m, config.initializer_range))
+
+    # -- the model folder ---------------------------------------------------------------------
+    def tied_weight_keys(self) -> list[str]:
+        return []  # the decoder is not a parameter of its own: nothing to skip
+
+    # -- forward --------------------------------------------------------------------------------
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor | None = None,
+        token_type_ids: torch.Tensor | None = None,
+        labels: torch.Tensor | None = None,
+        next_sentence_label: torch.Tensor | None = None,
+    ) -> BertPreTrainingOutput:
+        """Score masked tokens and the sentence relation; add the losses when labels are given.
+
+        Args:
+            input_ids: (B, T) token ids, ``[CLS] A [SEP] B [SEP]`` padded with ``[PAD]``.
+            attention_mask: (B, T) 1 for real tokens, 0 for padding; None = no padding.
+            token_type_ids: (B, T) segment ids (0 for A, 1 for B); None = all 0.
+            labels: (B, T) original ids at masked positions, -100 elsewhere.  With labels only the
+                masked positions go through the MLM output layer: the loss is the same as scoring
+                every position, at ~15 % of the cost of the largest matmul.
+            next_sentence_label: (B,) 0 = IsNext, 1 = NotNext (HF convention).
+        Returns:
+            :class:`BertPreTrainingOutput`: ``loss`` = MLM + NSP (mean cross-entropies), ``logits``
+            (B, T, V) without labels or (N, V) at the N masked positions with labels, ``nsp_logits``
+            (B, 2), and ``metrics`` ``mlm_loss``, ``mlm_acc``, ``nsp_loss``, ``nsp_acc``.
+        """
+        h = self.bert(input_ids, attention_mask, token_type_ids)  # (B, T, C)
+        nsp_logits = self.cls.seq_relationship(self.bert.pooler(h))  # (B, 2)
+        if labels is None:
+            return BertPreTrainingOutput(logits=self.cls.predictions(h), nsp_logits=nsp_logits)
+
+        sel = labels != -100  # (B, T)
+        target = labels[sel]  # (N,)
+        logits = self.cls.predictions(h[sel])  # (N, V)
+        metrics: dict[str, torch.Tensor] = {}
+        if target.numel():
+            scores = logits.float()  # the loss in fp32 under autocast too (and argmax on bf16 is 10x slower on CPU)
+            mlm_loss = F.cross_entropy(scores, target)
+            metrics["mlm_acc"] = (scores.detach().argmax(-1) == target).float().mean()
+        else:  # no masked token in the batch: a zero loss that still reaches every MLM parameter
+            mlm_loss = logits.sum() * 0.0
+            metrics["mlm_acc"] = torch.zeros((), device=h.device)
+        metrics["mlm_loss"] = mlm_loss.detach()
+        loss = mlm_loss
+        if next_sentence_label is not None and self.config.next_sentence:
+            nsp_scores = nsp_logits.float()
+            nsp_loss = F.cross_entropy(nsp_scores, next_sentence_label)
+            loss = loss + nsp_loss
+            metrics["nsp_loss"] = nsp_loss.detach()
+            metrics["nsp_acc"] = (nsp_scores.detach().argmax(-1) == next_sentence_label).float().mean()
+        return BertPreTrainingOutput(loss=loss, logits=logits, metrics=metrics, nsp_logits=nsp_logits)
+
+    # -- transfer body interface (contract 7) -------------------------------------------------------
+    @property
+    def hidden_size(self) -> int:
+        return self.config.hidden_size
+
+    def hidden_states(
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor | None = None,
+        token_type_ids: torch.Tensor | None = None,
+    ) -> list[torch.Tensor]:
+        """Every layer's (B, T, C) output, embeddings first (num_hidden_layers + 1 tensors).
+
+        Pre-LN models return the top layer after the final LayerNorm (what the heads read).
+        The module's train/eval mode is left as it is.
+        """
+        return self.bert(input_ids, attention_mask, token_type_ids, all_states=True)
+
+    def transfer_layers(self) -> list[nn.Module]:
+        """The body from the bottom: embeddings, each encoder layer (then ``ln_f`` for pre-LN)."""
+        parts: list[nn.Module] = [self.bert.embeddings, *self.bert.encoder.layer]
+        if self.bert.encoder.ln_f is not None:
+            parts.append(self.bert.encoder.ln_f)
+        return parts
+
+    def pooled(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
+               token_type_ids: torch.Tensor | None = None) -> torch.Tensor:
+        """The tanh-pooled ``[CLS]`` vector, (B, C)."""
+        return self.bert.pooler(self.bert(input_ids, attention_mask, token_type_ids))
+
+    # -- inference helpers (contract 6) --------------------------------------------------------------
+    def _need_tokenizer(self):
+        if self.tokenizer is None:
+            raise LmforgeError("this BERT model has no tokenizer attached; load it with lmforge.load(MODEL_DIR)")
+        return self.tokenizer
+
+    def _device(self) -> torch.device:
+        return self.bert.embeddings.word_embeddings.weight.device
+
+    @torch.no_grad()
+    def embed(self, texts: list[str], batch_size: int = 32) -> list[TokenLayers]:
+        """Every layer's vector for every token of each text (run as ``[CLS] text [SEP]``).
+
+        Args:
+            texts: raw strings.
+            batch_size: texts per forward pass.
+        Returns:
+            One :class:`TokenLayers` per text: tokens without ``[CLS]``/``[SEP]``, their character
+            offsets, and layers (num_hidden_layers + 1, n_tokens, C).  Texts longer than the model's
+            positions are cut (with a warning).
+        """
+        tok = self._need_tokenizer()
+        limit = self.config.max_position_embeddings - 2
+        encoded = []
+        for text in texts:
+            ids, tokens, offsets = tok.encode_with_offsets(text)
+            if len(ids) > limit:
+                logger.warning("text of %d tokens cut to %d (max_position_embeddings)", len(ids), limit)
+                ids, tokens, offsets = ids[:limit], tokens[:limit], offsets[:limit]
+            encoded.append((list(ids), list(tokens), [tuple(o) for o in offsets]))
+        names = ["emb"] + [f"layer{i + 1}" for i in range(self.config.num_hidden_layers)]
+        was_training = self.training
+        self.eval()
+        out: list[TokenLayers] = []
+        try:
+            for start in range(0, len(encoded), batch_size):
+                chunk = encoded[start : start + batch_size]
+                input_ids, mask = self._pad([[tok.cls_id, *ids, tok.sep_id] for ids, _, _ in chunk], tok.pad_id)
+                states = self.hidden_states(input_ids, mask)
+                stacked = torch.stack(states, dim=1)  # (B, L, T, C)
+                for row, (ids, tokens, offsets) in enumerate(chunk):
+                    layers = stacked[row, :, 1 : 1 + len(ids)].float().cpu()  # (L, n, C)
+                    out.append(TokenLayers(tokens=tokens, offsets=offsets, layers=layers, layer_names=names))
+        finally:
+            self.train(was_training)
+        return out
+
+    def _pad(self, rows: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+        T = max(len(r) for r in rows)
+        ids = torch.full((len(rows), T), pad_id, dtype=torch.long)
+        mask = torch.zeros((len(rows), T), dtype=torch.long)
+        for i, r in enumerate(rows):
+            ids[i, : len(r)] = torch.tensor(r, dtype=torch.long)
+            mask[i, : len(r)] = 1
+        return ids.to(self._device()), mask.to(self._device())
+
+    @torch.no_grad()
+    def fill_mask(self, text: str, top_k: int = 5) -> list[list[tuple[str, float]]]:
+        """Predict the tokens hidden behind each literal ``[MASK]`` in ``text``.
+
+        Args:
+            text: e.g. ``"my dog is [MASK] ."``; each ``[MASK]`` stands for one WordPiece token.
+            top_k: how many candidates per mask.
+        Returns:
+            For each ``[MASK]`` (left to right), ``top_k`` pairs (token, probability), most likely first.
+        """
+        tok = self._need_tokenizer()
+        pieces = text.split("[MASK]")
+        if len(pieces) < 2:
+            raise DataError("fill-mask needs at least one [MASK] in the text, e.g. \"my dog is [MASK] .\"")
+        if top_k < 1:
+            raise LmforgeError(f"top_k must be >= 1, got {top_k}")
+        ids: list[int] = [tok.cls_id]
+        for i, piece in enumerate(pieces):
+            if i:
+                ids.append(tok.mask_id)
+            if piece.strip():
+                ids.extend(tok.encode(piece))
+        ids.append(tok.sep_id)
+        if len(ids) > self.config.max_position_embeddings:
+            raise DataError(
+                f"text is {len(ids)} tokens long; this model reads at most {self.config.max_position_embeddings}"
+            )
+        was_training = self.training
+        self.eval()
+        try:
+            input_ids = torch.tensor([ids], dtype=torch.long, device=self._device())
+            h = self.bert(input_ids)  # (1, T, C)
+            where = (input_ids[0] == tok.mask_id).nonzero().squeeze(1)  # (M,)
+            probs = self.cls.predictions(h[0, where]).float().softmax(-1)  # (M, V)
+            top = probs.topk(min(top_k, probs.shape[-1]), dim=-1)
+        finally:
+            self.train(was_training)
+        return [
+            [(tok.id_to_token(int(i)), float(p)) for p, i in zip(ps.tolist(), ix.tolist())]
+            for ps, ix in zip(top.values, top.indices)
+        ]
+
+
+# -- lmforge pretrain bert (contract 5) ------------------------------------------------------------------
+def pretraining_setup(config: BertConfig, shards, tokenizer):
+    """Build the model and its MLM+NSP sampler for ``lmforge pretrain bert``.
+
+    Args:
+        config: the chosen preset / config file; ``vocab_size`` and ``pad_token_id`` are taken from
+            the tokenizer.
+        shards: an opened :class:`lmforge.data.shards.Shards` made with a WordPiece tokenizer.
+        tokenizer: that tokenizer.
+    Returns:
+        ``(model, sampler)``.
+    """
+    from ..data.bert import BertPretrainingSampler
+
+    if getattr(tokenizer, "kind", None) != "wordpiece":
+        raise DataError(
+            f"BERT needs shards made with a WordPiece tokenizer, but these were made with a "
+            f"'{getattr(tokenizer, 'kind', '?')}' tokenizer; train one with kind=wordpiece and prepare the data again"
+        )
+    config = dataclasses.replace(config, vocab_size=tokenizer.vocab_size, pad_token_id=tokenizer.pad_id)
+    model = BertForPreTraining(config)
+    model.tokenizer = tokenizer
+    sampler = BertPretrainingSampler(
+        shards,
+        max_seq_length=config.max_seq_length,
+        short_seq_prob=config.short_seq_prob,
+        masked_lm_prob=config.masked_lm_prob,
+        max_predictions_per_seq=config.max_predictions_per_seq,
+        next_sentence=config.next_sentence,
+        whole_word_mask=config.whole_word_mask,
+        tokenizer=tokenizer,
+    )
+    logger.info(
+        "BERT %d layers, hidden %d, %d heads, vocab %d: %.2fM parameters (%s)",
+        config.num_hidden_layers,
+        config.hidden_size,
+        config.num_attention_heads,
+        config.vocab_size,
+        model.num_parameters() / 1e6,
+        "MLM + NSP" if config.next_sentence else "MLM only",
+    )
+    return model, sampler
+
+
+__all__ = [
+    "BertConfig",
+    "BertForPreTraining",
+    "BertPreTrainingOutput",
+    "PRESETS",
+    "DEFAULT_PRESET",
+    "TRAIN_DEFAULTS",
+    "pretraining_setup",
+]

@@ -1,0 +1,508 @@
+"""GPT: a Transformer decoder trained left to right (Radford et al. 2018, 2019).
+
+Token + learned position embeddings, a stack of blocks with causal self-attention (SDPA with
+``is_causal``), and an output layer tied to the token embedding.  ``norm_first=True`` is GPT-2
+(pre-LN blocks and a final ``ln_f``); ``norm_first=False`` is GPT-1 (post-LN blocks, no final norm).
+
+Config fields carry HF ``GPT2Config`` names so that :mod:`lmforge.interop.gpt2` is a plain key map.
+The blocks are :class:`lmforge.nn.transformer.TransformerBlock` (shared with BERT); their module
+names map to HF's as ``ln_attn -> ln_1``, ``attn.qkv -> attn.c_attn``, ``ln_mlp -> ln_2``,
+``mlp.fc -> mlp.c_fc`` (HF stores these as transposed ``Conv1D`` weights).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import math
+from collections.abc import Callable
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ..errors import ConfigError, DataError, LmforgeError
+from ..nn.transformer import KVCache, TransformerBlock, init_weights
+from .base import ModelOutput, PretrainedModel, TokenLayers
+
+logger = logging.getLogger(__name__)
+
+ACTIVATIONS = ("gelu_new", "gelu_pytorch_tanh", "gelu")  # the first two are the same tanh approximation
+
+
+@dataclasses.dataclass
+class GPTConfig:
+    """GPT hyper-parameters (HF ``GPT2Config`` field names).
+
+    Attributes:
+        vocab_size: number of token ids (set from the tokenizer by :func:`pretraining_setup`).
+        n_positions: longest sequence the learned position embedding covers.
+        n_embd: hidden size C.
+        n_layer: number of Transformer blocks.
+        n_head: attention heads (``n_embd`` must be divisible by it).
+        n_inner: MLP width (``None`` = 4 * n_embd).
+        activation_function: ``gelu_new`` (GPT-2, tanh approximation), ``gelu_pytorch_tanh`` (same) or
+            ``gelu`` (exact erf, GPT-1).
+        resid_pdrop, embd_pdrop, attn_pdrop: dropout after residual branches, on the embedding sum and on
+            the attention probabilities.
+        layer_norm_epsilon: LayerNorm epsilon.
+        initializer_range: std of the normal initialisation.
+        norm_first: True = GPT-2 pre-LN blocks with a final ``ln_f``; False = GPT-1 post-LN, no final norm.
+        bos_token_id, eos_token_id: the end-of-text id (GPT uses one token for both); ``generate`` stops at
+            ``eos_token_id``.
+    """
+
+    vocab_size: int = 50257
+    n_positions: int = 1024
+    n_embd: int = 768
+    n_layer: int = 12
+    n_head: int = 12
+    n_inner: int | None = None
+    activation_function: str = "gelu_new"
+    resid_pdrop: float = 0.1
+    embd_pdrop: float = 0.1
+    attn_pdrop: float = 0.1
+    layer_norm_epsilon: float = 1e-5
+    initializer_range: float = 0.02
+    norm_first: bool = True
+    bos_token_id: int | None = None
+    eos_token_id: int | None = None
+
+    def __post_init__(self) -> None:
+        def need(ok: bool, what: str) -> None:
+            if not ok:
+                raise ConfigError(f"GPTConfig: {what}")
+
+        for name in ("vocab_size", "n_positions", "n_embd", "n_layer", "n_head"):
+            need(getattr(self, name) >= 1, f"{name} must be >= 1, got {getattr(self, name)}")
+        need(self.n_embd % self.n_head == 0, f"n_embd {self.n_embd} must be divisible by n_head {self.n_head}")
+        need(self.n_inner is None or self.n_inner >= 1, f"n_inner must be >= 1 or null, got {self.n_inner}")
+        need(
+            self.activation_function in ACTIVATIONS,
+            f"activation_function must be one of {', '.join(ACTIVATIONS)}, got {self.activation_function!r}",
+        )
+        for name in ("resid_pdrop", "embd_pdrop", "attn_pdrop"):
+            need(0.0 <= getattr(self, name) < 1.0, f"{name} must be in [0, 1), got {getattr(self, name)}")
+        need(self.layer_norm_epsilon > 0, f"layer_norm_epsilon must be > 0, got {self.layer_norm_epsilon}")
+        need(self.initializer_range > 0, f"initializer_range must be > 0, got {self.initializer_range}")
+        for name in ("bos_token_id", "eos_token_id"):
+            v = getattr(self, name)
+            need(
+                v is None or 0 <= v < self.vocab_size,
+                f"{name} {v} is outside the vocabulary (0..{self.vocab_size - 1})",
+            )
+
+    @property
+    def inner_size(self) -> int:
+        return self.n_inner if self.n_inner is not None else 4 * self.n_embd
+
+
+# -- contract 5: hooks for `lmforge pretrain gpt` ------------------------------------------------------
+# vocab_size, bos/eos ids come from the tokenizer in pretraining_setup.
+PRESETS: dict[str, dict] = {
+    "tiny": dict(n_positions=128, n_embd=64, n_layer=2, n_head=2),  # tests and smoke runs
+    "mini": dict(n_positions=256, n_embd=128, n_layer=4, n_head=4),  # minutes on a laptop CPU
+    "small": dict(n_positions=256, n_embd=256, n_layer=4, n_head=4),  # the bench configuration
+    "base": dict(n_positions=512, n_embd=512, n_layer=8, n_head=8),
+    "gpt2-small": dict(n_positions=1024, n_embd=768, n_layer=12, n_head=12),  # GPT-2 124M's shape
+}
+DEFAULT_PRESET = "mini"
+# GPT-2 / nanoGPT-style optimisation: higher peak lr than BERT, weight decay 0.1, beta2 0.95.
+TRAIN_DEFAULTS: dict = dict(lr=6e-4, weight_decay=0.1, beta2=0.95, warmup_steps=100, schedule="cosine", batch_size=16)
+
+
+def pretraining_setup(config: GPTConfig, shards, tokenizer) -> tuple[GPTLMHeadModel, object]:
+    """Build the GPT and its causal-window sampler for ``lmforge pretrain gpt``.
+
+    Args:
+        config: the GPT config (``vocab_size`` and the end-of-text ids are replaced by the tokenizer's).
+        shards: an open :class:`lmforge.data.shards.Shards` of byte-level BPE tokens.
+        tokenizer: the shards' tokenizer (must be BPE: windows cross documents through ``<|endoftext|>``).
+    Returns:
+        ``(model, sampler)``: a freshly initialised :class:`GPTLMHeadModel` with the tokenizer attached, and
+        a ``CausalWindowSampler`` yielding ``{input_ids, labels}`` windows of ``config.n_positions`` tokens.
+    """
+    from ..data.samplers import CausalWindowSampler
+
+    if getattr(tokenizer, "kind", None) != "bpe" or getattr(tokenizer, "eot_id", None) is None:
+        raise DataError(
+            f"GPT pretrains on byte-level BPE shards, but these were made with a "
+            f"'{getattr(tokenizer, 'kind', '?')}' tokenizer; prepare the corpus with a BPE tokenizer"
+        )
+    if hasattr(shards, "check_tokenizer"):
+        shards.check_tokenizer(tokenizer)
+    config = dataclasses.replace(
+        config, vocab_size=tokenizer.vocab_size, bos_token_id=tokenizer.eot_id, eos_token_id=tokenizer.eot_id
+    )
+    model = GPTLMHeadModel(config)
+    model.tokenizer = tokenizer
+    return model, CausalWindowSampler(shards, config.n_positions)
+
+
+# -- the model -----------------------------------------------------------------------------------------
+class GPTLMHeadModel(PretrainedModel):
+    """GPT language model: ``wte`` + ``wpe`` -> ``h[0..L-1]`` -> (``ln_f``) -> ``lm_head`` (tied to ``wte``)."""
+
+    config_class = GPTConfig
+    model_type = "gpt"
+
+    def __init__(self, config: GPTConfig):
+        super().__init__(config)
+        C = config.n_embd
+        self.wte = nn.Embedding(config.vocab_size, C)
+        self.wpe = nn.Embedding(config.n_positions, C)
+        self.drop = nn.Dropout(config.embd_pdrop)
+        self.h = nn.ModuleList(
+            TransformerBlock(
+                C,
+                config.n_head,
+                config.inner_size,
+                dropout=config.resid_pdrop,
+                attn_dropout=config.attn_pdrop,
+                norm_first=config.norm_first,
+                layer_norm_eps=config.layer_norm_epsilon,
+                act=config.activation_function,
+            )
+            for _ in range(config.n_layer)
+        )
+        # GPT-1's post-LN blocks end in a LayerNorm already; GPT-2 adds one after the last pre-LN block.
+        self.ln_f = nn.LayerNorm(C, eps=config.layer_norm_epsilon) if config.norm_first else nn.Identity()
+        self.lm_head = nn.Linear(C, config.vocab_size, bias=False)
+        self.reset_parameters()
+        self.lm_head.weight = self.wte.weight  # tied output embedding
+
+    def reset_parameters(self) -> None:
+        """N(0, initializer_range) everywhere; residual output projections scaled by 1/sqrt(2 * n_layer).
+
+        The scaling is GPT-2's (paper, section 2.3): each block adds two residual branches, so the
+        residual stream's variance would otherwise grow with depth.
+        """
+        std = self.config.initializer_range
+        self.apply(lambda m: init_weights(m, std))
+        for block in self.h:
+            for proj in (block.attn.proj, block.mlp.proj):
+                nn.init.normal_(proj.weight, mean=0.0, std=std / math.sqrt(2 * self.config.n_layer))
+
+    def tied_weight_keys(self) -> list[str]:
+        return ["lm_head.weight"]
+
+    @property
+    def hidden_size(self) -> int:
+        return self.config.n_embd
+
+    # -- body ------------------------------------------------------------------------------------------
+    def _attn_mask(self, attention_mask: torch.Tensor | None, T: int, past: int) -> torch.Tensor | None:
+        """Boolean (B, 1, T, past+T) SDPA mask (True = may attend), or None when plain causal attention is exact.
+
+        Right padding (every row's ones before its zeros) needs no mask without a cache: no real token
+        ever looks ahead at a pad.  Left padding (batched generation) does.  Each position may always
+        attend to itself, so a pad query never has an all-masked row (which would give NaN).
+        """
+        if attention_mask is None:
+            return None
+        m = attention_mask.bool()
+        if m.shape[-1] != past + T:
+            raise LmforgeError(
+                f"attention_mask covers {m.shape[-1]} positions but the input has {past} cached + {T} new ones"
+            )
+        if bool(m.all()) or (past == 0 and bool((m[:, 1:] <= m[:, :-1]).all())):
+            return None
+        q = torch.arange(past, past + T, device=m.device)[:, None]  # absolute query positions (T, 1)
+        k = torch.arange(past + T, device=m.device)[None, :]  # (1, past+T)
+        allowed = (k <= q)[None] & m[:, None, :]  # (B, T, past+T)
+        allowed = allowed | (k == q)[None]
+        return allowed[:, None]  # (B, 1, T, past+T)
+
+    def body(
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor | None = None,
+        cache: KVCache | None = None,
+        position_ids: torch.Tensor | None = None,
+        output_hidden_states: bool = False,
+    ) -> tuple[torch.Tensor, list[torch.Tensor] | None]:
+        """Run embeddings and blocks.
+
+        Args:
+            input_ids: (B, T) token ids.
+            attention_mask: (B, past+T) 1 = real token, 0 = padding; covers the cached positions too.
+            cache: KV cache; the new keys/values are appended to it.
+            position_ids: (B, T) or (T,) positions; default ``past .. past+T-1``.
+            output_hidden_states: also return the per-layer states.
+        Returns:
+            ``(x, states)``: x (B, T, C) after the final norm; states the embedding output and each block's
+            output (the last one after ``ln_f``), or None.
+        """
+        B, T = input_ids.shape
+        past = cache.length if cache is not None else 0
+        if past + T > self.config.n_positions:
+            raise LmforgeError(
+                f"sequence of {past + T} tokens is longer than the model's n_positions={self.config.n_positions}; "
+                "shorten the input"
+            )
+        if position_ids is None:
+            position_ids = torch.arange(past, past + T, device=input_ids.device)  # (T,)
+        x = self.drop(self.wte(input_ids) + self.wpe(position_ids))  # (B, T, C)
+        mask = self._attn_mask(attention_mask, T, past)
+        states = [x] if output_hidden_states else None
+        for i, block in enumerate(self.h):
+            x = block(x, mask, causal=mask is None, cache=cache, layer_idx=i)
+            if states is not None:
+                states.append(x)
+        x = self.ln_f(x)
+        if states is not None:
+            states[-1] = x
+        return x, states
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor | None = None,
+        labels: torch.Tensor | None = None,
+        cache: KVCache | None = None,
+        position_ids: torch.Tensor | None = None,
+        output_hidden_states: bool = False,
+        return_logits: bool = False,
+    ) -> ModelOutput:
+        """Next-token prediction.
+
+        Args:
+            input_ids: (B, T) token ids.
+            attention_mask: (B, past+T) 1/0 padding mask, optional.
+            labels: (B, T) targets aligned with ``input_ids`` (HF convention: the model shifts them, so
+                position t is scored on ``labels[:, t+1]``); -100 is ignored.
+            cache: optional :class:`KVCache` for incremental decoding.
+            position_ids: optional positions, see :meth:`body`.
+            output_hidden_states: fill ``hidden_states``.
+            return_logits: with labels, also compute the logits.  By default a labelled call returns only the
+                loss, computed by :func:`linear_cross_entropy` without ever holding the (B, T, V) logits
+                (training never needs them, and they are the LM head's main memory traffic).
+        Returns:
+            ModelOutput with ``logits`` (B, T, V) (None for a labelled call unless ``return_logits``) and,
+            with labels, ``loss`` = mean next-token cross-entropy.
+        """
+        x, states = self.body(input_ids, attention_mask, cache, position_ids, output_hidden_states)
+        loss = logits = None
+        if labels is not None and not return_logits:
+            B, T, C = x.shape
+            loss = linear_cross_entropy(x.reshape(B * T, C), self.lm_head.weight, shift_labels(labels).reshape(B * T))
+        else:
+            logits = self.lm_head(x)  # (B, T, V)
+            if labels is not None:
+                loss = causal_lm_loss(logits, labels)
+        return ModelOutput(loss=loss, logits=logits, hidden_states=tuple(states) if states is not None else None)
+
+    # -- contract 7: the transfer body interface ---------------------------------------------------------
+    def hidden_states(
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor | None = None,
+        token_type_ids: torch.Tensor | None = None,
+    ) -> list[torch.Tensor]:
+        """Every layer's (B, T, C) states, lowest first: the embedding sum, then each block (the top one after
+        ``ln_f``).  ``token_type_ids`` is accepted for interface parity and ignored (GPT has no segments)."""
+        _, states = self.body(input_ids, attention_mask, output_hidden_states=True)
+        return states
+
+    def transfer_layers(self) -> list[nn.Module]:
+        """The body from the bottom: the embeddings, then each block (the last one together with ``ln_f``)."""
+        parts: list[nn.Module] = [nn.ModuleList([self.wte, self.wpe])]
+        parts += list(self.h[:-1])
+        parts.append(nn.ModuleList([self.h[-1], self.ln_f]))
+        return parts
+
+    # -- contract 6: embed ---------------------------------------------------------------------------
+    @torch.no_grad()
+    def embed(self, texts: list[str]) -> list[TokenLayers]:
+        """Contextual vectors of every token of each text, all layers (uses ``self.tokenizer``).
+
+        Texts longer than ``n_positions`` tokens are cut to their first ``n_positions`` tokens (logged).
+        """
+        tok = _need_tokenizer(self)
+        device = self.wte.weight.device
+        out = []
+        for text in texts:
+            ids, tokens, offsets = tok.encode_with_offsets(text)
+            n = self.config.n_positions
+            if len(ids) > n:
+                logger.warning("embed: text of %d tokens cut to the model's %d positions", len(ids), n)
+                ids, tokens, offsets = ids[:n], tokens[:n], offsets[:n]
+            if ids:
+                states = self.hidden_states(torch.tensor([ids], device=device))
+                layers = torch.stack([s[0] for s in states]).float().cpu()  # (L+1, n, C)
+            else:
+                layers = torch.zeros(self.config.n_layer + 1, 0, self.config.n_embd)
+            names = ["emb"] + [f"layer{i + 1}" for i in range(self.config.n_layer)]
+            out.append(TokenLayers(list(tokens), [tuple(o) for o in offsets], layers, names))
+        return out
+
+    # -- generation ----------------------------------------------------------------------------------
+    def resize_token_embeddings(self, new_size: int) -> None:
+        """Grow the vocabulary to ``new_size`` rows; existing rows stay as they are, new rows get N(0, std).
+
+        The output layer stays tied, so it grows with the embedding.
+        """
+        old = self.wte
+        V, C = old.weight.shape
+        if new_size < V:
+            raise LmforgeError(f"cannot shrink the vocabulary from {V} to {new_size}")
+        if new_size == V:
+            return
+        wte = nn.Embedding(new_size, C, device=old.weight.device, dtype=old.weight.dtype)
+        with torch.no_grad():
+            nn.init.normal_(wte.weight, mean=0.0, std=self.config.initializer_range)
+            wte.weight[:V] = old.weight
+        self.wte = wte
+        self.lm_head = nn.Linear(C, new_size, bias=False, device=old.weight.device, dtype=old.weight.dtype)
+        self.lm_head.weight = self.wte.weight
+        self.config = dataclasses.replace(self.config, vocab_size=new_size)
+
+    @torch.no_grad()
+    def generate(
+        self,
+        input_ids: torch.Tensor,
+        max_new_tokens: int = 50,
+        temperature: float = 0.0,
+        top_k: int | None = None,
+        top_p: float | None = None,
+        eos_token_id: int | None = -1,
+        stop_strings: list[str] | None = None,
+        seed: int | None = None,
+        streamer: Callable[[torch.Tensor], None] | None = None,
+        attention_mask: torch.Tensor | None = None,
+        use_cache: bool = True,
+        output_logits: bool = False,
+    ):
+        """Continue ``input_ids``; see :func:`lmforge.generation.generate` for the arguments.
+
+        Returns:
+            (B, T + n) token ids; with ``output_logits`` the pair ``(ids, logits (B, n, V))``.
+        """
+        from ..generation import generate
+
+        return generate(
+            self,
+            input_ids,
+            max_new_tokens=max_new_tokens,
+            temperature=temperature,
+            top_k=top_k,
+            top_p=top_p,
+            eos_token_id=self.config.eos_token_id if eos_token_id == -1 else eos_token_id,
+            stop_strings=stop_strings,
+            seed=seed,
+            streamer=streamer,
+            attention_mask=attention_mask,
+            use_cache=use_cache,
+            output_logits=output_logits,
+        )
+
+
+def causal_lm_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """Mean next-token cross-entropy: position t predicts ``labels[:, t+1]``; -100 is ignored.
+
+    The labels are shifted rather than the logits, so the (B, T, V) logits are never copied.
+
+    Args:
+        logits: (B, T, V) scores.
+        labels: (B, T) targets aligned with the input.
+    Returns:
+        Scalar loss (fp32).
+    """
+    B, T, V = logits.shape
+    return F.cross_entropy(logits.reshape(B * T, V).float(), shift_labels(labels).reshape(B * T), ignore_index=-100)
+
+
+def shift_labels(labels: torch.Tensor) -> torch.Tensor:
+    """(B, T) labels aligned with the input -> (B, T) next-token targets (the last position gets -100)."""
+    return F.pad(labels[:, 1:], (0, 1), value=-100)
+
+
+class _LinearCrossEntropy(torch.autograd.Function):
+    """Mean cross-entropy of ``x @ weight.T`` against ``targets``, a chunk of rows at a time.
+
+    The full (N, V) logits never exist: each chunk's logits are made, turned into their loss and their
+    gradient (softmax - one-hot) and then freed, while they are still in cache.  The loss is a scalar,
+    so the gradients of ``x`` and ``weight`` are known in the forward pass and backward only scales them.
+    """
+
+    @staticmethod
+    def forward(ctx, x, weight, targets, chunk_rows: int, need_grad: bool):  # x (N, C), weight (V, C), targets (N,)
+        N = x.shape[0]
+        valid = targets != -100
+        safe = targets.clamp(min=0)
+        n_valid = int(valid.sum())
+        loss_sum = torch.zeros((), dtype=torch.float32, device=x.device)
+        grad_x = torch.empty_like(x) if need_grad else None
+        grad_w = torch.zeros(weight.shape, dtype=torch.float32, device=x.device) if need_grad else None
+        for i in range(0, N, chunk_rows):
+            xc, tc, vc = x[i : i + chunk_rows], safe[i : i + chunk_rows, None], valid[i : i + chunk_rows, None]
+            z = (xc @ weight.t()).float()  # (r, V)
+            lse = torch.logsumexp(z, dim=-1, keepdim=True)  # (r, 1)
+            loss_sum += ((lse - z.gather(1, tc)) * vc).sum()
+            if need_grad:
+                p = z.sub_(lse).exp_()  # (r, V): softmax, in place
+                p.scatter_add_(1, tc, -vc.to(p.dtype))  # minus the one-hot of each counted target
+                if not bool(vc.all()):
+                    p.mul_(vc)  # ignored rows get no gradient
+                p = p.to(x.dtype)
+                torch.mm(p, weight.to(x.dtype), out=grad_x[i : i + chunk_rows])  # (r, C)
+                if p.dtype == torch.float32:
+                    grad_w.addmm_(p.t(), xc)  # (V, C)
+                else:
+                    grad_w += (p.t() @ xc).float()
+        if need_grad:
+            scale = 1.0 / max(n_valid, 1)
+            ctx.grads = (grad_x.mul_(scale), grad_w.mul_(scale).to(weight.dtype))
+        else:
+            ctx.grads = None
+        return loss_sum / n_valid if n_valid else loss_sum * float("nan")
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        if ctx.grads is None:
+            return None, None, None, None, None
+        grad_x, grad_w = ctx.grads
+        ctx.grads = None
+        return grad_x * grad_out, grad_w * grad_out, None, None, None
+
+
+def linear_cross_entropy(x: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """``F.cross_entropy(x @ weight.T, targets, ignore_index=-100)`` without materialising the logits.
+
+    Same value and gradients as the plain form (to float rounding) but the (N, V) logits are handled in
+    chunks of about 2M scores, which on a CPU saves most of the memory traffic of the LM head.
+
+    Args:
+        x: (N, C) final hidden states.
+        weight: (V, C) output embedding.
+        targets: (N,) target ids, -100 = ignore.
+    Returns:
+        Scalar mean loss (fp32); NaN when every target is ignored (as ``F.cross_entropy``).
+    """
+    V = weight.shape[0]
+    chunk_rows = max(32, (1 << 21) // V)
+    need_grad = torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad)
+    if torch.is_autocast_enabled(x.device.type):  # matmuls in the autocast dtype, softmax in fp32
+        dt = torch.get_autocast_dtype(x.device.type)
+        with torch.autocast(x.device.type, enabled=False):
+            return _LinearCrossEntropy.apply(x.to(dt), weight.to(dt), targets, chunk_rows, need_grad)
+    return _LinearCrossEntropy.apply(x, weight, targets, chunk_rows, need_grad)
+
+
+def _need_tokenizer(model: PretrainedModel):
+    if model.tokenizer is None:
+        raise LmforgeError("this model has no tokenizer attached; load it from a model folder with lmforge.load")
+    return model.tokenizer
+
+
+__all__ = [
+    "GPTConfig",
+    "GPTLMHeadModel",
+    "PRESETS",
+    "DEFAULT_PRESET",
+    "TRAIN_DEFAULTS",
+    "pretraining_setup",
+    "causal_lm_loss",
+    "linear_cross_entropy",
+    "shift_labels",
+]

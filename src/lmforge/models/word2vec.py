@@ -1,0 +1,352 @@
+"""word2vec: one static vector per token, trained with gensim (skip-gram or CBOW, negative sampling).
+
+Mikolov et al. 2013.  The baseline of the four generations: the vector of *python* is the same in
+"He got bit by Python." and "Python is my favorite programming language.", so it cannot tell the
+snake from the language.  lmforge trains it on the same shards (the same corpus and tokenisation)
+as the other families, with gensim doing the training (:func:`run_pretraining`), and stores it as
+a model folder like the others: ``model.safetensors`` holds an ``nn.Embedding`` indexed by token
+id (tokens gensim never saw get zeros), ``vectors.txt`` the same vectors in the word2vec text
+format for other tools, plus ``config.json`` and the tokenizer.
+
+Determinism: with ``workers=1`` (the default) a run is a function of (config, shards): gensim's
+initial vectors come from its seeded generator, and lmforge passes a stable hash function, so
+Python's per-process string-hash randomisation does not enter.  ``workers > 1`` trains faster but
+thread scheduling changes the order of updates, so the vectors differ from run to run.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import re
+import time
+import zlib
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch import nn
+
+from ..config import save_json
+from ..errors import ConfigError, LmforgeError, require
+from ..utils import atomic_path
+from .base import ModelOutput, PretrainedModel, TokenLayers
+
+logger = logging.getLogger(__name__)
+
+
+@dataclasses.dataclass
+class Word2VecConfig:
+    """word2vec settings (``model_type: "word2vec"``); the training knobs are gensim's.
+
+    Attributes:
+        vocab_size: V, the tokenizer's vocabulary (set by :func:`run_pretraining`).
+        vector_size: width of the vectors.
+        architecture: ``"skipgram"`` (predict the context from the word) or ``"cbow"`` (the word from
+            the mean of its context).
+        window: largest distance between the word and a context word.
+        negative: negative samples per positive pair.
+        min_count: tokens seen fewer times get no vector (zeros).
+        sample: down-sampling threshold of frequent tokens.
+        epochs: passes over the corpus.
+        alpha, min_alpha: learning rate, decayed linearly from ``alpha`` to ``min_alpha``.
+        seed: seeds gensim's initial vectors and sampling.
+        workers: gensim worker threads; 1 keeps runs reproducible (see the module docstring).
+    """
+
+    vocab_size: int = 8192
+    vector_size: int = 100
+    architecture: str = "skipgram"
+    window: int = 5
+    negative: int = 5
+    min_count: int = 1
+    sample: float = 1e-3
+    epochs: int = 5
+    alpha: float = 0.025
+    min_alpha: float = 1e-4
+    seed: int = 0
+    workers: int = 1
+
+    def __post_init__(self) -> None:
+        if self.architecture not in ("skipgram", "cbow"):
+            raise ConfigError(f"architecture must be 'skipgram' or 'cbow', got {self.architecture!r}")
+        for name in ("vocab_size", "vector_size", "window", "negative", "min_count", "epochs", "workers"):
+            if getattr(self, name) < 1:
+                raise ConfigError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if not 0 < self.min_alpha <= self.alpha:
+            raise ConfigError(f"need 0 < min_alpha <= alpha, got {self.min_alpha} and {self.alpha}")
+        if self.seed < 0:
+            raise ConfigError(f"seed must be >= 0, got {self.seed}")
+
+
+PRESETS: dict[str, dict] = {
+    "small": dict(vector_size=100, architecture="skipgram"),
+    "cbow": dict(vector_size=100, architecture="cbow"),
+    "large": dict(vector_size=300, architecture="skipgram", epochs=10),
+}
+DEFAULT_PRESET = "small"
+CONFIG_CLASS = Word2VecConfig
+
+_WORD_CHAR = re.compile(r"\w")
+_CJK = re.compile(r"[\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff]")
+
+
+def word_index(text: str, offsets: list[tuple[int, int]]) -> list[int]:
+    """Group subword pieces into words: piece i gets the index of the word it belongs to.
+
+    A piece continues the previous piece's word when it starts exactly where that one ended and
+    both touching characters are word characters (letters, digits), not CJK (each CJK character
+    is a word of its own).  This needs only the text and the offsets, so it works for WordPiece
+    (``py ##thon``) and byte-level BPE (``Py thon``) alike; punctuation is always its own word.
+    """
+    out: list[int] = []
+    word = -1
+    prev_end = None
+    for start, end in offsets:
+        joined = (
+            prev_end is not None
+            and start == prev_end
+            and 0 < start < len(text)
+            and _WORD_CHAR.match(text[start - 1]) is not None
+            and _WORD_CHAR.match(text[start]) is not None
+            and not _CJK.match(text[start - 1])
+            and not _CJK.match(text[start])
+        )
+        if not joined:
+            word += 1
+        out.append(word)
+        prev_end = end
+    return out
+
+
+def _stable_hash(s: str) -> int:
+    """A string hash that is the same in every process (Python's ``hash`` is randomised)."""
+    return zlib.crc32(s.encode("utf-8"))
+
+
+class _ShardSentences:
+    """Re-iterable sentences of a shard split as lists of token strings (what gensim reads)."""
+
+    def __init__(self, shards, tokenizer, split: str = "train"):
+        self.tokens = shards.tokens(split)
+        self.starts = np.asarray(shards.sentences(split), dtype=np.int64)
+        self.names = [tokenizer.id_to_token(i) or f"<id{i}>" for i in range(tokenizer.vocab_size)]
+
+    def __len__(self) -> int:
+        return max(len(self.starts) - 1, 0)
+
+    def __iter__(self) -> Iterator[list[str]]:
+        names = self.names
+        for s, e in zip(self.starts[:-1], self.starts[1:]):
+            if e > s:
+                yield [names[i] for i in self.tokens[s:e].tolist()]
+
+
+class _GensimRateLog(logging.Handler):
+    """Collects the ``N effective words/s`` figures gensim logs while training."""
+
+    pattern = re.compile(r"([\d.]+) effective words/s")
+
+    def __init__(self):
+        super().__init__(logging.INFO)
+        self.rates: list[float] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        m = self.pattern.search(record.getMessage())
+        if m:
+            self.rates.append(float(m.group(1)))
+
+
+class Word2Vec(PretrainedModel):
+    """Static token vectors in an ``nn.Embedding`` (``embeddings.weight``: (V, vector_size)).
+
+    ``forward(input_ids)`` returns the vectors as the only hidden state; there is no language-model
+    loss (gensim trains it; see :func:`run_pretraining`).
+    """
+
+    config_class = Word2VecConfig
+    model_type = "word2vec"
+
+    def __init__(self, config: Word2VecConfig):
+        super().__init__(config)
+        self.embeddings = nn.Embedding(config.vocab_size, config.vector_size)
+        nn.init.zeros_(self.embeddings.weight)
+
+    @property
+    def hidden_size(self) -> int:
+        return self.config.vector_size
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor | None = None,
+        token_type_ids: torch.Tensor | None = None,
+        labels: torch.Tensor | None = None,
+    ) -> ModelOutput:
+        """input_ids: (B, T) -> ModelOutput with hidden_states ((B, T, C),); labels are not used."""
+        return ModelOutput(hidden_states=tuple(self.hidden_states(input_ids, attention_mask)))
+
+    def hidden_states(
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor | None = None,
+        token_type_ids: torch.Tensor | None = None,
+    ) -> list[torch.Tensor]:
+        """The one layer: each token's vector, (B, T, C); padding positions are zero."""
+        h = self.embeddings(input_ids)  # (B, T, C)
+        if attention_mask is not None:
+            h = h * attention_mask.unsqueeze(-1).to(h.dtype)
+        return [h]
+
+    def transfer_layers(self) -> list[nn.Module]:
+        return [self.embeddings]
+
+    @torch.no_grad()
+    def embed(self, texts: list[str]) -> list[TokenLayers]:
+        """Static vectors of every token (contract 6), one layer.
+
+        A word split into several pieces gets the mean of its pieces' vectors on every one of its
+        pieces (see :func:`word_index`), so a word's vector never depends on its sentence.
+        """
+        tok = self.tokenizer
+        if tok is None:
+            raise LmforgeError("this word2vec model has no tokenizer attached; load it with lmforge.load(model_dir)")
+        out = []
+        weight = self.embeddings.weight
+        for text in texts:
+            ids, tokens, offsets = tok.encode_with_offsets(text)
+            vecs = weight[torch.tensor(ids, dtype=torch.long, device=weight.device)].float().cpu()  # (n, C)
+            if ids:
+                group = torch.tensor(word_index(text, offsets))  # (n,)
+                n_words = int(group.max()) + 1
+                sums = torch.zeros(n_words, vecs.shape[1]).index_add_(0, group, vecs)
+                counts = torch.bincount(group, minlength=n_words).unsqueeze(1).float()
+                vecs = (sums / counts)[group]  # (n, C)
+            out.append(
+                TokenLayers(
+                    tokens=list(tokens),
+                    offsets=[tuple(o) for o in offsets],
+                    layers=vecs.unsqueeze(0),
+                    layer_names=["word2vec"],
+                )
+            )
+        return out
+
+    def save_word2vec_text(self, path: str | Path, token_ids: list[int] | None = None) -> None:
+        """Write ``vectors.txt`` in the word2vec text format (``n dim`` then ``token v1 v2 ...``).
+
+        Args:
+            path: the file to write (atomically).
+            token_ids: which tokens to write (default: every token whose vector is not all zero).
+        """
+        if self.tokenizer is None:
+            raise LmforgeError("writing word2vec text needs the tokenizer (for the token strings)")
+        w = self.embeddings.weight.detach().float().cpu().numpy()
+        if token_ids is None:
+            token_ids = [i for i in range(w.shape[0]) if np.any(w[i])]
+        with atomic_path(path) as tmp, open(tmp, "w", encoding="utf-8") as f:
+            f.write(f"{len(token_ids)} {w.shape[1]}\n")
+            for i in token_ids:
+                f.write(self.tokenizer.id_to_token(i) + " " + " ".join(f"{x:.6g}" for x in w[i]) + "\n")
+
+
+def run_pretraining(shards, tokenizer, config: Word2VecConfig, out_dir: str | Path):
+    """Train word2vec with gensim on the shards' train split and write the model folder.
+
+    Args:
+        shards: an opened :class:`lmforge.data.shards.Shards` (or its folder).
+        tokenizer: the shards' tokenizer; sentences are fed to gensim as its token strings.
+        config: the word2vec config (``vocab_size`` is replaced by the tokenizer's).
+        out_dir: the model folder to write (config.json, model.safetensors, vectors.txt, tokenizer,
+            training_summary.json).
+    Returns:
+        A :class:`lmforge.train.pretrain.PretrainResult` whose ``val`` holds the training speed
+        (``words_per_sec`` as gensim reports it) and the share of the vocabulary that got a vector.
+    """
+    gensim_w2v = require("gensim.models.word2vec", "w2v")
+    from ..train.pretrain import PretrainResult
+
+    if isinstance(shards, (str, Path)):
+        from ..data.shards import Shards
+
+        shards = Shards.open(shards)
+    if hasattr(shards, "check_tokenizer"):
+        shards.check_tokenizer(tokenizer)
+    config = dataclasses.replace(config, vocab_size=tokenizer.vocab_size)
+    if config.workers > 1:
+        logger.warning("word2vec with workers=%d is faster but not reproducible run to run", config.workers)
+    sentences = _ShardSentences(shards, tokenizer)
+    if len(sentences) == 0:
+        raise LmforgeError("the shards' train split has no sentences; prepare a larger corpus")
+
+    gensim_logger = logging.getLogger("gensim.models.word2vec")
+    rate_log = _GensimRateLog()
+    old_level, old_propagate = gensim_logger.level, gensim_logger.propagate
+    gensim_logger.addHandler(rate_log)
+    gensim_logger.setLevel(logging.INFO)
+    gensim_logger.propagate = False
+    try:
+        w2v = gensim_w2v.Word2Vec(
+            vector_size=config.vector_size,
+            sg=1 if config.architecture == "skipgram" else 0,
+            window=config.window,
+            negative=config.negative,
+            hs=0,
+            min_count=config.min_count,
+            sample=config.sample,
+            alpha=config.alpha,
+            min_alpha=config.min_alpha,
+            seed=config.seed,
+            workers=config.workers,
+            hashfxn=_stable_hash,
+        )
+        w2v.build_vocab(sentences)
+        logger.info(
+            "word2vec (%s): %d sentences, %d of %d tokens in the vocabulary, %d epochs",
+            config.architecture,
+            len(sentences),
+            len(w2v.wv.index_to_key),
+            config.vocab_size,
+            config.epochs,
+        )
+        t0 = time.perf_counter()
+        effective, raw = w2v.train(sentences, total_examples=w2v.corpus_count, epochs=config.epochs)
+        elapsed = time.perf_counter() - t0
+    finally:
+        gensim_logger.removeHandler(rate_log)
+        gensim_logger.setLevel(old_level)
+        gensim_logger.propagate = old_propagate
+    # gensim's last report is the whole run's; fall back to our own timing if it logged none
+    rate = rate_log.rates[-1] if rate_log.rates else effective / max(elapsed, 1e-9)
+    logger.info("word2vec: %d raw words (%d effective) in %.1fs, %.0f effective words/s (gensim)", raw, effective,
+                elapsed, rate)
+
+    model = Word2Vec(config)
+    model.tokenizer = tokenizer
+    weight = torch.zeros(config.vocab_size, config.vector_size)
+    seen = []
+    for token, row in w2v.wv.key_to_index.items():
+        i = tokenizer.token_to_id(token)
+        if i is None:  # cannot happen: gensim saw only the tokenizer's own strings
+            continue
+        weight[i] = torch.from_numpy(np.array(w2v.wv.vectors[row], dtype=np.float32))
+        seen.append(i)
+    with torch.no_grad():
+        model.embeddings.weight.copy_(weight)
+    model.eval()
+
+    out = Path(out_dir)
+    model.save_pretrained(out, tokenizer)
+    model.save_word2vec_text(out / "vectors.txt", sorted(seen))
+    val = {
+        "words_per_sec": float(rate),
+        "raw_words": float(raw),
+        "effective_words": float(effective),
+        "vocab_coverage": len(seen) / config.vocab_size,
+    }
+    save_json({"architecture": config.architecture, "epochs": config.epochs, "elapsed_s": elapsed, **val},
+              out / "training_summary.json")
+    return PretrainResult(
+        family="word2vec", out_dir=out, val=val, stop_reason="done", tokens_seen=int(raw), elapsed=elapsed
+    )

@@ -1,0 +1,199 @@
+"""Training state on disk: model, optimizer, scheduler, RNG states and counters, without pickle.
+
+Layout of ``OUT/training_state/``::
+
+    state.json              counters (step, tokens seen, elapsed), scheduler, optimizer hyperparameters,
+                            parameter names, the sha256 of every file below, the train config
+    model.safetensors       the full model state dict
+    optimizer.safetensors   optimizer state flattened to ``opt.<param_idx>.<name>``
+    rng.safetensors         torch RNG states as uint8 tensors: ``rng.cpu.<rank>``, ``rng.cuda.<rank>``
+
+Tensors go to safetensors, everything else to JSON; nothing is ever unpickled.  The directory is
+written as a unit: the files go into ``training_state.tmp-XXXX`` (each one fsynced), which then
+replaces ``training_state`` by two renames.  A kill at any moment leaves either the old or the new
+state complete on disk; if it falls between the two renames, :func:`find_state_dir` picks up the
+previous state from ``training_state.old-XXXX``.  The data cursor needs no file of its own: every
+batch is a function of ``(seed, step)``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from ..errors import CheckpointError
+from ..utils import _fsync_dir, atomic_write_text, file_sha256, load_safetensors, save_safetensors
+
+logger = logging.getLogger(__name__)
+
+STATE_DIR = "training_state"
+FORMAT_VERSION = 1
+
+
+# -- optimizer <-> flat tensors + JSON ------------------------------------------------------------
+def flatten_optimizer(opt_state: dict) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
+    """Split ``optimizer.state_dict()`` into safetensors-ready tensors and a JSON-ready dict.
+
+    Returns:
+        ``(tensors, meta)``: tensors keyed ``opt.<param_idx>.<name>``; meta holds ``param_groups``
+        and any non-tensor per-parameter state.
+    """
+    tensors: dict[str, torch.Tensor] = {}
+    scalars: dict[str, dict[str, Any]] = {}
+    for idx, st in opt_state["state"].items():
+        for name, value in st.items():
+            if isinstance(value, torch.Tensor):
+                tensors[f"opt.{idx}.{name}"] = value.detach().cpu().contiguous()
+            else:
+                scalars.setdefault(str(idx), {})[name] = value
+    groups = []
+    for g in opt_state["param_groups"]:
+        groups.append({k: (list(v) if isinstance(v, tuple) else v) for k, v in g.items()})
+    return tensors, {"param_groups": groups, "scalar_state": scalars}
+
+
+def unflatten_optimizer(tensors: dict[str, torch.Tensor], meta: dict[str, Any]) -> dict:
+    """Inverse of :func:`flatten_optimizer`: a dict ``optimizer.load_state_dict`` accepts."""
+    state: dict[int, dict[str, Any]] = {}
+    for key, value in tensors.items():
+        prefix, idx, name = key.split(".", 2)
+        if prefix != "opt":
+            raise CheckpointError(f"unexpected key {key!r} in the optimizer state")
+        state.setdefault(int(idx), {})[name] = value
+    for idx, st in meta.get("scalar_state", {}).items():
+        state.setdefault(int(idx), {}).update(st)
+    state = dict(sorted(state.items()))  # safetensors sorts keys as strings (opt.10 < opt.2)
+    groups = []
+    for g in meta["param_groups"]:
+        g = dict(g)
+        if "betas" in g and isinstance(g["betas"], list):
+            g["betas"] = tuple(g["betas"])
+        groups.append(g)
+    return {"state": state, "param_groups": groups}
+
+
+# -- RNG states --------------------------------------------------------------------------------
+def rng_states() -> dict[str, torch.Tensor]:
+    """This process's torch RNG states (CPU, and the current CUDA device if any) as uint8 tensors."""
+    out = {"cpu": torch.get_rng_state()}
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        out["cuda"] = torch.cuda.get_rng_state()
+    return out
+
+
+def set_rng_states(states: dict[str, torch.Tensor]) -> None:
+    torch.set_rng_state(states["cpu"])
+    if "cuda" in states and torch.cuda.is_available():
+        torch.cuda.set_rng_state(states["cuda"])
+
+
+# -- the directory as a unit ---------------------------------------------------------------------
+def find_state_dir(out_dir: str | Path) -> Path | None:
+    """The complete training state in ``out_dir``, or ``None`` if there is none.
+
+    Falls back to ``training_state.old-*`` when a save was killed between its two renames.
+    """
+    out = Path(out_dir)
+    final = out / STATE_DIR
+    if final.is_dir():
+        return final
+    olds = sorted(out.glob(f"{STATE_DIR}.old-*"), key=lambda p: p.stat().st_mtime, reverse=True)
+    for old in olds:
+        if (old / "state.json").is_file():
+            logger.warning("using %s: the last checkpoint save was interrupted", old.name)
+            return old
+    return None
+
+
+def _cleanup_leftovers(out: Path) -> None:
+    """Remove half-written temp dirs, and old states once a complete current one exists."""
+    for p in out.glob(f"{STATE_DIR}.tmp-*"):
+        shutil.rmtree(p, ignore_errors=True)
+    if (out / STATE_DIR / "state.json").is_file():
+        for p in out.glob(f"{STATE_DIR}.old-*"):
+            shutil.rmtree(p, ignore_errors=True)
+
+
+def write_state_dir(out_dir: str | Path, files: dict[str, dict[str, torch.Tensor]], state: dict[str, Any]) -> Path:
+    """Write ``training_state/`` atomically as a directory.
+
+    Args:
+        out_dir: the model folder.
+        files: safetensors file name -> tensors (e.g. ``{"model.safetensors": state_dict}``).
+        state: JSON-ready dict; the sha256 of every file is added under ``files``.
+    Returns:
+        The path of the new ``training_state`` directory.
+    """
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    _cleanup_leftovers(out)
+    tmp = Path(tempfile.mkdtemp(prefix=f"{STATE_DIR}.tmp-", dir=out))
+    try:
+        hashes = {}
+        for name, tensors in files.items():
+            save_safetensors(tensors, tmp / name)  # temp file + fsync + rename inside tmp
+            hashes[name] = file_sha256(tmp / name)
+        state = {**state, "format_version": FORMAT_VERSION, "files": hashes}
+        atomic_write_text(tmp / "state.json", json.dumps(state, indent=1) + "\n")
+        _fsync_dir(tmp)
+        final = out / STATE_DIR
+        if final.exists():
+            old = Path(tempfile.mkdtemp(prefix=f"{STATE_DIR}.old-", dir=out))
+            os.rmdir(old)
+            os.rename(final, old)
+        os.rename(tmp, final)
+        _fsync_dir(out)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    _cleanup_leftovers(out)  # the old state, and any left by an earlier interrupted save
+    return final
+
+
+def read_state_dir(out_dir: str | Path) -> tuple[Path, dict[str, Any], dict[str, dict[str, torch.Tensor]]]:
+    """Read and verify the training state written by :func:`write_state_dir`.
+
+    Returns:
+        ``(path, state, files)`` with ``files`` mapping each safetensors file name to its tensors.
+    Raises:
+        CheckpointError: missing, truncated, tampered or unreadable state, in one line.
+    """
+    path = find_state_dir(out_dir)
+    if path is None:
+        raise CheckpointError(f"no {STATE_DIR}/ in {out_dir} to resume from; run without --resume to start afresh")
+    sj = path / "state.json"
+    try:
+        state = json.loads(sj.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise CheckpointError(f"{sj} is missing; the checkpoint in {path} is incomplete") from None
+    except (json.JSONDecodeError, UnicodeDecodeError, OSError) as e:
+        raise CheckpointError(f"{sj} is corrupt ({type(e).__name__}); delete {path} to start afresh") from None
+    if not isinstance(state, dict) or not isinstance(state.get("files"), dict) or "step" not in state:
+        raise CheckpointError(f"{sj} is not an lmforge training state; delete {path} to start afresh")
+    if state.get("format_version") != FORMAT_VERSION:
+        raise CheckpointError(f"{sj} has format version {state.get('format_version')}, expected {FORMAT_VERSION}")
+    files = {}
+    for name, digest in state["files"].items():
+        f = path / name
+        if not f.is_file():
+            raise CheckpointError(f"{f} is missing; the checkpoint in {path} is incomplete")
+        if file_sha256(f) != digest:
+            raise CheckpointError(f"{f} is corrupt (checksum mismatch); delete {path} to start afresh")
+        files[name] = load_safetensors(f)
+    return path, state, files
+
+
+def remove_state_dir(out_dir: str | Path) -> None:
+    """Delete the training state (and leftovers) of ``out_dir``."""
+    out = Path(out_dir)
+    for p in [out / STATE_DIR, *out.glob(f"{STATE_DIR}.tmp-*"), *out.glob(f"{STATE_DIR}.old-*")]:
+        with contextlib.suppress(FileNotFoundError):
+            shutil.rmtree(p)

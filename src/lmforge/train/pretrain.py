@@ -1,0 +1,294 @@
+"""The ``lmforge pretrain FAMILY`` driver: shards + family hooks + TrainConfig -> a model folder.
+
+Every family module (``lmforge/models/<family>.py``) offers ``PRESETS``, ``DEFAULT_PRESET``,
+``TRAIN_DEFAULTS`` and ``pretraining_setup(config, shards, tokenizer) -> (model, sampler)``; word2vec
+offers ``run_pretraining(shards, tokenizer, config, out_dir)`` instead (it trains without the
+Trainer).  The config class is the module's ``CONFIG_CLASS`` or the family model's ``config_class``.
+
+Order of work: every config problem is found before any data is read, the tokenizer is checked
+against the shards before any model is built, and ``train_config.json`` is written before the
+first step so that a killed run can be resumed with the same settings.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import importlib
+import logging
+from pathlib import Path
+from typing import Any
+
+from ..config import _field_types, apply_overrides, from_dict, load_json, parse_overrides, save_json, to_dict
+from ..errors import CheckpointError, ConfigError, DataError, LmforgeError
+from ..utils import seed_everything
+from .checkpoint import STATE_DIR, find_state_dir
+from .config import TrainConfig, format_duration, parse_duration
+from .distributed import cleanup, init_distributed
+from .trainer import Trainer
+
+logger = logging.getLogger(__name__)
+
+FAMILIES: dict[str, str] = {
+    "bert": "lmforge.models.bert",
+    "gpt": "lmforge.models.gpt",
+    "elmo": "lmforge.models.elmo",
+    "word2vec": "lmforge.models.word2vec",
+}
+TRAIN_CONFIG_FILE = "train_config.json"
+
+
+@dataclasses.dataclass
+class PretrainResult:
+    """What :func:`pretrain` returns.
+
+    Attributes:
+        family: e.g. ``"gpt"``.
+        out_dir: the model folder written.
+        val: final validation metrics (``loss``, ``ppl``, family metrics such as ``mlm_acc``).
+        step: optimizer steps done in total (``None`` for families trained without the Trainer).
+        stop_reason: ``"max_steps"``, ``"max_time"`` or ``"done"`` (word2vec).
+        train_loss: mean training loss of the last logging interval, if known.
+        tokens_seen: training tokens consumed, if known.
+        elapsed: training seconds, if known.
+    """
+
+    family: str
+    out_dir: Path
+    val: dict[str, float]
+    step: int | None = None
+    stop_reason: str = "done"
+    train_loss: float | None = None
+    tokens_seen: int | None = None
+    elapsed: float | None = None
+
+
+def family_module(family: str):
+    """Import the family module named in :data:`FAMILIES`."""
+    if family not in FAMILIES:
+        raise ConfigError(f"unknown model family '{family}'; choose one of {', '.join(FAMILIES)}")
+    return importlib.import_module(FAMILIES[family])
+
+
+def family_config_class(family: str, module) -> type:
+    """The family's config dataclass: ``module.CONFIG_CLASS`` or its model class's ``config_class``."""
+    cls = getattr(module, "CONFIG_CLASS", None)
+    if cls is None:
+        from ..models import MODEL_TYPES, model_class
+
+        if family not in MODEL_TYPES:
+            raise LmforgeError(f"family module {module.__name__} names no CONFIG_CLASS")
+        cls = model_class(family).config_class
+    return cls
+
+
+def build_model_config(family: str, module, preset_or_file: str | None):
+    """The family config from a preset name or a JSON file (unknown keys -> ConfigError)."""
+    cls = family_config_class(family, module)
+    presets: dict[str, dict] = getattr(module, "PRESETS", {})
+    choice = preset_or_file if preset_or_file is not None else getattr(module, "DEFAULT_PRESET", None)
+    if choice is None:
+        return from_dict(cls, {})
+    path = Path(choice)
+    if choice in presets and not path.is_file():
+        return from_dict(cls, dict(presets[choice]), ignore=("model_type",))
+    if path.suffix == ".json" or path.exists() or any(sep in choice for sep in "/\\"):
+        if path.is_dir():
+            raise ConfigError(f"--config {choice} is a directory; give a preset name or a JSON config file")
+        data = load_json(path)
+        mt = data.get("model_type")
+        if mt is not None and mt != family:
+            raise ConfigError(f"{path} is a '{mt}' config, not a '{family}' one")
+        return from_dict(cls, data, ignore=("model_type",))
+    raise ConfigError(
+        f"unknown {family} preset '{choice}'; presets: {', '.join(presets) or 'none'} (or give a JSON config file)"
+    )
+
+
+def _unknown_override(key: str, model_cls: type, train_fields: list[str]) -> ConfigError:
+    model_fields = list(_field_types(model_cls))
+    close = difflib.get_close_matches(key, model_fields + train_fields, n=1)
+    hint = f" (did you mean '{close[0]}'?)" if close else ""
+    msg = f"unknown --set key '{key}'{hint}; model keys ({model_cls.__name__}): {', '.join(sorted(model_fields))}"
+    if train_fields:
+        msg += f"; training keys: {', '.join(sorted(train_fields))}"
+    return ConfigError(msg)
+
+
+def split_all_overrides(
+    pairs: list[str] | None, model_cls: type, trainer_based: bool = True
+) -> tuple[dict[str, str], dict[str, str]]:
+    """Split ``--set k=v`` pairs into (model overrides, training overrides); a key in neither is an error.
+
+    A key naming a field of both configs goes to the model config (families keep their own
+    meaning of e.g. ``seed``-like knobs); for non-Trainer families (word2vec) every key is a model key.
+    """
+    over = parse_overrides(pairs)
+    model_fields = set(_field_types(model_cls))
+    train_fields = list(_field_types(TrainConfig)) if trainer_based else []
+    model_over, train_over = {}, {}
+    for k, v in over.items():
+        if k in model_fields:
+            model_over[k] = v
+        elif k in train_fields:
+            train_over[k] = v
+        else:
+            raise _unknown_override(k, model_cls, train_fields)
+    if "max_time" in train_over and train_over["max_time"].lower() not in ("none", "null"):
+        train_over["max_time"] = str(parse_duration(train_over["max_time"]))
+    return model_over, train_over
+
+
+def open_shards(data_dir: str | Path):
+    """Open the token shards in ``data_dir`` (a DataError when they are missing or unreadable)."""
+    from ..data.shards import Shards
+
+    return Shards.open(data_dir)
+
+
+def load_tokenizer(path: str | Path):
+    from ..tokenization import Tokenizer
+
+    p = Path(path)
+    if not (p / "tokenizer.json").is_file():
+        raise DataError(f"no tokenizer.json in {p}; give the folder written by `lmforge tokenizer train`")
+    return Tokenizer.load(p)
+
+
+def check_tokenizer(shards, data_dir: str | Path, tokenizer, source: str) -> None:
+    """Refuse shards made by another tokenizer, naming both hashes."""
+    made_by = str(shards.tokenizer_hash)
+    if str(tokenizer.hash) != made_by:
+        raise DataError(
+            f"shards in {data_dir} were made by tokenizer {made_by[:8]}, not {str(tokenizer.hash)[:8]} ({source}); "
+            f"prepare the corpus again with that tokenizer, or use the one that made these shards"
+        )
+
+
+def _result_from_family(family: str, out_dir: Path, ret: Any) -> PretrainResult:
+    if isinstance(ret, PretrainResult):
+        return ret
+    if isinstance(ret, dict):
+        return PretrainResult(family, out_dir, {k: float(v) for k, v in ret.items()})
+    val = getattr(ret, "val", None) or getattr(ret, "metrics", None) or {}
+    return PretrainResult(family, out_dir, {k: float(v) for k, v in dict(val).items()})
+
+
+def pretrain(
+    family: str,
+    data_dir: str | Path,
+    out_dir: str | Path,
+    preset_or_file: str | None = None,
+    overrides: list[str] | None = None,
+    resume: bool = False,
+    max_time: str | float | None = None,
+    tokenizer_dir: str | Path | None = None,
+    progress: bool | None = None,
+) -> PretrainResult:
+    """Pretrain a ``family`` model on the shards in ``data_dir`` and write the model folder ``out_dir``.
+
+    Args:
+        family: ``bert``, ``gpt``, ``elmo`` or ``word2vec`` (a key of :data:`FAMILIES`).
+        data_dir: shards written by ``lmforge prepare``.
+        out_dir: the model folder to write (config.json, model.safetensors, tokenizer, training_state/,
+            train_config.json, metrics.jsonl, training_curves.png).
+        preset_or_file: a preset name of the family or a JSON config file (default: ``DEFAULT_PRESET``).
+            Ignored on resume (the saved ``config.json`` is used).
+        overrides: ``["key=value", ...]`` for model or training fields (``max_steps=...``, ``lr=...``).
+        resume: continue the run saved in ``out_dir/training_state``.
+        max_time: time budget of this invocation, e.g. ``"15m"`` or seconds.
+        tokenizer_dir: if given, the tokenizer the user expects; it must be the one that made the shards.
+        progress: show the progress bar (``None``: only on a terminal).
+    Returns:
+        A :class:`PretrainResult` with the final validation metrics.
+    """
+    out = Path(out_dir)
+    module = family_module(family)
+    trainer_based = not hasattr(module, "run_pretraining")
+    model_cls = family_config_class(family, module)
+    model_over, train_over = split_all_overrides(overrides, model_cls, trainer_based)
+
+    # -- configs (no data read yet) --------------------------------------------------------------
+    if resume:
+        if find_state_dir(out) is None and trainer_based:
+            raise CheckpointError(f"no {STATE_DIR}/ in {out} to resume from; run without --resume to start afresh")
+        if preset_or_file is not None:
+            logger.warning("--resume: ignoring --config %s; the model config comes from %s", preset_or_file, out)
+        data = load_json(out / "config.json")
+        model_config = from_dict(model_cls, data, ignore=("model_type",))
+    else:
+        if out.exists() and not out.is_dir():
+            raise LmforgeError(f"--out {out} is a file; give a folder for the model")
+        if trainer_based and ((out / "config.json").exists() or find_state_dir(out) is not None):
+            raise LmforgeError(
+                f"{out} already holds a model; pass --resume to continue its training, or choose another --out"
+            )
+        model_config = build_model_config(family, module, preset_or_file)
+    model_config = apply_overrides(model_config, model_over)
+
+    train_config = TrainConfig()
+    if trainer_based:
+        if resume and (out / TRAIN_CONFIG_FILE).is_file():
+            saved = load_json(out / TRAIN_CONFIG_FILE)
+            saved["max_time"] = None  # a time budget belongs to one invocation
+            train_config = from_dict(TrainConfig, saved)
+        else:
+            train_config = apply_overrides(TrainConfig(), dict(getattr(module, "TRAIN_DEFAULTS", {})))
+        train_config = apply_overrides(train_config, train_over)
+        if max_time is not None:
+            train_config = dataclasses.replace(train_config, max_time=parse_duration(max_time))
+    elif max_time is not None:
+        logger.warning("%s trains without the Trainer: --max-time is not used", family)
+
+    # -- data and tokenizer ----------------------------------------------------------------------
+    shards = open_shards(data_dir)
+    tokenizer = shards.tokenizer()
+    if tokenizer_dir is not None:
+        check_tokenizer(shards, data_dir, load_tokenizer(tokenizer_dir), f"the tokenizer in {tokenizer_dir}")
+    if resume and (out / "tokenizer.json").is_file():
+        check_tokenizer(shards, data_dir, load_tokenizer(out), f"the tokenizer of the model in {out}")
+    if hasattr(shards, "check_tokenizer"):
+        shards.check_tokenizer(tokenizer)
+
+    if not trainer_based:
+        seed_everything(getattr(model_config, "seed", 0))
+        ret = module.run_pretraining(shards, tokenizer, model_config, out)
+        return _result_from_family(family, out, ret)
+
+    # -- model and training ----------------------------------------------------------------------
+    env = init_distributed(train_config.device)
+    try:
+        seed_everything(train_config.seed)
+        model, sampler = module.pretraining_setup(model_config, shards, tokenizer)
+        if env.is_main:
+            out.mkdir(parents=True, exist_ok=True)
+            save_json(train_config, out / TRAIN_CONFIG_FILE)  # config.json comes with each checkpoint
+        n_params = sum(p.numel() for p in model.parameters())
+        rows = train_config.batch_size * train_config.grad_accum * env.world_size
+        logger.info(
+            "pretraining %s: %.2fM parameters; %d rows/step (%d x accum %d x %d process%s); steps %d%s",
+            family,
+            n_params / 1e6,
+            rows,
+            train_config.batch_size,
+            train_config.grad_accum,
+            env.world_size,
+            "" if env.world_size == 1 else "es",
+            train_config.max_steps,
+            f", time budget {format_duration(train_config.max_time)}" if train_config.max_time else "",
+        )
+        trainer = Trainer(model, sampler, train_config, out, tokenizer=tokenizer, progress=progress)
+        result = trainer.train(resume=resume)
+    finally:
+        cleanup(env)
+    logger.debug("final config: %s", to_dict(train_config))
+    return PretrainResult(
+        family=family,
+        out_dir=out,
+        val=result.val,
+        step=result.step,
+        stop_reason=result.stop_reason,
+        train_loss=result.train_loss,
+        tokens_seen=result.tokens_seen,
+        elapsed=result.elapsed,
+    )

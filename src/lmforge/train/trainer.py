@@ -1,0 +1,572 @@
+"""One Trainer for every family: it knows models only through ``model(**batch) -> ModelOutput``.
+
+What a step does (``B`` = ``batch_size`` per process, ``W`` = world size, ``A`` = ``grad_accum``)::
+
+    for micro-batch m in 0..A-1:
+        rows g = m*B*W + rank*B + j  (j in 0..B-1)   # the global row index of this process's rows
+        rng_g = np.random.default_rng([seed, 0, step, g])
+        batch = sampler.batch([rng_g ...], "train")   # each row is a pure function of its rng
+        (model(**batch).loss / A).backward()          # DDP averages the gradients over ranks
+    clip the gradient norm, AdamW step, scheduler step
+
+so the global batch of a step is the same set of rows whatever ``W`` and ``A`` are (DDP with 2x B
+rows equals one process with 2B rows), and the data cursor of a checkpoint is just the step.
+Validation rows use ``[seed, 1, eval_batch, row]``: the same rows at every evaluation.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import json
+import logging
+import math
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+
+from ..config import to_dict
+from ..errors import CheckpointError, LmforgeError
+from ..utils import atomic_write_text, save_safetensors
+from . import checkpoint as ckpt
+from .config import TrainConfig, format_duration
+from .distributed import (
+    DistEnv,
+    all_gather_objects,
+    all_reduce_sum,
+    barrier,
+    broadcast_flag,
+    cleanup,
+    init_distributed,
+    wrap_model,
+)
+from .schedule import make_scheduler, restore_scheduler, scheduler_state
+
+logger = logging.getLogger(__name__)
+
+METRICS_FILE = "metrics.jsonl"
+CURVES_FILE = "training_curves.png"
+
+# Parameters of these modules are never weight-decayed (their 1-D weights are scales, not maps).
+_NORM_TYPES: tuple[type[nn.Module], ...] = (nn.LayerNorm, nn.GroupNorm, nn.modules.batchnorm._BatchNorm)
+if hasattr(nn, "RMSNorm"):
+    _NORM_TYPES = (*_NORM_TYPES, nn.RMSNorm)
+
+
+@dataclasses.dataclass
+class TrainResult:
+    """What :meth:`Trainer.train` returns.
+
+    Attributes:
+        step: optimizer steps done in total (incl. earlier runs when resumed).
+        tokens_seen: training tokens consumed in total, over all processes.
+        stop_reason: ``"max_steps"`` or ``"max_time"``.
+        val: the final validation metrics (``loss``, ``ppl``, the model's metrics and their ``*_ppl``).
+        train_loss: mean training loss of the last logging interval (``nan`` if no step was run).
+        elapsed: training seconds in total (incl. earlier runs).
+        out_dir: the model folder.
+    """
+
+    step: int
+    tokens_seen: int
+    stop_reason: str
+    val: dict[str, float]
+    train_loss: float
+    elapsed: float
+    out_dir: Path
+
+
+def param_groups(model: nn.Module, weight_decay: float) -> tuple[list[dict], list[str]]:
+    """AdamW parameter groups: decay for matrices, none for biases, norm weights and other 1-D tensors.
+
+    Embedding and Linear weights (2-D) are decayed and so are conv kernels, as nanoGPT does; the
+    1-D rule alone already spares biases and LayerNorm gains, and the explicit norm-module check
+    keeps any norm parameter out of decay whatever its shape.  Frozen parameters are left out.
+
+    Returns:
+        ``(groups, names)``: the two groups (decayed first) and the parameter names in optimizer
+        index order (the index used in the checkpoint's ``opt.<idx>.*`` keys).
+    """
+    norm_ids = {id(p) for m in model.modules() if isinstance(m, _NORM_TYPES) for p in m.parameters(recurse=False)}
+    decay: list[tuple[str, nn.Parameter]] = []
+    no_decay: list[tuple[str, nn.Parameter]] = []
+    for name, p in model.named_parameters():  # shared (tied) parameters appear once
+        if not p.requires_grad:
+            continue
+        (no_decay if p.ndim < 2 or id(p) in norm_ids else decay).append((name, p))
+    groups = [
+        {"params": [p for _, p in decay], "weight_decay": weight_decay},
+        {"params": [p for _, p in no_decay], "weight_decay": 0.0},
+    ]
+    return groups, [n for n, _ in decay] + [n for n, _ in no_decay]
+
+
+def count_tokens(batch: dict[str, Any]) -> int:
+    """Tokens in a batch: the attention mask's sum when there is one, else ``input_ids.numel()``."""
+    mask = batch.get("attention_mask")
+    if isinstance(mask, torch.Tensor):
+        return int(mask.sum())
+    ids = batch.get("input_ids")
+    if isinstance(ids, torch.Tensor):
+        return ids.numel()
+    for v in batch.values():  # e.g. ELMo character ids (B, T, max_chars): count positions
+        if isinstance(v, torch.Tensor) and v.ndim >= 2:
+            return v.shape[0] * v.shape[1]
+    return 0
+
+
+def _ppl(x: float) -> float:
+    return math.exp(x) if x < 700 else float("inf")
+
+
+def add_perplexities(metrics: dict[str, float]) -> dict[str, float]:
+    """Add ``ppl = exp(loss)`` and ``<name>_ppl = exp(<name>_loss)`` for every ``*_loss`` key."""
+    out = dict(metrics)
+    if "loss" in metrics:
+        out["ppl"] = _ppl(metrics["loss"])
+    for k, v in metrics.items():
+        if k.endswith("_loss"):
+            out[k[: -len("_loss")] + "_ppl"] = _ppl(v)
+    return out
+
+
+def _row_seed_seq(seed: int, *path: int) -> np.random.Generator:
+    return np.random.default_rng([seed, *path])
+
+
+class Trainer:
+    """Train any lmforge model with AdamW, a warm-up/decay schedule, evaluation, checkpoints and DDP.
+
+    Args:
+        model: a module whose ``forward(**batch)`` returns an object with ``.loss`` (scalar) and
+            ``.metrics`` (dict of detached scalars), e.g. :class:`lmforge.models.base.ModelOutput`.
+        sampler: has ``batch(rngs: list[np.random.Generator], split: str) -> dict[str, Tensor]``,
+            one row per rng (see the module docstring).
+        config: the :class:`TrainConfig`.
+        out_dir: the model folder: ``metrics.jsonl``, ``training_curves.png``, ``training_state/`` and
+            the model itself (``model.save_pretrained(out_dir, tokenizer)``) are written there.
+        tokenizer: saved with the model so that the folder is complete.
+        save_model: ``save_model(model, out_dir)`` writes the model folder; default
+            ``model.save_pretrained(out_dir, tokenizer)`` (or a bare ``model.safetensors``).
+        progress: show a tqdm bar on stderr (rank 0 only); ``None`` = only when stderr is a terminal.
+        plot: draw ``training_curves.png`` at the end (rank 0).
+
+    Under ``torchrun`` the trainer joins the process group itself (gloo on CPU, NCCL on GPU), wraps
+    the model in DDP, and only rank 0 writes files, logs and shows progress.
+    """
+
+    def __init__(
+        self,
+        model: nn.Module,
+        sampler: Any,
+        config: TrainConfig,
+        out_dir: str | Path,
+        tokenizer: Any = None,
+        save_model: Callable[[nn.Module, Path], None] | None = None,
+        progress: bool | None = None,
+        plot: bool = True,
+    ):
+        self.config = config
+        self.plot = plot
+        self.sampler = sampler
+        self.out_dir = Path(out_dir)
+        self.tokenizer = tokenizer
+        self._save_model_fn = save_model
+        self.progress = progress
+        self.env: DistEnv = init_distributed(config.device)
+        self.device = self.env.device
+        self.model = model.to(self.device)
+        self.ddp_model = wrap_model(self.model, self.env)
+        groups, self.param_names = param_groups(self.model, config.weight_decay)
+        if not self.param_names:
+            raise LmforgeError("the model has no trainable parameters")
+        self.optimizer = torch.optim.AdamW(groups, lr=config.lr, betas=(config.beta1, config.beta2), eps=config.eps)
+        self.scheduler = make_scheduler(self.optimizer, config)
+        self.step = 0
+        self.tokens_seen = 0
+        self.elapsed_before = 0.0  # training seconds of earlier (resumed) runs
+        self.history: list[dict[str, Any]] = []  # every event written to metrics.jsonl (rank 0)
+        self._pending_tokens = 0  # this process's tokens not yet summed over ranks
+        self._tps_tokens = 0  # this process's tokens since the throughput clock was last reset
+
+    # -- small helpers ---------------------------------------------------------------------------
+    @property
+    def is_main(self) -> bool:
+        return self.env.is_main
+
+    def _autocast(self):
+        return torch.autocast(device_type=self.device.type, dtype=torch.bfloat16, enabled=self.config.bf16)
+
+    def _to_device(self, batch: dict[str, Any]) -> dict[str, Any]:
+        nb = self.device.type == "cuda"
+        return {k: (v.to(self.device, non_blocking=nb) if isinstance(v, torch.Tensor) else v) for k, v in batch.items()}
+
+    def _rngs(self, split: str, outer: int, first_row: int) -> list[np.random.Generator]:
+        """One generator per row of this process: ``[seed, 0|1, step|eval_batch, global_row]``."""
+        tag = 0 if split == "train" else 1
+        b = self.config.batch_size
+        return [_row_seed_seq(self.config.seed, tag, outer, first_row + j) for j in range(b)]
+
+    def _write_event(self, event: dict[str, Any]) -> None:
+        self.history.append(event)
+        if not self.is_main:
+            return
+        self.out_dir.mkdir(parents=True, exist_ok=True)
+        with open(self.out_dir / METRICS_FILE, "a", encoding="utf-8") as f:
+            f.write(json.dumps(event) + "\n")
+
+    def _flush_tokens(self) -> None:
+        t = torch.tensor([float(self._pending_tokens)], dtype=torch.float64, device=self.device)
+        self.tokens_seen += int(all_reduce_sum(t, self.env).item())
+        self._pending_tokens = 0
+
+    # -- one optimizer step ----------------------------------------------------------------------
+    def _train_step(self) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Run one optimizer step; returns this process's mean loss (detached) and the grad norm."""
+        cfg, env = self.config, self.env
+        accum = cfg.grad_accum
+        self.optimizer.zero_grad(set_to_none=True)
+        loss_sum = torch.zeros((), dtype=torch.float32, device=self.device)
+        for m in range(accum):
+            first_row = m * cfg.batch_size * env.world_size + env.rank * cfg.batch_size
+            batch = self.sampler.batch(self._rngs("train", self.step, first_row), "train")
+            n_tokens = count_tokens(batch)
+            self._pending_tokens += n_tokens
+            self._tps_tokens += n_tokens
+            batch = self._to_device(batch)
+            # Gradients are all-reduced only on the last micro-batch of the step.
+            sync = env.distributed and m < accum - 1
+            with self.ddp_model.no_sync() if sync else contextlib.nullcontext():
+                with self._autocast():
+                    out = self.ddp_model(**batch)
+                loss = getattr(out, "loss", None)
+                if loss is None:
+                    raise LmforgeError("the model returned no loss: does the sampler produce labels?")
+                (loss / accum).backward()
+            loss_sum += loss.detach().float()
+        self._step_lr = self.optimizer.param_groups[0]["lr"]  # the lr this step uses (decayed group's)
+        grad_norm = None
+        if cfg.grad_clip > 0:
+            grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), cfg.grad_clip)
+        self.optimizer.step()
+        self.scheduler.step()
+        return loss_sum / accum, grad_norm
+
+    # -- evaluation ------------------------------------------------------------------------------
+    @torch.no_grad()
+    def evaluate(self) -> dict[str, float]:
+        """Mean validation ``loss`` and model metrics over ``eval_batches`` fixed global batches (all ranks).
+
+        Each eval batch holds ``batch_size * grad_accum * world_size`` rows, seeded
+        ``[seed, 1, eval_batch, global_row]``; micro-batch means are averaged (equal weights).
+
+        Returns:
+            ``{"loss", "ppl", <metric>, <name>_ppl for each <name>_loss}`` as floats.
+        """
+        cfg, env = self.config, self.env
+        was_training = self.model.training
+        self.model.eval()
+        sums: dict[str, torch.Tensor] = {}
+        # Evaluation must not move the training RNG, or eval_every would change the training run.
+        devices = [self.device] if self.device.type == "cuda" else []
+        with torch.random.fork_rng(devices=devices):
+            for b in range(cfg.eval_batches):
+                # An eval batch has the rows of a global training batch, split over ranks and micro-batches
+                # the same way, so validation sees the same rows however the global batch is divided.
+                for m in range(cfg.grad_accum):
+                    first_row = m * cfg.batch_size * env.world_size + env.rank * cfg.batch_size
+                    batch = self.sampler.batch(self._rngs("val", b, first_row), "val")
+                    with self._autocast():
+                        out = self.model(**self._to_device(batch))
+                    if out.loss is None:
+                        raise LmforgeError("the model returned no validation loss: does the sampler produce labels?")
+                    values = {"loss": out.loss, **(getattr(out, "metrics", None) or {})}
+                    for k, v in values.items():
+                        v = torch.as_tensor(v, device=self.device).detach().float().reshape(())
+                        sums[k] = sums[k] + v if k in sums else v
+        self.model.train(was_training)
+        keys = sorted(sums)
+        total = all_reduce_sum(torch.stack([sums[k] for k in keys]).double(), self.env)
+        n = cfg.eval_batches * cfg.grad_accum * env.world_size
+        means = {k: float(total[i].item()) / n for i, k in enumerate(keys)}
+        return add_perplexities(means)
+
+    # -- checkpoints -----------------------------------------------------------------------------
+    def save_model(self) -> None:
+        """Write the model folder (rank 0); every process must call it."""
+        if not self.is_main:
+            return
+        if self._save_model_fn is not None:
+            self._save_model_fn(self.model, self.out_dir)
+        elif hasattr(self.model, "save_pretrained"):
+            self.model.save_pretrained(self.out_dir, self.tokenizer)
+        else:
+            save_safetensors(self.model.state_dict(), self.out_dir / "model.safetensors")
+
+    def save_checkpoint(self) -> None:
+        """Write ``training_state/`` atomically, then the model folder.  Collective: call on every rank."""
+        self._flush_tokens()
+        rngs = all_gather_objects(ckpt.rng_states(), self.env)
+        if self.is_main:
+            opt_tensors, opt_meta = ckpt.flatten_optimizer(self.optimizer.state_dict())
+            rng_tensors = {f"rng.{kind}.{r}": t for r, st in enumerate(rngs) for kind, t in st.items()}
+            state = {
+                "step": self.step,
+                "tokens_seen": self.tokens_seen,
+                "elapsed": self._elapsed(),
+                "world_size": self.env.world_size,
+                "seed": self.config.seed,
+                "scheduler": scheduler_state(self.scheduler),
+                "optimizer": opt_meta,
+                "param_names": self.param_names,
+                "train_config": to_dict(self.config),
+            }
+            files = {
+                "model.safetensors": self.model.state_dict(),
+                "optimizer.safetensors": opt_tensors,
+                "rng.safetensors": rng_tensors,
+            }
+            ckpt.write_state_dir(self.out_dir, files, state)
+            self.save_model()
+            logger.debug("checkpoint at step %d written to %s", self.step, self.out_dir / ckpt.STATE_DIR)
+        barrier(self.env)
+
+    def load_checkpoint(self) -> None:
+        """Restore everything :meth:`save_checkpoint` wrote; the next step continues the run exactly.
+
+        Hyperparameters come from the *current* config (so ``--set lr=...`` on resume takes effect
+        from there); with an unchanged config the run is bit-identical to an uninterrupted one.
+        """
+        path, state, files = ckpt.read_state_dir(self.out_dir)
+        where = f"the training state in {path}"
+        if state.get("param_names") != self.param_names:
+            raise CheckpointError(f"{where} was saved for a different model (its parameters differ from this config's)")
+        try:
+            self.model.load_state_dict(files["model.safetensors"])
+            opt = ckpt.unflatten_optimizer(files["optimizer.safetensors"], state["optimizer"])
+            self.optimizer.load_state_dict(opt)
+        except (KeyError, ValueError, RuntimeError) as e:
+            msg = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+            raise CheckpointError(f"{where} does not fit this model: {msg}") from None
+        cfg = self.config
+        for group, wd in zip(self.optimizer.param_groups, (cfg.weight_decay, 0.0)):
+            group.update(betas=(cfg.beta1, cfg.beta2), eps=cfg.eps, weight_decay=wd, initial_lr=cfg.lr)
+        n_groups = len(self.optimizer.param_groups)
+        restore_scheduler(self.scheduler, {**state["scheduler"], "base_lrs": [cfg.lr] * n_groups})
+        self.step = int(state["step"])
+        self.tokens_seen = int(state["tokens_seen"])
+        self.elapsed_before = float(state.get("elapsed", 0.0))
+        rng = files["rng.safetensors"]
+        keys = {kind: f"rng.{kind}.{self.env.rank}" for kind in ("cpu", "cuda")}
+        mine = {kind: rng[key] for kind, key in keys.items() if key in rng}
+        if int(state.get("world_size", 1)) == self.env.world_size and "cpu" in mine:
+            ckpt.set_rng_states(mine)
+        else:
+            logger.warning(
+                "checkpoint was written by %s process(es), this run has %d: dropout RNG reseeded, "
+                "the data order is unchanged",
+                state.get("world_size"),
+                self.env.world_size,
+            )
+            self._seed_dropout(self.step)
+        logger.info("resumed from %s at step %d (%d tokens seen)", path, self.step, self.tokens_seen)
+
+    def _seed_dropout(self, step: int) -> None:
+        seed = int(np.random.SeedSequence([self.config.seed, 2, step, self.env.rank]).generate_state(1)[0])
+        torch.manual_seed(seed)
+
+    def _truncate_metrics(self) -> None:
+        """On resume, drop events a killed run logged after its last checkpoint (they are redone)."""
+        path = self.out_dir / METRICS_FILE
+        if not self.is_main or not path.is_file():
+            return
+        kept = []
+        for line in path.read_text(encoding="utf-8").splitlines():
+            try:
+                event = json.loads(line)
+            except json.JSONDecodeError:
+                continue  # a line cut by the kill
+            if event.get("step", 0) <= self.step:
+                kept.append(line)
+                self.history.append(event)
+        atomic_write_text(path, "".join(x + "\n" for x in kept))
+
+    def _elapsed(self) -> float:
+        return self.elapsed_before + (time.monotonic() - self._t_start)
+
+    # -- the loop --------------------------------------------------------------------------------
+    def train(self, resume: bool = False) -> TrainResult:
+        """Train until ``max_steps`` (or ``max_time``), evaluating, logging and checkpointing on the way.
+
+        Args:
+            resume: continue from ``out_dir/training_state`` (exactly: same batches, same dropout).
+        Returns:
+            A :class:`TrainResult` with the final validation metrics.
+        """
+        from tqdm.auto import tqdm
+
+        cfg, env = self.config, self.env
+        self._t_start = time.monotonic()
+        if resume:
+            self.load_checkpoint()
+            self._truncate_metrics()
+        else:
+            self._seed_dropout(0)
+            if self.is_main:
+                (self.out_dir / METRICS_FILE).unlink(missing_ok=True)
+        if self.step >= cfg.max_steps:
+            logger.info("already at step %d >= max_steps %d: nothing to train", self.step, cfg.max_steps)
+
+        if not self.is_main or self.progress is False:
+            disable: bool | None = True
+        else:
+            disable = False if self.progress else None  # None: tqdm shows it only on a terminal
+        bar = tqdm(
+            total=cfg.max_steps, initial=self.step, desc="train", unit="step", dynamic_ncols=True, disable=disable
+        )
+        self._log_info = logger.debug if not bar.disable else logger.info
+        self.model.train()
+        stop_reason = "max_steps"
+        self._interval_loss = torch.zeros((), dtype=torch.float64, device=self.device)
+        self._interval_steps = 0
+        self._interval_t, self._tps_tokens = time.monotonic(), 0
+        self._last_train_loss = float("nan")
+        last_log = last_eval = last_save = -1
+        val: dict[str, float] | None = None
+        try:
+            while self.step < cfg.max_steps:
+                loss, grad_norm = self._train_step()
+                self.step += 1
+                bar.update(1)
+                self._interval_loss += loss.double()
+                self._interval_steps += 1
+                if self.step % cfg.log_every == 0 or self.step == cfg.max_steps:
+                    self._log_train(grad_norm, bar)
+                    last_log = self.step
+                if cfg.eval_every and self.step % cfg.eval_every == 0:
+                    val = self._eval_and_log()
+                    last_eval = self.step
+                if cfg.save_every and self.step % cfg.save_every == 0:
+                    self.save_checkpoint()
+                    last_save = self.step
+                if self.step in (last_eval, last_save):  # time spent there is not training throughput
+                    self._interval_t, self._tps_tokens = time.monotonic(), 0
+                if cfg.max_time is not None:
+                    out_of_time = broadcast_flag(time.monotonic() - self._t_start >= cfg.max_time, env)
+                    if out_of_time and self.step < cfg.max_steps:
+                        stop_reason = "max_time"
+                        break
+        finally:
+            bar.close()
+
+        if last_log != self.step and self._interval_steps:
+            self._log_train(None, None)
+        if last_eval != self.step or val is None:
+            val = self._eval_and_log()
+        if last_save != self.step:
+            self.save_checkpoint()
+        if stop_reason == "max_time":
+            logger.warning(
+                "time budget of %s reached at step %d of %d: checkpoint saved in %s; "
+                "continue with --resume (and a new --max-time)",
+                format_duration(cfg.max_time),
+                self.step,
+                cfg.max_steps,
+                self.out_dir,
+            )
+        if self.is_main and self.plot:
+            self._plot()
+        return TrainResult(
+            step=self.step,
+            tokens_seen=self.tokens_seen,
+            stop_reason=stop_reason,
+            val=val,
+            train_loss=self._last_train_loss,
+            elapsed=self._elapsed(),
+            out_dir=self.out_dir,
+        )
+
+    def _log_train(self, grad_norm: torch.Tensor | None, bar: Any) -> None:
+        """Average the interval's loss over steps and ranks, count tokens/s, append a train event."""
+        cfg, env = self.config, self.env
+        counts = torch.tensor([self._pending_tokens, self._tps_tokens], dtype=torch.float64, device=self.device)
+        stats = all_reduce_sum(torch.cat([self._interval_loss.reshape(1), counts]), env)
+        loss = float(stats[0].item()) / (self._interval_steps * env.world_size)
+        if not math.isfinite(loss):
+            raise LmforgeError(
+                f"the training loss became {loss} at step {self.step}; lower lr, raise warmup_steps or keep "
+                f"grad_clip on, then start again or --resume from the last checkpoint"
+            )
+        dt = max(time.monotonic() - self._interval_t, 1e-9)
+        tps = float(stats[2].item()) / dt  # over all ranks
+        self.tokens_seen += int(stats[1].item())
+        self._pending_tokens = 0
+        lr = self._step_lr
+        event = {
+            "step": self.step,
+            "split": "train",
+            "loss": loss,
+            "metrics": {} if grad_norm is None else {"grad_norm": float(grad_norm)},
+            "lr": lr,
+            "tokens_per_s": tps,
+            "tokens": self.tokens_seen,
+            "elapsed": self._elapsed(),
+        }
+        self._write_event(event)
+        if bar is not None:
+            bar.set_postfix(loss=f"{loss:.4f}", tok_s=f"{tps:,.0f}", refresh=False)
+        self._log_info("step %d | loss %.4f | lr %.3g | %.0f tok/s", self.step, loss, lr, tps)
+        if cfg.max_time and self.is_main and not getattr(self, "_warned_budget", False):
+            self._warned_budget = True
+            self._warn_budget(dt / self._interval_steps)
+        self._last_train_loss = loss
+        self._interval_loss.zero_()
+        self._interval_steps = 0
+        self._interval_t, self._tps_tokens = time.monotonic(), 0
+
+    def _eval_and_log(self) -> dict[str, float]:
+        val = self.evaluate()
+        event = {
+            "step": self.step,
+            "split": "val",
+            "loss": val["loss"],
+            "metrics": {k: v for k, v in val.items() if k != "loss"},
+            "lr": getattr(self, "_step_lr", self.optimizer.param_groups[0]["lr"]),
+            "tokens": self.tokens_seen,
+            "elapsed": self._elapsed(),
+        }
+        self._write_event(event)
+        logger.info("step %d | val %s", self.step, " | ".join(f"{k} {v:.4g}" for k, v in val.items()))
+        return val
+
+    def _warn_budget(self, sec_per_step: float) -> None:
+        cfg = self.config
+        left = cfg.max_time - (time.monotonic() - self._t_start)
+        fit = self.step + int(left / max(sec_per_step, 1e-9))
+        if fit < cfg.max_steps:
+            logger.warning(
+                "at %.3g s/step the time budget of %s ends near step %d, before max_steps %d: the learning "
+                "rate will not have decayed (set max_steps or decay_steps near %d to fit the schedule)",
+                sec_per_step,
+                format_duration(cfg.max_time),
+                fit,
+                cfg.max_steps,
+                fit,
+            )
+
+    def _plot(self) -> None:
+        from .plots import plot_metrics
+
+        try:
+            plot_metrics(self.out_dir / METRICS_FILE, self.out_dir / CURVES_FILE)
+        except Exception as e:  # a plot must never cost a finished training run
+            logger.warning("could not draw %s: %s", CURVES_FILE, e)
+
+    def close(self) -> None:
+        """Leave the process group if this trainer joined it (call once at the very end)."""
+        cleanup(self.env)

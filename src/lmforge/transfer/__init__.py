@@ -1,0 +1,30 @@
+"""Transfer learning: carry a pretrained body (any family) over to a labelled task.
+
+Three modes (``frozen``, ``features``, ``finetune``), four tasks (``classify``, ``pair``,
+``tokens``, ``qa``), their metrics, and learning curves.  See ``docs/transfer.md``.
+
+Python API::
+
+    from lmforge.transfer import run_transfer, load_run, learning_curve
+    metrics = run_transfer("runs/bert", "classify", "train.jsonl", "test.jsonl", mode="features", out_dir="out")
+    run = load_run("out"); run.predict(TaskData(...))
+"""
+
+from __future__ import annotations
+
+from .curve import learning_curve
+from .modes import MODES, SUPPORTED, TransferConfig, TransferRun, load_run, run_transfer
+from .tasks import TASKS, TaskData, load_task
+
+__all__ = [
+    "MODES",
+    "SUPPORTED",
+    "TASKS",
+    "TaskData",
+    "TransferConfig",
+    "TransferRun",
+    "learning_curve",
+    "load_run",
+    "load_task",
+    "run_transfer",
+]

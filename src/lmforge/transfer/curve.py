@@ -1,0 +1,247 @@
+"""Learning curves: how much does pretraining buy when labels are few?
+
+For each training-set size ``n`` and seed, ``n`` examples are drawn from the training pool (the
+same draw for every mode of that seed, so that modes are compared on the same examples); each
+mode trains on them and is scored on the whole test set.  ``scratch`` is the same architecture
+initialised at random and trained end to end (``finetune`` with ``from_scratch=True``): the
+baseline that pretraining has to beat.
+
+With few examples an epoch is only a few steps, so every run trains for at least ``min_steps``
+optimizer steps (more epochs for small ``n``); all modes get the same rule.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import logging
+import math
+import statistics
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+import numpy as np
+from torch import nn
+
+from ..errors import LmforgeError
+from ..utils import atomic_write_text
+from .modes import SUPPORTED, TransferConfig, TransferRun, _RowStore, check_supported
+from .tasks import TaskData, check_labels, is_bio, load_task
+
+logger = logging.getLogger(__name__)
+
+CURVE_MODES = ("scratch", "frozen", "features", "finetune")
+MAIN_METRIC = {"classify": "accuracy", "pair": "accuracy", "tokens": "entity_f1", "qa": "f1"}
+
+
+def main_metric(data: TaskData) -> str:
+    """The headline score of a task: accuracy, entity F1 (BIO tags), token accuracy (plain tags) or QA F1."""
+    if data.task == "tokens" and not is_bio(data.labels):
+        return "token_accuracy"
+    return MAIN_METRIC[data.task]
+
+
+def _copy_body(body: nn.Module) -> nn.Module:
+    """A deep copy of ``body`` sharing its tokenizer (tokenizers need not be copyable)."""
+    tok = body.tokenizer
+    body.tokenizer = None
+    try:
+        out = copy.deepcopy(body)
+    finally:
+        body.tokenizer = tok
+    out.tokenizer = tok
+    return out
+
+
+def learning_curve(
+    model: nn.Module | str | Path,
+    task: str,
+    train: TaskData | str | Path,
+    test: TaskData | str | Path,
+    sizes: Sequence[int] = (100, 300, 1000, 3000),
+    seeds: Sequence[int] = (0, 1, 2),
+    modes: Sequence[str] | None = None,
+    out_dir: str | Path | None = None,
+    min_steps: int = 100,
+    mode_options: dict[str, dict] | None = None,
+    progress: Callable[[str], None] | None = None,
+    **options,
+) -> dict:
+    """Score each mode at each training-set size over several seeds.
+
+    Args:
+        model: a model folder or a loaded body (contract 7, with ``.tokenizer``).
+        task: ``classify``, ``pair``, ``tokens`` or ``qa``.
+        train: the pool that the training sets are drawn from; test: scored in full.
+        sizes: training-set sizes (sizes larger than the pool are skipped, with a warning).
+        seeds: one draw and one training seed each.
+        modes: a subset of :data:`CURVE_MODES` (default: ``scratch`` plus what the family supports).
+        out_dir: when given, writes ``curve.json``, ``curve.md`` (the table) and ``curve.png``.
+        min_steps: the least number of optimizer steps of any run.
+        mode_options: per-mode overrides of the TransferConfig fields, e.g. ``{"finetune": {"lr": 3e-4}}``.
+        progress: called with one line per finished run.
+        **options: TransferConfig fields for every mode (batch_size, max_len, ...).
+    Returns:
+        ``{"task", "metric", "family", "sizes", "modes", "runs": [{"mode", "n", "seed", "score", ...}],
+        "summary": {mode: {n: {"mean", "std", "scores"}}}}``.
+    """
+    from .modes import _load_body
+
+    body, model_dir = _load_body(model)
+    family = getattr(body, "model_type", None)
+    if family not in SUPPORTED:
+        raise LmforgeError(f"unknown model family '{family}'")
+    if not modes:
+        modes = ["scratch", *[m for m in ("frozen", "features", "finetune") if m in SUPPORTED[family]]]
+    modes = list(modes)
+    bad = [m for m in modes if m not in CURVE_MODES]
+    if bad:
+        raise LmforgeError(f"unknown learning-curve mode(s) {bad}; choose from {', '.join(CURVE_MODES)}")
+    pool = train if isinstance(train, TaskData) else load_task(train, task)
+    test_d = test if isinstance(test, TaskData) else load_task(test, task)
+    check_labels(pool, test_d)
+    metric = main_metric(pool)
+    usable = [n for n in sizes if n <= len(pool)]
+    for n in sizes:
+        if n > len(pool):
+            logger.warning("learning curve: skipping n=%d, the training pool has only %d examples", n, len(pool))
+    if not usable:
+        raise LmforgeError(f"every size in {list(sizes)} exceeds the {len(pool)} training examples")
+    mode_options = mode_options or {}
+
+    def config(mode: str, n: int, seed: int) -> TransferConfig:
+        real = "finetune" if mode == "scratch" else mode
+        opts = {**options, **mode_options.get(mode, {})}
+        cfg = TransferConfig(task=task, mode=real, seed=seed, from_scratch=mode == "scratch", **opts)
+        steps_per_epoch = math.ceil(n / cfg.batch_size)
+        epochs = max(cfg.n_epochs, math.ceil(min_steps / steps_per_epoch))
+        opts["epochs"] = epochs
+        return TransferConfig(task=task, mode=real, seed=seed, from_scratch=mode == "scratch", **opts)
+
+    for mode in modes:  # fail before any training when a mode does not fit the family
+        check_supported(family, config(mode, usable[0], seeds[0]))
+
+    # features: the body runs once over the whole pool and the test set; subsets select rows
+    stores = {}
+    if "features" in modes:
+        frun = TransferRun(body, config("features", usable[0], seeds[0]), pool.labels, model_dir)
+        frun.build()
+        stores["pool"] = _RowStore(*frun.cached_features(pool, frun.encode(pool)))
+        stores["test"] = _RowStore(*frun.cached_features(test_d, frun.encode(test_d)))
+
+    runs = []
+    t_start = time.time()
+    for n in usable:
+        for seed in seeds:
+            idx = np.random.default_rng(seed).choice(len(pool), size=n, replace=False).tolist()
+            sub = pool.subset(idx)
+            missing = set(pool.labels) - {ex.label for ex in sub.examples} if task in ("classify", "pair") else set()
+            if missing:
+                logger.info("n=%d seed=%d: the draw has no example of %s", n, seed, sorted(missing))
+            for mode in modes:
+                cfg = config(mode, n, seed)
+                b = body if mode in ("frozen", "features") else _copy_body(body)
+                run = TransferRun(b, cfg, pool.labels, model_dir)
+                t0 = time.time()
+                if mode == "features":
+                    run.fit(sub, store=stores["pool"].subset(idx))
+                    scores, _ = run.evaluate(test_d, store=stores["test"])
+                else:
+                    run.fit(sub)
+                    scores, _ = run.evaluate(test_d)
+                rec = {
+                    "mode": mode,
+                    "n": n,
+                    "seed": seed,
+                    "score": round(scores[metric], 6),
+                    "epochs": cfg.n_epochs,
+                    "seconds": round(time.time() - t0, 2),
+                    **{k: round(v, 6) for k, v in scores.items()},
+                }
+                if run.model.head.scalar_mix is not None:
+                    rec["layer_weights"] = [round(w, 4) for w in run.model.head.layer_weights()]
+                runs.append(rec)
+                line = f"n={n} seed={seed} {mode}: {metric} {scores[metric]:.4f} ({rec['seconds']:.1f}s)"
+                logger.info(line)
+                if progress is not None:
+                    progress(line)
+    summary: dict[str, dict[int, dict]] = {}
+    for mode in modes:
+        summary[mode] = {}
+        for n in usable:
+            sc = [r["score"] for r in runs if r["mode"] == mode and r["n"] == n]
+            summary[mode][n] = {
+                "mean": statistics.fmean(sc),
+                "std": statistics.pstdev(sc) if len(sc) > 1 else 0.0,
+                "scores": sc,
+            }
+    result = {
+        "task": task,
+        "metric": metric,
+        "family": family,
+        "model_dir": str(model_dir) if model_dir else None,
+        "sizes": usable,
+        "seeds": list(seeds),
+        "modes": modes,
+        "n_test": len(test_d),
+        "seconds": round(time.time() - t_start, 1),
+        "runs": runs,
+        "summary": summary,
+    }
+    if out_dir is not None:
+        write_curve(result, out_dir)
+    return result
+
+
+def curve_table(result: dict) -> str:
+    """The curve as a markdown table: one row per size, one column per mode, ``mean ± std``."""
+    modes = result["modes"]
+    head = f"| labelled examples | {' | '.join(modes)} |\n|---|" + "---|" * len(modes)
+    rows = []
+    for n in result["sizes"]:
+        cells = []
+        for m in modes:
+            s = result["summary"][m][n] if n in result["summary"][m] else result["summary"][m][str(n)]
+            cells.append(f"{s['mean']:.3f} ± {s['std']:.3f}")
+        rows.append(f"| {n} | {' | '.join(cells)} |")
+    return head + "\n" + "\n".join(rows) + "\n"
+
+
+def write_curve(result: dict, out_dir: str | Path) -> Path:
+    """Write ``curve.json``, ``curve.md`` and ``curve.png`` (mean ± std per mode vs size, log x axis)."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    atomic_write_text(out / "curve.json", json.dumps(result, indent=2) + "\n")
+    seeds = len(result["seeds"])
+    md = (
+        f"{result['metric']} on {result['n_test']} test examples ({result['family']}, task {result['task']}), "
+        f"mean ± std over {seeds} seed(s)\n\n" + curve_table(result)
+    )
+    atomic_write_text(out / "curve.md", md)
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for m in result["modes"]:
+        s = result["summary"][m]
+        ns = result["sizes"]
+        mean = np.array([s[n]["mean"] for n in ns])
+        std = np.array([s[n]["std"] for n in ns])
+        ax.plot(ns, mean, marker="o", label=m)
+        ax.fill_between(ns, mean - std, mean + std, alpha=0.15)
+    ax.set_xscale("log")
+    ax.set_xlabel("labelled training examples")
+    ax.set_ylabel(result["metric"])
+    ax.set_title(f"{result['family']}: {result['task']} learning curve")
+    ax.grid(alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    from ..utils import atomic_path
+
+    with atomic_path(out / "curve.png") as tmp:
+        fig.savefig(tmp, format="png", dpi=120)
+    plt.close(fig)
+    return out

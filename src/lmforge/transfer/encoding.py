@@ -1,0 +1,262 @@
+"""Turning task examples into a body's input ids, and knowing where to read the answer back.
+
+Each family reads its input in its own way:
+
+- **BERT**: ``[CLS] A [SEP]`` or ``[CLS] A [SEP] B [SEP]`` with segment ids 0/1; a sentence (pair)
+  is read at ``[CLS]``; QA is ``[CLS] question [SEP] context [SEP]``.
+- **GPT**: the GPT-1 input transformations of ``lmforge/transfer/gpt_inputs.py`` (start, delimiter
+  and extract tokens); a sentence (pair) is read at the extract token, the last one.
+- **ELMo / word2vec** ("plain"): the tokens of ``A`` then ``B`` with no special tokens; a sentence is
+  the mean of its token vectors, a pair is read as ``[a, b, |a - b|, a * b]`` of the two means.
+
+An :class:`Encoding` records, besides the ids, what the task head reads: ``rows`` are the token
+positions whose vectors form the head's input (one per word for tagging, every position for QA
+and for a BiLSTM head), or ``mean_segments`` the segments that are mean-pooled.  Token tagging
+labels the first sub-token of each word (other sub-tokens get no label, -100); QA keeps the char
+offsets of the context tokens so a predicted span maps back to context text.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+
+from ..errors import LmforgeError
+
+logger = logging.getLogger(__name__)
+
+# How each family reads a whole sentence (or pair) by default.
+DEFAULT_POOL = {"bert": "cls", "gpt": "last", "elmo": "mean", "word2vec": "mean"}
+POOLS = ("cls", "last", "mean", "tokens")
+
+
+@dataclasses.dataclass
+class Encoding:
+    """One example as body input plus what the head reads.
+
+    Attributes:
+        input_ids: token ids, specials included.
+        token_type_ids: segment ids (BERT), zeros elsewhere.
+        segment: per position 0 (text / question), 1 (text_pair / context) or -1 (special token).
+        rows: positions whose vectors the head reads, in order (tagging: one per word; QA/BiLSTM:
+            the positions); empty when the example is mean-pooled.
+        mean_segments: segments to mean-pool into one vector each (``[0]`` or ``[0, 1]``); empty
+            when ``rows`` are used.
+        word_rows: tagging only: for each word, its index into ``rows`` or -1 when truncated away.
+        row_labels_ok: tagging only: per row, False when the row's token also starts an earlier
+            word (a token spanning two words), so that the row gets no training label twice.
+        offsets: QA only: per position the (start, end) char span in the context, or None.
+    """
+
+    input_ids: list[int]
+    token_type_ids: list[int]
+    segment: list[int]
+    rows: list[int] = dataclasses.field(default_factory=list)
+    mean_segments: list[int] = dataclasses.field(default_factory=list)
+    word_rows: list[int] = dataclasses.field(default_factory=list)
+    row_labels_ok: list[bool] = dataclasses.field(default_factory=list)
+    offsets: list[tuple[int, int] | None] = dataclasses.field(default_factory=list)
+
+
+def _is_cjk(ch: str) -> bool:
+    o = ord(ch)
+    return 0x2E80 <= o <= 0x9FFF or 0xF900 <= o <= 0xFAFF or 0xFF00 <= o <= 0xFFEF or 0x3000 <= o <= 0x303F
+
+
+def join_words(words: list[str]) -> tuple[str, list[tuple[int, int]]]:
+    """Join words into text: a space between words, none between two CJK words (Chinese is written so).
+
+    Returns:
+        (text, spans): ``spans[i]`` is the (start, end) char span of ``words[i]`` in ``text``.
+    """
+    parts, spans, pos = [], [], 0
+    for i, w in enumerate(words):
+        if i and not (_is_cjk(words[i - 1][-1]) and _is_cjk(w[0])):
+            parts.append(" ")
+            pos += 1
+        spans.append((pos, pos + len(w)))
+        parts.append(w)
+        pos += len(w)
+    return "".join(parts), spans
+
+
+def _overlapping(offsets: list[tuple[int, int]], start: int, end: int) -> int:
+    """Index of the first token whose char span overlaps [start, end), or -1."""
+    for t, (s, e) in enumerate(offsets):
+        if e > start and s < end:
+            return t
+        if s >= end:
+            break
+    return -1
+
+
+class InputFormat:
+    """Builds :class:`Encoding` s for one family from its tokenizer.
+
+    Args:
+        family: ``"bert"``, ``"gpt"``, ``"elmo"`` or ``"word2vec"`` (model_type).
+        tokenizer: the body's attached tokenizer (contract 1: ``encode_with_offsets``, special ids).
+        max_len: the most positions an encoding may have, specials included.
+        pool: ``"cls"``, ``"last"``, ``"mean"`` or ``"tokens"`` (every token, for a BiLSTM head).
+        gpt: for GPT, the input transformation object of ``gpt_inputs`` (adds start/delim/extract).
+    """
+
+    def __init__(self, family: str, tokenizer, max_len: int, pool: str | None = None, gpt=None):
+        if tokenizer is None:
+            raise LmforgeError(f"the {family} model has no tokenizer attached; load it with lmforge.load(model_dir)")
+        self.family = family
+        self.tok = tokenizer
+        self.max_len = int(max_len)
+        self.pool = pool or DEFAULT_POOL.get(family, "mean")
+        if self.pool not in POOLS:
+            raise LmforgeError(f"unknown pooling '{self.pool}'; choose one of {', '.join(POOLS)}")
+        if self.pool == "cls" and family != "bert":
+            raise LmforgeError(f"--pool cls needs a [CLS] token (BERT); the {family} model has none: use mean")
+        if self.pool == "last" and family != "gpt":
+            raise LmforgeError(f"--pool last reads GPT's extract token; for {family} use mean")
+        self.gpt = gpt
+        if family == "gpt" and gpt is None:
+            raise LmforgeError("GPT inputs need lmforge.transfer.gpt_inputs, which is not available")
+        if family == "bert":
+            for name in ("cls_id", "sep_id"):
+                if getattr(tokenizer, name, None) is None:
+                    raise LmforgeError(f"the BERT tokenizer has no {name}; BERT inputs need [CLS] and [SEP]")
+        self.n_special = {"bert": 3, "gpt": 3}.get(family, 0)
+        if self.max_len < self.n_special + 2:
+            raise LmforgeError(f"--max-len {self.max_len} is too short; use at least {self.n_special + 8}")
+
+    @property
+    def pad_id(self) -> int:
+        for name in ("pad_id", "eot_id"):
+            v = getattr(self.tok, name, None)
+            if v is not None:
+                return int(v)
+        return 0
+
+    # -- pieces ------------------------------------------------------------------------------------
+    def _pieces(self, text: str) -> tuple[list[int], list[tuple[int, int]]]:
+        ids, _tokens, offsets = self.tok.encode_with_offsets(text)
+        return list(ids), [tuple(o) for o in offsets]
+
+    def _assemble(
+        self, a: list[int], b: list[int] | None, pair_mode: str = "pair"
+    ) -> tuple[list[int], list[int], list[int], list[int], list[int]]:
+        """Specials around ``a`` (and ``b``).
+
+        Returns:
+            (ids, token_type_ids, segment, a_positions, b_positions).
+        """
+        if self.family == "bert":
+            ids = [self.tok.cls_id, *a, self.tok.sep_id]
+            types = [0] * len(ids)
+            seg = [-1] + [0] * len(a) + [-1]
+            a_pos = list(range(1, 1 + len(a)))
+            b_pos: list[int] = []
+            if b is not None:
+                b_pos = list(range(len(ids), len(ids) + len(b)))
+                ids += [*b, self.tok.sep_id]
+                types += [1] * (len(b) + 1)
+                seg += [1] * len(b) + [-1]
+            return ids, types, seg, a_pos, b_pos
+        if self.family == "gpt":
+            ids, a_pos, b_pos = self.gpt.build(a, b)
+            seg = [-1] * len(ids)
+            for p in a_pos:
+                seg[p] = 0
+            for p in b_pos:
+                seg[p] = 1
+            return ids, [0] * len(ids), seg, a_pos, b_pos
+        ids = list(a) + (list(b) if b is not None else [])
+        seg = [0] * len(a) + [1] * (len(b) if b is not None else 0)
+        return ids, [0] * len(ids), seg, list(range(len(a))), list(range(len(a), len(ids)))
+
+    def _budget(self, la: int, lb: int | None) -> tuple[int, int]:
+        """Truncate the longer of the two sequences first until they fit ``max_len``."""
+        room = self.max_len - self.n_special
+        if lb is None:
+            return min(la, room), 0
+        while la + lb > room:
+            if la >= lb:
+                la -= 1
+            else:
+                lb -= 1
+        return la, lb
+
+    # -- the three kinds of examples ---------------------------------------------------------------
+    def encode_text(self, text: str, text_pair: str | None = None) -> Encoding:
+        """A sentence or a sentence pair, read as one vector (or two means for plain pairs)."""
+        a, _ = self._pieces(text)
+        b = self._pieces(text_pair)[0] if text_pair is not None else None
+        la, lb = self._budget(len(a), len(b) if b is not None else None)
+        a = a[:la]
+        b = b[:lb] if b is not None else None
+        ids, types, seg, a_pos, b_pos = self._assemble(a, b)
+        enc = Encoding(ids, types, seg)
+        if self.pool == "cls":
+            enc.rows = [0]
+        elif self.pool == "last":
+            enc.rows = [len(ids) - 1]
+        elif self.pool == "tokens":
+            enc.rows = a_pos + b_pos
+            if not enc.rows:
+                enc.rows = [0] if ids else []
+        else:
+            enc.mean_segments = [0, 1] if b is not None else [0]
+        return enc
+
+    def encode_words(self, words: list[str]) -> Encoding:
+        """Pre-split words for tagging: rows are each word's first sub-token."""
+        text, spans = join_words(words)
+        pieces, offsets = self._pieces(text)
+        la, _ = self._budget(len(pieces), None)
+        ids, types, seg, a_pos, _ = self._assemble(pieces[:la], None)
+        offsets = offsets[:la]
+        enc = Encoding(ids, types, seg)
+        seen: dict[int, int] = {}
+        for s, e in spans:
+            t = _overlapping(offsets, s, e)
+            if t < 0:
+                enc.word_rows.append(-1)  # truncated away (or a word the tokenizer dropped)
+                continue
+            if t in seen:
+                enc.word_rows.append(seen[t])
+                continue
+            seen[t] = len(enc.rows)
+            enc.word_rows.append(len(enc.rows))
+            enc.rows.append(a_pos[t])
+            enc.row_labels_ok.append(True)
+        return enc
+
+    def encode_qa(self, question: str, context: str) -> Encoding:
+        """Question then context; rows are all positions, ``offsets`` maps context positions to chars."""
+        q, _ = self._pieces(question)
+        c, c_off = self._pieces(context)
+        # Keep the question whole when it can be (up to half the room): the context is truncated.
+        room = self.max_len - self.n_special
+        lq = min(len(q), room // 2)
+        lc = min(len(c), room - lq)
+        ids, types, seg, _q_pos, c_pos = self._assemble(q[:lq], c[:lc])
+        enc = Encoding(ids, types, seg, rows=list(range(len(ids))))
+        enc.offsets = [None] * len(ids)
+        for p, off in zip(c_pos, c_off[:lc]):
+            enc.offsets[p] = off
+        return enc
+
+    def qa_target(self, enc: Encoding, start_char: int, text: str) -> tuple[int, int] | None:
+        """Token positions (start, end) of an answer span in ``enc``, or None when truncated away."""
+        end_char = start_char + len(text)
+        start = end = None
+        for p, off in enumerate(enc.offsets):
+            if off is None:
+                continue
+            s, e = off
+            if start is None and e > start_char:
+                start = p
+            if s < end_char:
+                end = p
+        if start is None or end is None or end < start:
+            return None
+        last = enc.offsets[end]
+        if last is None or last[1] < end_char:
+            return None  # the span runs past the truncated context
+        return start, end

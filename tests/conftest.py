@@ -1,0 +1,125 @@
+"""Session-scoped fixtures shared by every test file (contract 8 of the brief).
+
+- ``tiny_corpus``: path to a small real-text file in BERT layout (one sentence per line, a blank
+  line between documents), ~400 lines / ~40 documents drawn deterministically from the built-in
+  corpus (Python docs, WordNet glosses and examples incl. both senses of "python", KJV).
+- ``wordpiece_tokenizer`` / ``bpe_tokenizer``: :class:`lmforge.tokenization.Tokenizer` trained on
+  ``tiny_corpus`` (vocab 500). ``wordpiece_tokenizer_dir`` / ``bpe_tokenizer_dir``: their saved folders.
+- ``wordpiece_shards`` / ``bpe_shards``: :class:`pathlib.Path` of shard folders prepared from
+  ``tiny_corpus`` (open them with ``lmforge.data.Shards.open(path)``; val split is non-empty).
+
+Everything is built once per session in a temporary folder and is deterministic.
+"""
+
+from __future__ import annotations
+
+import gzip
+from pathlib import Path
+
+import pytest
+
+TINY_VOCAB = 500
+
+
+def _read_documents(path: Path) -> list[list[str]]:
+    docs: list[list[str]] = []
+    cur: list[str] = []
+    with gzip.open(path, "rt", encoding="utf-8") as f:
+        for line in f:
+            line = line.strip()
+            if line:
+                cur.append(line)
+            elif cur:
+                docs.append(cur)
+                cur = []
+    if cur:
+        docs.append(cur)
+    return docs
+
+
+def build_tiny_corpus(path: Path, n_docs: int = 40, max_sentences: int = 12) -> Path:
+    """Write a small BERT-layout corpus drawn from the built-in corpus (every k-th document).
+
+    The documents mentioning "python" are always included so both senses appear.
+    """
+    from lmforge.data import builtin_corpus_path
+
+    docs = _read_documents(builtin_corpus_path())
+    step = max(1, len(docs) // n_docs)
+    chosen = list(range(0, len(docs), step))[:n_docs]
+    python_docs = [i for i, d in enumerate(docs) if any("python" in s.lower() for s in d)]
+    # one document with the snake sense (WordNet) and one with the language sense (docs)
+    snake = next(i for i in python_docs if any("boas" in s for s in docs[i]))
+    lang = next(i for i in python_docs if i not in (snake,) and not any("boas" in s for s in docs[i]))
+    for i in (snake, lang):
+        if i not in chosen:
+            chosen.append(i)
+    lines: list[str] = []
+    for i in sorted(chosen):
+        doc = docs[i]
+        if i == snake:  # keep the python sentences of the WordNet document
+            doc = [s for s in doc if "python" in s.lower()] + [s for s in doc if "python" not in s.lower()]
+        lines.extend(doc[:max_sentences])
+        lines.append("")
+    path.write_text("\n".join(lines), encoding="utf-8")
+    return path
+
+
+@pytest.fixture(scope="session")
+def tiny_corpus(tmp_path_factory) -> Path:
+    """Path to a small real-text corpus file (BERT layout, ~40 documents)."""
+    return build_tiny_corpus(tmp_path_factory.mktemp("corpus") / "tiny_corpus.txt")
+
+
+@pytest.fixture(scope="session")
+def wordpiece_tokenizer_dir(tmp_path_factory, tiny_corpus) -> Path:
+    from lmforge.tokenization import Tokenizer
+
+    out = tmp_path_factory.mktemp("wordpiece")
+    Tokenizer.train([tiny_corpus], kind="wordpiece", vocab_size=TINY_VOCAB).save(out)
+    return out
+
+
+@pytest.fixture(scope="session")
+def bpe_tokenizer_dir(tmp_path_factory, tiny_corpus) -> Path:
+    from lmforge.tokenization import Tokenizer
+
+    out = tmp_path_factory.mktemp("bpe")
+    Tokenizer.train([tiny_corpus], kind="bpe", vocab_size=TINY_VOCAB).save(out)
+    return out
+
+
+@pytest.fixture(scope="session")
+def wordpiece_tokenizer(wordpiece_tokenizer_dir):
+    """A WordPiece Tokenizer (vocab ~500, lower-cased) trained on ``tiny_corpus``."""
+    from lmforge.tokenization import Tokenizer
+
+    return Tokenizer.load(wordpiece_tokenizer_dir)
+
+
+@pytest.fixture(scope="session")
+def bpe_tokenizer(bpe_tokenizer_dir):
+    """A byte-level BPE Tokenizer (vocab ~500, ``<|endoftext|>``) trained on ``tiny_corpus``."""
+    from lmforge.tokenization import Tokenizer
+
+    return Tokenizer.load(bpe_tokenizer_dir)
+
+
+@pytest.fixture(scope="session")
+def wordpiece_shards(tmp_path_factory, tiny_corpus, wordpiece_tokenizer_dir) -> Path:
+    """Folder of WordPiece shards of ``tiny_corpus`` (val_fraction 0.1, non-empty val)."""
+    from lmforge.data.shards import prepare
+
+    out = tmp_path_factory.mktemp("shards") / "wordpiece"
+    prepare([tiny_corpus], wordpiece_tokenizer_dir, out, val_fraction=0.1)
+    return out
+
+
+@pytest.fixture(scope="session")
+def bpe_shards(tmp_path_factory, tiny_corpus, bpe_tokenizer_dir) -> Path:
+    """Folder of BPE shards of ``tiny_corpus`` (val_fraction 0.1, ``eot_id`` after each document)."""
+    from lmforge.data.shards import prepare
+
+    out = tmp_path_factory.mktemp("shards") / "bpe"
+    prepare([tiny_corpus], bpe_tokenizer_dir, out, val_fraction=0.1)
+    return out
