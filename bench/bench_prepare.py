@@ -119,7 +119,12 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(dir=args.workdir) as tmpdir:
         tmp = Path(tmpdir)
         tok_dir = Tokenizer.train([builtin_corpus_path()], kind=args.kind, vocab_size=args.vocab_size).save(tmp / "tok")
-        rows = []
+        print(f"lmforge prepare vs raw tokenizers encode_batch ({args.kind}, vocab {args.vocab_size}, "
+              f"{os.cpu_count()} CPUs)")
+        hdr = (f"{'MB':>5} {'tokens':>12} {'raw s':>8} {'raw MB/s':>9} {'prep s':>8} {'prep MB/s':>10} "
+               f"{'ratio':>6} {'raw RSS':>9} {'prep RSS':>9}")
+        print(hdr)
+        print("-" * len(hdr), flush=True)
         for mb in [int(s) for s in args.sizes.split(",")]:
             text = tmp / f"text_{mb}mb.txt"
             nbytes = generate(text, mb)
@@ -134,20 +139,11 @@ def main(argv: list[str] | None = None) -> int:
             n_tokens = meta["splits"]["train"]["tokens"] + meta["splits"]["val"]["tokens"]
             if args.kind == "wordpiece":
                 assert n_tokens == raw_tokens, (n_tokens, raw_tokens)
-            rows.append((mb, nbytes, raw_busy, raw_wall, raw_rss, prep_wall, prep_rss, n_tokens))
             shutil.rmtree(tmp / f"shards_{mb}")
             text.unlink()
-
-    print(f"\nlmforge prepare vs raw tokenizers encode_batch ({args.kind}, vocab {args.vocab_size}, "
-          f"{os.cpu_count()} CPUs)")
-    hdr = (f"{'MB':>5} {'tokens':>12} {'raw s':>8} {'raw MB/s':>9} {'prep s':>8} {'prep MB/s':>10} "
-           f"{'ratio':>6} {'raw RSS':>9} {'prep RSS':>9}")
-    print(hdr)
-    print("-" * len(hdr))
-    for mb, nbytes, raw_busy, _raw_wall, raw_rss, prep_wall, prep_rss, n_tokens in rows:
-        raw_tp, prep_tp = nbytes / 1e6 / raw_busy, nbytes / 1e6 / prep_wall
-        print(f"{mb:>5} {n_tokens:>12,} {raw_busy:>8.1f} {raw_tp:>9.2f} {prep_wall:>8.1f} {prep_tp:>10.2f} "
-              f"{prep_tp / raw_tp:>6.2f} {raw_rss / 2**20:>7.0f}MB {prep_rss / 2**20:>7.0f}MB")
+            raw_tp, prep_tp = nbytes / 1e6 / raw_busy, nbytes / 1e6 / prep_wall
+            print(f"{mb:>5} {n_tokens:>12,} {raw_busy:>8.1f} {raw_tp:>9.2f} {prep_wall:>8.1f} {prep_tp:>10.2f} "
+                  f"{prep_tp / raw_tp:>6.2f} {raw_rss / 2**20:>7.0f}MB {prep_rss / 2**20:>7.0f}MB", flush=True)
     print("raw s = time inside encode_batch only; prep s = whole `lmforge prepare` process (targets: ratio >= 0.8, "
           "prep RSS < 1 GB)")
     return 0

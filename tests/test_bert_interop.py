@@ -157,3 +157,23 @@ def test_real_minilm_hidden_states(caplog):
     emb = model.embed(sentences[:1])[0]
     assert emb.tokens == ["he", "got", "bit", "by", "python", "."] and emb.layers.shape == (7, 6, 384)
     assert (emb.layers - torch.stack(ref.hidden_states)[:, 0, 1:7]).abs().max().item() < 1e-4
+
+
+def test_cli_export_then_import(tmp_path, request):
+    pytest.importorskip("lmforge.tokenization")
+    from lmforge.cli import main
+
+    tok = request.getfixturevalue("wordpiece_tokenizer")
+    torch.manual_seed(0)
+    model = BertForPreTraining(BertConfig(vocab_size=tok.vocab_size, hidden_size=32, num_hidden_layers=2,
+                                          num_attention_heads=4, intermediate_size=37)).eval()
+    model.save_pretrained(tmp_path / "lm", tokenizer=tok)
+    assert main(["export-hf", str(tmp_path / "lm"), str(tmp_path / "hf")]) == 0
+    assert main(["import-hf", str(tmp_path / "hf"), str(tmp_path / "back")]) == 0
+    from lmforge import load
+
+    back = load(tmp_path / "back")
+    ids = torch.tensor([[tok.cls_id, *tok.encode("the python is a snake"), tok.sep_id]])
+    with torch.no_grad():
+        assert torch.equal(model(ids).logits, back(ids).logits)
+    assert back.tokenizer.hash == tok.hash

@@ -238,3 +238,57 @@ def test_pretraining_setup_takes_vocab_from_tokenizer(request):
     batch = sampler.batch([np.random.default_rng(i) for i in range(4)], "train")
     out = model(**batch)
     assert out.loss.isfinite() and abs(out.metrics["mlm_loss"].item() - math.log(tok.vocab_size)) < 0.3
+
+
+def test_fast_dropout_statistics_and_determinism():
+    from lmforge.nn.transformer import Dropout, dropout
+
+    x = torch.ones(64, 1000)
+    torch.manual_seed(3)
+    y = dropout(x, 0.1, True)
+    kept = y != 0
+    assert abs(kept.float().mean().item() - 0.9) < 0.005
+    assert torch.allclose(y[kept], torch.full_like(y[kept], 1 / 0.9))
+    # each of the four 16-bit lanes of a 64-bit draw is uniform: drop rate per lane ~ p
+    lanes = kept.view(-1)[: 64000 // 4 * 4].view(-1, 4).float().mean(0)
+    assert (lanes - 0.9).abs().max().item() < 0.01
+    torch.manual_seed(3)
+    assert torch.equal(dropout(x, 0.1, True), y)  # seeded by torch's generator
+    assert dropout(x, 0.1, False) is x and dropout(x, 0.0, True) is x
+    g = torch.randn(64, 1000, requires_grad=True)
+    out = Dropout(0.25).train()(g)
+    out.sum().backward()
+    assert torch.equal(g.grad, (out != 0).float() / 0.75)
+    assert abs((out == 0).float().mean().item() - 0.25) < 0.01
+
+
+def test_attention_with_dropout_matches_sdpa_in_expectation():
+    from lmforge.nn.transformer import attention
+
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(2, 2, 5, 4) for _ in range(3))
+    mask = torch.ones(2, 1, 1, 5, dtype=torch.bool)
+    mask[1, ..., 3:] = False
+    for causal in (False, True):
+        m = None if causal else mask
+        ref = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=m, is_causal=causal)
+        assert torch.allclose(attention(q, k, v, m, causal, 0.0), ref, atol=1e-6)
+        mean = torch.stack([attention(q, k, v, m, causal, 0.2) for _ in range(3000)]).mean(0)
+        assert torch.allclose(mean, ref, atol=0.05)
+
+
+def test_fill_mask_command(tmp_path, request, capsys):
+    pytest.importorskip("lmforge.tokenization")
+    from lmforge.cli import main
+
+    tok = request.getfixturevalue("wordpiece_tokenizer")
+    torch.manual_seed(0)
+    model = BertForPreTraining(tiny_config(vocab_size=tok.vocab_size))
+    model.save_pretrained(tmp_path / "bert", tokenizer=tok)
+    assert main(["fill-mask", str(tmp_path / "bert"), "the [MASK] is a snake .", "--top-k", "3"]) == 0
+    lines = capsys.readouterr().out.strip().splitlines()
+    assert len(lines) == 3
+    probs = [float(line.split()[-1]) for line in lines]
+    assert probs == sorted(probs, reverse=True) and 0 < sum(probs) <= 1.0001
+    assert main(["fill-mask", str(tmp_path / "bert"), "no mask here"]) == 2
+    assert "[MASK]" in capsys.readouterr().err

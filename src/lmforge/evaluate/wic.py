@@ -135,9 +135,7 @@ def build_pairs(
         lemma, pos = keys[k]
         synsets = groups[(lemma, pos)]
         names = sorted(synsets)
-        same = [
-            (a, b) for s in names for i, a in enumerate(synsets[s]) for b in synsets[s][i + 1 :]
-        ]
+        same = [(a, b) for s in names for i, a in enumerate(synsets[s]) for b in synsets[s][i + 1 :]]
         diff = [
             (a, b)
             for i, s in enumerate(names)
@@ -246,7 +244,5 @@ def format_wic(rows: list[WicRow], info: dict) -> str:
     ]
     for r in rows:
         t = "inf" if not np.isfinite(r.threshold) else f"{r.threshold:.4f}"
-        lines.append(
-            f"{r.model:<{mw}}  {r.layer:<{lw}}  {t:>9}  {100 * r.dev_acc:6.1f}%  {100 * r.test_acc:7.1f}%"
-        )
+        lines.append(f"{r.model:<{mw}}  {r.layer:<{lw}}  {t:>9}  {100 * r.dev_acc:6.1f}%  {100 * r.test_acc:7.1f}%")
     return "\n".join(lines)

@@ -26,7 +26,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..errors import DataError, LmforgeError
-from ..nn.transformer import Dropout, TransformerBlock, init_weights, padding_mask
+from ..nn.transformer import Dropout, Linear, TransformerBlock, init_weights, linear, padding_mask
 from .base import ModelOutput, PretrainedModel, TokenLayers
 
 logger = logging.getLogger(__name__)
@@ -208,7 +208,7 @@ class BertPooler(nn.Module):
 
     def __init__(self, hidden_size: int):
         super().__init__()
-        self.dense = nn.Linear(hidden_size, hidden_size)
+        self.dense = Linear(hidden_size, hidden_size)
 
     def forward(self, h: torch.Tensor) -> torch.Tensor:
         """(B, T, C) -> (B, C)."""
@@ -247,12 +247,12 @@ class BertBody(nn.Module):
 class BertPredictionHeadTransform(nn.Module):
     def __init__(self, hidden_size: int, act: str, layer_norm_eps: float):
         super().__init__()
-        self.dense = nn.Linear(hidden_size, hidden_size)
-        self.approximate = SUPPORTED_ACTS[act]
+        self.dense = Linear(hidden_size, hidden_size)
+        self.act = "gelu_tanh" if SUPPORTED_ACTS[act] == "tanh" else "gelu"
         self.LayerNorm = nn.LayerNorm(hidden_size, eps=layer_norm_eps)
 
     def forward(self, h: torch.Tensor) -> torch.Tensor:
-        return self.LayerNorm(F.gelu(self.dense(h), approximate=self.approximate))
+        return self.LayerNorm(linear(h, self.dense.weight, self.dense.bias, self.act))
 
 
 class BertLMPredictionHead(nn.Module):
@@ -267,7 +267,7 @@ class BertLMPredictionHead(nn.Module):
 
     def forward(self, h: torch.Tensor) -> torch.Tensor:
         """(..., C) -> (..., V) scores."""
-        return F.linear(self.transform(h), self._decoder[0].weight, self.bias)
+        return linear(self.transform(h), self._decoder[0].weight, self.bias)
 
 
 class BertPreTrainingHeads(nn.Module):
@@ -276,7 +276,7 @@ class BertPreTrainingHeads(nn.Module):
         self.predictions = BertLMPredictionHead(config, word_embeddings)
         # the NSP head is always built so that every model exports to HF's BertForPreTraining; it stays
         # untrained when next_sentence=False
-        self.seq_relationship = nn.Linear(config.hidden_size, 2)
+        self.seq_relationship = Linear(config.hidden_size, 2)
 
 
 class BertForPreTraining(PretrainedModel):

@@ -319,8 +319,9 @@ def run_pretraining(shards, tokenizer, config: Word2VecConfig, out_dir: str | Pa
         gensim_logger.propagate = old_propagate
     # gensim's last report is the whole run's; fall back to our own timing if it logged none
     rate = rate_log.rates[-1] if rate_log.rates else effective / max(elapsed, 1e-9)
-    logger.info("word2vec: %d raw words (%d effective) in %.1fs, %.0f effective words/s (gensim)", raw, effective,
-                elapsed, rate)
+    logger.info(
+        "word2vec: %d raw words (%d effective) in %.1fs, %.0f effective words/s (gensim)", raw, effective, elapsed, rate
+    )
 
     model = Word2Vec(config)
     model.tokenizer = tokenizer
@@ -345,8 +346,10 @@ def run_pretraining(shards, tokenizer, config: Word2VecConfig, out_dir: str | Pa
         "effective_words": float(effective),
         "vocab_coverage": len(seen) / config.vocab_size,
     }
-    save_json({"architecture": config.architecture, "epochs": config.epochs, "elapsed_s": elapsed, **val},
-              out / "training_summary.json")
+    save_json(
+        {"architecture": config.architecture, "epochs": config.epochs, "elapsed_s": elapsed, **val},
+        out / "training_summary.json",
+    )
     return PretrainResult(
         family="word2vec", out_dir=out, val=val, stop_reason="done", tokens_seen=int(raw), elapsed=elapsed
     )

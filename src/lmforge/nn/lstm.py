@@ -2,8 +2,9 @@
 
 Each layer is one ``torch.nn.LSTM(proj_size=...)``: the cell has ``cell_size`` units and its output
 is projected to ``proj_size`` (the original ELMo: 4096 -> 512), which keeps the recurrent matmul
-and the next layer's input small.  PyTorch's own kernel (oneDNN on CPU, cuDNN on GPU) runs the
-whole sequence, which is far faster than a Python loop over time steps.  Layers after the first
+and the next layer's input small.  PyTorch's own kernels run the whole sequence, far faster than a
+Python loop over time steps: oneDNN on CPU when there is no projection (``proj_size == cell_size``),
+PyTorch's generic LSTM kernel on CPU with a projection (oneDNN has none), cuDNN on GPU.  Layers after the first
 add their input to their output (a residual connection).  One stack reads one direction: ELMo
 builds two and feeds the backward one the reversed sequence.
 
@@ -13,8 +14,14 @@ clip), and no state is carried from one batch to the next.
 
 from __future__ import annotations
 
+import warnings
+
 import torch
 from torch import nn
+
+# PyTorch warns once that LSTMs with proj_size do not run on oneDNN; the docstring above says so,
+# and the warning would otherwise show in every CLI run of a projected ELMo.
+warnings.filterwarnings("ignore", message="LSTM with projections is not supported with oneDNN")
 
 
 class ResidualLSTMStack(nn.Module):

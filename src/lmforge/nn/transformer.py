@@ -18,6 +18,57 @@ def gelu(x: torch.Tensor, approximate: str = "none") -> torch.Tensor:
     return F.gelu(x, approximate=approximate)
 
 
+_ONEDNN_LINEAR = getattr(getattr(torch.ops, "mkldnn", None), "_linear_pointwise", None)
+
+
+def _use_onednn(x: torch.Tensor, weight: torch.Tensor) -> bool:
+    return (
+        _ONEDNN_LINEAR is not None
+        and x.device.type == "cpu"
+        and x.dtype == torch.float32
+        and weight.dtype == torch.float32
+        and x.numel() >= 64 * x.shape[-1]  # tiny inputs (one decoding step) gain nothing
+        and not (torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad))
+        and not torch.is_autocast_enabled("cpu")
+        and torch.backends.mkldnn.is_available()
+    )
+
+
+def linear(
+    x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, act: str | None = None
+) -> torch.Tensor:
+    """``F.linear`` (then GELU when ``act`` is ``"gelu"`` or ``"gelu_tanh"``), faster on CPU without autograd.
+
+    Without gradients, fp32 on CPU goes through oneDNN's linear with the GELU fused in (the kernel
+    ``torch.compile`` uses).  On the AMD EPYC machines of this project PyTorch's default fp32 GEMM
+    (MKL) runs 2-3x below oneDNN.  Results agree with ``F.linear`` to float rounding (~1e-6).
+    Training (autograd), autocast and other devices use plain ``F.linear``.
+
+    Args:
+        x: (..., C_in); weight: (C_out, C_in); bias: (C_out,) or None.
+    Returns:
+        (..., C_out).
+    """
+    if _use_onednn(x, weight):
+        try:
+            if act is None:
+                return _ONEDNN_LINEAR(x, weight, bias, "none", [], "")
+            return _ONEDNN_LINEAR(x, weight, bias, "gelu", [], "tanh" if act == "gelu_tanh" else "none")
+        except RuntimeError:  # pragma: no cover - a build without the kernel: fall through
+            pass
+    y = F.linear(x, weight, bias)
+    if act is None:
+        return y
+    return F.gelu(y, approximate="tanh" if act == "gelu_tanh" else "none")
+
+
+class Linear(nn.Linear):
+    """``nn.Linear`` (same parameters and state-dict names) that calls :func:`linear`."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return linear(x, self.weight, self.bias)
+
+
 def dropout(x: torch.Tensor, p: float, training: bool = True) -> torch.Tensor:
     """Inverted dropout: zero each element with probability ``p``, scale the rest by 1 / (1 - p).
 
@@ -120,8 +171,8 @@ class SelfAttention(nn.Module):
             raise ValueError(f"hidden_size {hidden_size} is not divisible by num_heads {num_heads}")
         self.num_heads = num_heads
         self.head_size = hidden_size // num_heads
-        self.qkv = nn.Linear(hidden_size, 3 * hidden_size, bias=bias)
-        self.proj = nn.Linear(hidden_size, hidden_size, bias=bias)
+        self.qkv = Linear(hidden_size, 3 * hidden_size, bias=bias)
+        self.proj = Linear(hidden_size, hidden_size, bias=bias)
         self.dropout = dropout
         self.resid_dropout = Dropout(dropout)
 
@@ -168,13 +219,14 @@ class SelfAttention(nn.Module):
 class MLP(nn.Module):
     def __init__(self, hidden_size: int, intermediate_size: int, dropout: float = 0.0, act: str = "gelu"):
         super().__init__()
-        self.fc = nn.Linear(hidden_size, intermediate_size)
-        self.proj = nn.Linear(intermediate_size, hidden_size)
+        self.fc = Linear(hidden_size, intermediate_size)
+        self.proj = Linear(intermediate_size, hidden_size)
         self.approximate = "tanh" if act in ("gelu_new", "gelu_tanh", "gelu_pytorch_tanh") else "none"
         self.dropout = Dropout(dropout)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.dropout(self.proj(gelu(self.fc(x), self.approximate)))
+        act = "gelu_tanh" if self.approximate == "tanh" else "gelu"
+        return self.dropout(self.proj(linear(x, self.fc.weight, self.fc.bias, act)))
 
 
 class TransformerBlock(nn.Module):
@@ -251,4 +303,6 @@ __all__ = [
     "Dropout",
     "dropout",
     "attention",
+    "Linear",
+    "linear",
 ]

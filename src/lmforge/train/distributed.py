@@ -82,7 +82,7 @@ def init_distributed(device: str = "auto") -> DistEnv:
             kwargs = {"device_id": dev} if dev.type == "cuda" else {}
             dist.init_process_group(backend=backend, **kwargs)
             owns = True
-            logger.info("joined %s process group: rank %d of %d on %s", backend, rank, world_size, dev)
+            logger.debug("joined %s process group: rank %d of %d on %s", backend, rank, world_size, dev)
         rank, world_size = dist.get_rank(), dist.get_world_size()
     return DistEnv(rank=rank, world_size=world_size, local_rank=local_rank, device=dev, owns_group=owns)
 

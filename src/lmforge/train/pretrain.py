@@ -2,8 +2,8 @@
 
 Every family module (``lmforge/models/<family>.py``) offers ``PRESETS``, ``DEFAULT_PRESET``,
 ``TRAIN_DEFAULTS`` and ``pretraining_setup(config, shards, tokenizer) -> (model, sampler)``; word2vec
-offers ``run_pretraining(shards, tokenizer, config, out_dir)`` instead (it trains without the
-Trainer).  The config class is the module's ``CONFIG_CLASS`` or the family model's ``config_class``.
+offers ``run_pretraining(shards, tokenizer, config, out_dir[, max_time=seconds])`` instead (it trains
+without the Trainer).  The config class is the module's ``CONFIG_CLASS`` or the family model's ``config_class``.
 
 Order of work: every config problem is found before any data is read, the tokenizer is checked
 against the shards before any model is built, and ``train_config.json`` is written before the
@@ -15,6 +15,7 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import importlib
+import inspect
 import logging
 from pathlib import Path
 from typing import Any
@@ -237,8 +238,8 @@ def pretrain(
         train_config = apply_overrides(train_config, train_over)
         if max_time is not None:
             train_config = dataclasses.replace(train_config, max_time=parse_duration(max_time))
-    elif max_time is not None:
-        logger.warning("%s trains without the Trainer: --max-time is not used", family)
+    elif max_time is not None and "max_time" not in inspect.signature(module.run_pretraining).parameters:
+        logger.warning("%s trains without the Trainer and has no time budget: --max-time is not used", family)
 
     # -- data and tokenizer ----------------------------------------------------------------------
     shards = open_shards(data_dir)
@@ -252,7 +253,10 @@ def pretrain(
 
     if not trainer_based:
         seed_everything(getattr(model_config, "seed", 0))
-        ret = module.run_pretraining(shards, tokenizer, model_config, out)
+        kwargs = {}
+        if max_time is not None and "max_time" in inspect.signature(module.run_pretraining).parameters:
+            kwargs["max_time"] = parse_duration(max_time)
+        ret = module.run_pretraining(shards, tokenizer, model_config, out, **kwargs)
         return _result_from_family(family, out, ret)
 
     # -- model and training ----------------------------------------------------------------------
@@ -265,7 +269,7 @@ def pretrain(
             save_json(train_config, out / TRAIN_CONFIG_FILE)  # config.json comes with each checkpoint
         n_params = sum(p.numel() for p in model.parameters())
         rows = train_config.batch_size * train_config.grad_accum * env.world_size
-        logger.info(
+        (logger.info if env.is_main else logger.debug)(
             "pretraining %s: %.2fM parameters; %d rows/step (%d x accum %d x %d process%s); steps %d%s",
             family,
             n_params / 1e6,

@@ -199,6 +199,11 @@ class Trainer:
     def is_main(self) -> bool:
         return self.env.is_main
 
+    def _log(self, level: int, msg: str, *args: Any) -> None:
+        """Log from rank 0 only (every rank would say the same)."""
+        if self.is_main:
+            logger.log(level, msg, *args)
+
     def _autocast(self):
         return torch.autocast(device_type=self.device.type, dtype=torch.bfloat16, enabled=self.config.bf16)
 
@@ -367,14 +372,15 @@ class Trainer:
         if int(state.get("world_size", 1)) == self.env.world_size and "cpu" in mine:
             ckpt.set_rng_states(mine)
         else:
-            logger.warning(
+            self._log(
+                logging.WARNING,
                 "checkpoint was written by %s process(es), this run has %d: dropout RNG reseeded, "
                 "the data order is unchanged",
                 state.get("world_size"),
                 self.env.world_size,
             )
             self._seed_dropout(self.step)
-        logger.info("resumed from %s at step %d (%d tokens seen)", path, self.step, self.tokens_seen)
+        self._log(logging.INFO, "resumed from %s at step %d (%d tokens seen)", path, self.step, self.tokens_seen)
 
     def _seed_dropout(self, step: int) -> None:
         seed = int(np.random.SeedSequence([self.config.seed, 2, step, self.env.rank]).generate_state(1)[0])
@@ -420,7 +426,7 @@ class Trainer:
             if self.is_main:
                 (self.out_dir / METRICS_FILE).unlink(missing_ok=True)
         if self.step >= cfg.max_steps:
-            logger.info("already at step %d >= max_steps %d: nothing to train", self.step, cfg.max_steps)
+            self._log(logging.INFO, "already at step %d >= max_steps %d: nothing to train", self.step, cfg.max_steps)
 
         if not self.is_main or self.progress is False:
             disable: bool | None = True
@@ -429,7 +435,7 @@ class Trainer:
         bar = tqdm(
             total=cfg.max_steps, initial=self.step, desc="train", unit="step", dynamic_ncols=True, disable=disable
         )
-        self._log_info = logger.debug if not bar.disable else logger.info
+        self._train_log_level = logging.DEBUG if not bar.disable else logging.INFO  # the bar shows the loss
         self.model.train()
         stop_reason = "max_steps"
         self._interval_loss = torch.zeros((), dtype=torch.float64, device=self.device)
@@ -438,7 +444,12 @@ class Trainer:
         self._last_train_loss = float("nan")
         last_log = last_eval = last_save = -1
         val: dict[str, float] | None = None
-        try:
+        with contextlib.ExitStack() as stack:
+            if not bar.disable:  # log lines are written above the bar instead of through it
+                from tqdm.contrib.logging import logging_redirect_tqdm
+
+                stack.enter_context(logging_redirect_tqdm(loggers=[logging.getLogger("lmforge")]))
+            stack.callback(bar.close)
             while self.step < cfg.max_steps:
                 loss, grad_norm = self._train_step()
                 self.step += 1
@@ -461,8 +472,6 @@ class Trainer:
                     if out_of_time and self.step < cfg.max_steps:
                         stop_reason = "max_time"
                         break
-        finally:
-            bar.close()
 
         if last_log != self.step and self._interval_steps:
             self._log_train(None, None)
@@ -471,7 +480,8 @@ class Trainer:
         if last_save != self.step:
             self.save_checkpoint()
         if stop_reason == "max_time":
-            logger.warning(
+            self._log(
+                logging.WARNING,
                 "time budget of %s reached at step %d of %d: checkpoint saved in %s; "
                 "continue with --resume (and a new --max-time)",
                 format_duration(cfg.max_time),
@@ -520,7 +530,7 @@ class Trainer:
         self._write_event(event)
         if bar is not None:
             bar.set_postfix(loss=f"{loss:.4f}", tok_s=f"{tps:,.0f}", refresh=False)
-        self._log_info("step %d | loss %.4f | lr %.3g | %.0f tok/s", self.step, loss, lr, tps)
+        self._log(self._train_log_level, "step %d | loss %.4f | lr %.3g | %.0f tok/s", self.step, loss, lr, tps)
         if cfg.max_time and self.is_main and not getattr(self, "_warned_budget", False):
             self._warned_budget = True
             self._warn_budget(dt / self._interval_steps)
@@ -541,7 +551,7 @@ class Trainer:
             "elapsed": self._elapsed(),
         }
         self._write_event(event)
-        logger.info("step %d | val %s", self.step, " | ".join(f"{k} {v:.4g}" for k, v in val.items()))
+        self._log(logging.INFO, "step %d | val %s", self.step, " | ".join(f"{k} {v:.4g}" for k, v in val.items()))
         return val
 
     def _warn_budget(self, sec_per_step: float) -> None:
@@ -549,7 +559,8 @@ class Trainer:
         left = cfg.max_time - (time.monotonic() - self._t_start)
         fit = self.step + int(left / max(sec_per_step, 1e-9))
         if fit < cfg.max_steps:
-            logger.warning(
+            self._log(
+                logging.WARNING,
                 "at %.3g s/step the time budget of %s ends near step %d, before max_steps %d: the learning "
                 "rate will not have decayed (set max_steps or decay_steps near %d to fit the schedule)",
                 sec_per_step,

@@ -26,7 +26,7 @@ from torch import nn
 
 from ..errors import LmforgeError
 from ..utils import atomic_write_text
-from .modes import SUPPORTED, TransferConfig, TransferRun, _RowStore, check_supported
+from .modes import SUPPORTED, TransferConfig, TransferRun, _RowStore, check_supported, scratch_defaults
 from .tasks import TaskData, check_labels, is_bio, load_task
 
 logger = logging.getLogger(__name__)
@@ -109,10 +109,11 @@ def learning_curve(
     if not usable:
         raise LmforgeError(f"every size in {list(sizes)} exceeds the {len(pool)} training examples")
     mode_options = mode_options or {}
+    options = {k: v for k, v in options.items() if v is not None}  # unset: the mode's (or baseline's) default
 
     def config(mode: str, n: int, seed: int) -> TransferConfig:
         real = "finetune" if mode == "scratch" else mode
-        opts = {**options, **mode_options.get(mode, {})}
+        opts = {**(scratch_defaults(family) if mode == "scratch" else {}), **options, **mode_options.get(mode, {})}
         cfg = TransferConfig(task=task, mode=real, seed=seed, from_scratch=mode == "scratch", **opts)
         steps_per_epoch = math.ceil(n / cfg.batch_size)
         epochs = max(cfg.n_epochs, math.ceil(min_steps / steps_per_epoch))

@@ -43,8 +43,8 @@ class Encoding:
         mean_segments: segments to mean-pool into one vector each (``[0]`` or ``[0, 1]``); empty
             when ``rows`` are used.
         word_rows: tagging only: for each word, its index into ``rows`` or -1 when truncated away.
-        row_labels_ok: tagging only: per row, False when the row's token also starts an earlier
-            word (a token spanning two words), so that the row gets no training label twice.
+            Two words may share a row when one token spans both (e.g. BPE merging across CJK words);
+            the row is then labelled by the first of them and predicts both.
         offsets: QA only: per position the (start, end) char span in the context, or None.
     """
 
@@ -54,7 +54,6 @@ class Encoding:
     rows: list[int] = dataclasses.field(default_factory=list)
     mean_segments: list[int] = dataclasses.field(default_factory=list)
     word_rows: list[int] = dataclasses.field(default_factory=list)
-    row_labels_ok: list[bool] = dataclasses.field(default_factory=list)
     offsets: list[tuple[int, int] | None] = dataclasses.field(default_factory=list)
 
 
@@ -224,7 +223,6 @@ class InputFormat:
             seen[t] = len(enc.rows)
             enc.word_rows.append(len(enc.rows))
             enc.rows.append(a_pos[t])
-            enc.row_labels_ok.append(True)
         return enc
 
     def encode_qa(self, question: str, context: str) -> Encoding:

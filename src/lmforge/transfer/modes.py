@@ -56,6 +56,9 @@ SUPPORTED: dict[str, tuple[str, ...]] = {
 UNSUPPORTED_TASKS = {"word2vec": ("qa",)}
 # (epochs, lr) when the user does not say: the head alone wants a larger step than a whole body.
 MODE_DEFAULTS = {"frozen": (20, 3e-3), "features": (30, 1e-2), "finetune": (4, 1e-4)}
+# From-scratch baselines whose architecture wants other settings than fine-tuning a pretrained body:
+# a bag of word vectors starting at zero learns at an embedding-bag rate (fastText uses 0.1-1.0).
+SCRATCH_DEFAULTS: dict[str, dict] = {"word2vec": {"lr": 1e-2, "epochs": 10}}
 CACHE_FORMAT = 1  # bump when what the cache stores changes
 
 
@@ -139,6 +142,11 @@ class TransferConfig:
     @property
     def head_classifier(self) -> str:
         return self.classifier or ("logreg" if self.mode == "features" else "linear")
+
+
+def scratch_defaults(family: str) -> dict:
+    """TransferConfig settings of the from-scratch baseline of ``family`` (user options override them)."""
+    return dict(SCRATCH_DEFAULTS.get(family, {}))
 
 
 def check_supported(family: str, cfg: TransferConfig) -> None:
@@ -314,17 +322,11 @@ def _best_span(start: torch.Tensor, end: torch.Tensor, ctx: torch.Tensor, max_le
 
 
 # -- the run ----------------------------------------------------------------------------------------
-@dataclasses.dataclass
-class _Prepared:
-    data: TaskData
-    encs: list[Encoding]
-
-
 class TransferRun:
     """One transfer setup: body, config, labels, input format and head.
 
-    Build it with :meth:`create` (new run) or :func:`load_run` (a finished run folder); then
-    :meth:`fit` trains and :meth:`predict` / :meth:`evaluate` use it.
+    Build it with ``TransferRun(body, cfg, labels)`` (a new run; :meth:`fit` trains it) or
+    :func:`load_run` (a finished run folder); :meth:`predict` / :meth:`evaluate` use it.
     """
 
     def __init__(self, body: nn.Module, cfg: TransferConfig, labels: list[str], model_dir: str | None = None):
@@ -344,6 +346,8 @@ class TransferRun:
         self.fmt = InputFormat(
             self.family, body.tokenizer, cfg.max_len, pool if cfg.task in ("classify", "pair") else None, gpt=gpt
         )
+        if self.fmt.pool == "tokens" and cfg.task in ("classify", "pair") and cfg.head_classifier != "bilstm":
+            raise LmforgeError("--pool tokens feeds every token vector to a BiLSTM: use it with --classifier bilstm")
         self.layer_mix = cfg.layer_mix if cfg.layer_mix is not None else self.family == "elmo"
         self.num_states = None  # filled on the first body pass
         self.pair_rows = cfg.task == "pair" and self.fmt.pool == "mean"

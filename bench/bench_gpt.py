@@ -1,0 +1,300 @@
+"""lmforge GPT vs transformers' GPT2LMHeadModel (sdpa): training, inference and generation speed.
+
+One process, the same starting weights (HF's random init, imported into lmforge) and the same batches;
+the two models' losses are checked equal before anything is timed, and their steps alternate so that a
+noisy machine slows both alike.  Reported:
+
+- training and inference tokens/s and their ratios (lmforge / HF), with MFU against a measured fp32
+  matmul peak;
+- generation tokens/s with the KV cache (greedy, 256 new tokens) against ``transformers`` ``generate``,
+  after checking both produce the same tokens; and lmforge with vs without its cache;
+- lmforge training under bf16 autocast against lmforge fp32.
+
+Times are medians over steps of wall-clock time and, on CPU, also of the process CPU time (steadier
+when other jobs share the cores).  Run: ``python bench/bench_gpt.py [--steps 10] [--threads N]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "src"))
+
+from lmforge.interop.gpt2 import import_hf  # noqa: E402
+
+
+def sync(device: str) -> None:
+    if device.startswith("cuda"):
+        torch.cuda.synchronize()
+
+
+def timed(fn, device: str) -> tuple[float, float]:
+    """Run ``fn`` once; return (wall seconds, process CPU seconds)."""
+    sync(device)
+    w, c = time.perf_counter(), time.process_time()
+    fn()
+    sync(device)
+    return time.perf_counter() - w, time.process_time() - c
+
+
+def alternate(fa, fb, n: int, warmup: int, device: str) -> dict[str, list[float]]:
+    """Run fa, fb, fa, fb, ...; return per-call wall and CPU times (after ``warmup`` rounds)."""
+    out = {"a_wall": [], "a_cpu": [], "b_wall": [], "b_cpu": []}
+    for i in range(warmup + n):
+        for key, f in (("a", fa), ("b", fb)):
+            w, c = timed(f, device)
+            if i >= warmup:
+                out[f"{key}_wall"].append(w)
+                out[f"{key}_cpu"].append(c)
+    return out
+
+
+def med(xs: list[float]) -> float:
+    return statistics.median(xs)
+
+
+def matmul_peak(device: str, n: int = 2048, reps: int = 6) -> float:
+    """Best measured fp32 FLOP/s of an n x n x n matmul."""
+    a = torch.randn(n, n, device=device)
+    b = torch.randn(n, n, device=device)
+    a @ b
+    best = 0.0
+    for _ in range(reps):
+        w, _ = timed(lambda: a @ b, device)
+        best = max(best, 2 * n**3 / w)
+    return best
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--n-embd", type=int, default=256)
+    ap.add_argument("--n-layer", type=int, default=4)
+    ap.add_argument("--n-head", type=int, default=4)
+    ap.add_argument("--vocab", type=int, default=8192)
+    ap.add_argument("--seq", type=int, default=128)
+    ap.add_argument("--batch", type=int, default=16)
+    ap.add_argument("--dropout", type=float, default=0.0, help="same dropout in both (0 makes losses comparable)")
+    ap.add_argument("--steps", type=int, default=8, help="timed steps per measurement")
+    ap.add_argument("--warmup", type=int, default=2)
+    ap.add_argument("--gen-tokens", type=int, default=256)
+    ap.add_argument("--gen-runs", type=int, default=2)
+    ap.add_argument("--prompt-len", type=int, default=16)
+    ap.add_argument("--threads", type=int, default=None, help="torch.set_num_threads (CPU)")
+    ap.add_argument("--device", default="cpu")
+    ap.add_argument("--skip", default="", help="comma list of sections to skip: train,infer,gen,bf16")
+    ap.add_argument("--json", default=None, help="write the figures to this JSON file")
+    args = ap.parse_args()
+    skip = set(filter(None, args.skip.split(",")))
+
+    import transformers
+
+    transformers.logging.set_verbosity_error()
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    dev = args.device
+    torch.manual_seed(0)
+    n_pos = max(512, args.seq, args.prompt_len + args.gen_tokens)
+    hf_cfg = transformers.GPT2Config(
+        vocab_size=args.vocab,
+        n_positions=n_pos,
+        n_embd=args.n_embd,
+        n_layer=args.n_layer,
+        n_head=args.n_head,
+        resid_pdrop=args.dropout,
+        embd_pdrop=args.dropout,
+        attn_pdrop=args.dropout,
+        bos_token_id=0,
+        eos_token_id=0,
+        attn_implementation="sdpa",
+    )
+    hf = transformers.GPT2LMHeadModel(hf_cfg)
+    with tempfile.TemporaryDirectory() as d:
+        hf.save_pretrained(d)
+        ours = import_hf(d)
+    hf.to(dev)
+    ours.to(dev)
+    B, T, V = args.batch, args.seq, args.vocab
+    g = torch.Generator().manual_seed(1)
+    batches = [torch.randint(1, V, (B, T), generator=g).to(dev) for _ in range(4)]
+    res: dict = {
+        "config": vars(args) | {"n_positions": n_pos},
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+        "threads": torch.get_num_threads(),
+        "device": dev if not dev.startswith("cuda") else torch.cuda.get_device_name(),
+    }
+    print(f"torch {torch.__version__}, transformers {transformers.__version__}, {res['threads']} threads, {dev}")
+
+    # -- same weights, same losses -------------------------------------------------------------------
+    hf.train()
+    ours.train()
+    opt_h = torch.optim.AdamW(hf.parameters(), lr=1e-3)
+    opt_o = torch.optim.AdamW(ours.parameters(), lr=1e-3)
+    losses = []
+    for x in batches[:2]:  # the second loss is after one optimizer step on each side
+        lh, lo = hf(input_ids=x, labels=x).loss, ours(x, labels=x).loss
+        losses.append((lh.item(), lo.item()))
+        for opt, loss in ((opt_h, lh), (opt_o, lo)):
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            opt.step()
+    diff = max(abs(a - b) for a, b in losses)
+    print(f"losses HF vs lmforge: {losses}  (max diff {diff:.2e})")
+    if diff > 1e-4:
+        print("losses differ: the comparison would not be fair", file=sys.stderr)
+        return 1
+    res["loss_check"] = {"losses": losses, "max_abs_diff": diff}
+
+    n_matmul = sum(p.numel() for n, p in ours.named_parameters() if n.startswith("h.") and p.dim() == 2)
+    n_matmul += V * args.n_embd  # the (tied) output layer
+    fwd_flops_tok = 2 * n_matmul + 4 * args.n_layer * T * args.n_embd  # + QK^T and AV
+    peak = matmul_peak(dev)
+    res["matmul_peak_gflops"] = peak / 1e9
+    print(f"measured fp32 matmul peak: {peak / 1e9:.1f} GFLOP/s")
+    tokens = B * T
+
+    step_of: dict[int, int] = {}  # per model: steps taken, so both see the same batch sequence
+
+    def train_step(model, opt):
+        i = step_of.get(id(model), 0)
+        step_of[id(model)] = i + 1
+        x = batches[i % len(batches)]
+        loss = model(input_ids=x, labels=x).loss
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+
+    if "train" not in skip:
+        t = alternate(lambda: train_step(hf, opt_h), lambda: train_step(ours, opt_o), args.steps, args.warmup, dev)
+        r = {
+            "hf_tok_s": tokens / med(t["a_wall"]),
+            "lmforge_tok_s": tokens / med(t["b_wall"]),
+            "ratio_wall": med(t["a_wall"]) / med(t["b_wall"]),
+            "ratio_cpu": med(t["a_cpu"]) / med(t["b_cpu"]),
+        }
+        r["hf_mfu"] = r["hf_tok_s"] * 3 * fwd_flops_tok / peak
+        r["lmforge_mfu"] = r["lmforge_tok_s"] * 3 * fwd_flops_tok / peak
+        res["train"] = r
+        print(
+            f"train  : HF {r['hf_tok_s']:.0f} tok/s (MFU {r['hf_mfu']:.2f}), lmforge {r['lmforge_tok_s']:.0f} tok/s "
+            f"(MFU {r['lmforge_mfu']:.2f}); ratio {r['ratio_wall']:.3f} wall, {r['ratio_cpu']:.3f} CPU time"
+        )
+
+    if "infer" not in skip:
+        hf.eval()
+        ours.eval()
+        x = batches[0]
+
+        def infer(model):
+            with torch.no_grad():
+                model(input_ids=x)
+
+        t = alternate(lambda: infer(hf), lambda: infer(ours), args.steps, args.warmup, dev)
+        r = {
+            "hf_tok_s": tokens / med(t["a_wall"]),
+            "lmforge_tok_s": tokens / med(t["b_wall"]),
+            "ratio_wall": med(t["a_wall"]) / med(t["b_wall"]),
+            "ratio_cpu": med(t["a_cpu"]) / med(t["b_cpu"]),
+        }
+        r["hf_mfu"] = r["hf_tok_s"] * fwd_flops_tok / peak
+        r["lmforge_mfu"] = r["lmforge_tok_s"] * fwd_flops_tok / peak
+        res["infer"] = r
+        print(
+            f"infer  : HF {r['hf_tok_s']:.0f} tok/s (MFU {r['hf_mfu']:.2f}), lmforge {r['lmforge_tok_s']:.0f} tok/s "
+            f"(MFU {r['lmforge_mfu']:.2f}); ratio {r['ratio_wall']:.3f} wall, {r['ratio_cpu']:.3f} CPU time"
+        )
+
+    if "gen" not in skip:
+        hf.eval()
+        ours.eval()
+        prompt = torch.randint(1, V, (1, args.prompt_len), generator=g).to(dev)
+        n_new = args.gen_tokens
+        got = {}
+
+        def gen_hf():
+            got["hf"] = hf.generate(
+                prompt,
+                attention_mask=torch.ones_like(prompt),
+                max_new_tokens=n_new,
+                min_new_tokens=n_new,
+                do_sample=False,
+                pad_token_id=0,
+            )
+
+        def gen_ours():
+            got["ours"] = ours.generate(prompt, n_new, eos_token_id=None)
+
+        t = alternate(gen_hf, gen_ours, args.gen_runs, 1, dev)
+        same = torch.equal(got["hf"], got["ours"])
+        w_nc, c_nc = timed(lambda: ours.generate(prompt, n_new, eos_token_id=None, use_cache=False), dev)
+        r = {
+            "same_tokens": same,
+            "hf_tok_s": n_new / med(t["a_wall"]),
+            "lmforge_tok_s": n_new / med(t["b_wall"]),
+            "ratio_wall": med(t["a_wall"]) / med(t["b_wall"]),
+            "ratio_cpu": med(t["a_cpu"]) / med(t["b_cpu"]),
+            "lmforge_nocache_tok_s": n_new / w_nc,
+            "cache_speedup_wall": w_nc / med(t["b_wall"]),
+            "cache_speedup_cpu": c_nc / med(t["b_cpu"]),
+        }
+        res["gen"] = r
+        print(
+            f"generate ({n_new} new, greedy, same tokens: {same}): HF {r['hf_tok_s']:.0f} tok/s, lmforge "
+            f"{r['lmforge_tok_s']:.0f} tok/s; ratio {r['ratio_wall']:.2f} wall, {r['ratio_cpu']:.2f} CPU; "
+            f"lmforge without cache {r['lmforge_nocache_tok_s']:.0f} tok/s -> cache speed-up "
+            f"{r['cache_speedup_wall']:.1f}x"
+        )
+
+    if "bf16" not in skip:
+        ours.train()
+        twin = import_hf_copy(ours)
+        opt_t = torch.optim.AdamW(twin.parameters(), lr=1e-3)
+
+        def bf16_step():
+            i = step_of.get(id(twin), 0)
+            step_of[id(twin)] = i + 1
+            x = batches[i % len(batches)]
+            with torch.autocast(torch.device(dev).type, dtype=torch.bfloat16):
+                loss = twin(x, labels=x).loss
+            opt_t.zero_grad(set_to_none=True)
+            loss.backward()
+            opt_t.step()
+
+        t = alternate(lambda: train_step(ours, opt_o), bf16_step, args.steps, args.warmup, dev)
+        r = {
+            "fp32_tok_s": tokens / med(t["a_wall"]),
+            "bf16_tok_s": tokens / med(t["b_wall"]),
+            "speedup_wall": med(t["a_wall"]) / med(t["b_wall"]),
+            "speedup_cpu": med(t["a_cpu"]) / med(t["b_cpu"]),
+        }
+        res["bf16"] = r
+        print(
+            f"bf16   : lmforge fp32 {r['fp32_tok_s']:.0f} tok/s, bf16 autocast {r['bf16_tok_s']:.0f} tok/s; "
+            f"speed-up {r['speedup_wall']:.2f}x wall, {r['speedup_cpu']:.2f}x CPU time"
+        )
+
+    if args.json:
+        Path(args.json).write_text(json.dumps(res, indent=2) + "\n")
+    return 0
+
+
+def import_hf_copy(model):
+    """A second lmforge GPT with the same weights (for the bf16 comparison)."""
+    import copy
+
+    twin = copy.deepcopy(model)
+    twin.lm_head.weight = twin.wte.weight
+    return twin
+
+
+if __name__ == "__main__":
+    sys.exit(main())

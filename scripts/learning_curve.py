@@ -1,0 +1,64 @@
+"""Learning curve: score vs number of labelled examples, pretrained (each transfer mode) vs from scratch.
+
+Usage:
+    python scripts/learning_curve.py MODEL_DIR --bench zh-sentiment --out runs/curve_bert \
+        [--sizes 100 300 1000 3000] [--seeds 0 1 2] [--modes scratch frozen features finetune]
+Writes curve.png, curve.md (table: mean ± std over seeds) and curve.json. See docs/transfer.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("model_dir")
+    p.add_argument("--bench", default="zh-sentiment", choices=["zh-sentiment", "zh-ner", "zh-pos", "en-tweets"])
+    p.add_argument("--out", required=True)
+    p.add_argument("--sizes", type=int, nargs="+", default=[100, 300, 1000, 3000])
+    p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    p.add_argument("--modes", nargs="+", default=None, help="subset of scratch frozen features finetune")
+    p.add_argument("--n-test", type=int, default=1000)
+    p.add_argument("--min-steps", type=int, default=100, help="every run trains at least this many steps")
+    p.add_argument("--max-len", type=int, default=128)
+    p.add_argument("--batch-size", type=int, default=32)
+    p.add_argument("--cache-dir", default=None)
+    args = p.parse_args()
+
+    from lmforge.errors import LmforgeError
+    from lmforge.transfer import learning_curve
+    from lmforge.transfer.benchmarks import load_benchmark
+    from lmforge.utils import setup_logging
+
+    setup_logging(logging.INFO)
+    try:
+        train, test = load_benchmark(args.bench, max(args.sizes), args.n_test, seed=0)
+        res = learning_curve(
+            args.model_dir,
+            train.task,
+            train,
+            test,
+            sizes=args.sizes,
+            seeds=args.seeds,
+            modes=args.modes,
+            out_dir=args.out,
+            min_steps=args.min_steps,
+            max_len=args.max_len,
+            batch_size=args.batch_size,
+            cache_dir=args.cache_dir,
+        )
+    except LmforgeError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    from lmforge.transfer.curve import curve_table
+
+    print(curve_table(res))
+    print(f"wrote {args.out}/curve.png, curve.md, curve.json")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

