@@ -17,8 +17,13 @@ import gzip
 from pathlib import Path
 
 import pytest
+import torch
 
 TINY_VOCAB = 500
+
+# The test models are tiny: one intra-op thread is faster than two fighting over two cores, and
+# it keeps float reductions in the same order on every machine.
+torch.set_num_threads(1)
 
 
 def _read_documents(path: Path) -> list[list[str]]:

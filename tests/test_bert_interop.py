@@ -140,6 +140,7 @@ def test_real_minilm_hidden_states(caplog):
         "He got bit by Python.",
         "Python is a programming language that lets you work quickly.",
         "The reticulated python is among the longest snakes in the world, and it swallows prey whole.",
+        "Guido van Rossum began working on Python in the late 1980s as a successor to the ABC language.",
     ]
     enc = hf_tok(sentences, padding=True, return_tensors="pt")
     assert enc["input_ids"][0, :8].tolist() == [101, 2002, 2288, 2978, 2011, 18750, 1012, 102]
@@ -150,7 +151,8 @@ def test_real_minilm_hidden_states(caplog):
     with torch.no_grad():
         ref = ref_model(**enc, output_hidden_states=True)
         ours = model.hidden_states(enc["input_ids"], enc["attention_mask"], enc["token_type_ids"])
-    assert len(ours) == 7 and ours[-1].shape == (3, enc["input_ids"].shape[1], 384)
+    # 4 x 20+ positions: the no-grad path goes through oneDNN's linear (lmforge.nn.transformer.linear)
+    assert len(ours) == 7 and ours[-1].shape == (4, enc["input_ids"].shape[1], 384) and enc["input_ids"].numel() >= 64
     for r, o in zip(ref.hidden_states, ours):
         assert _max_diff(r, o, enc["attention_mask"]) < 1e-4
     # embed() goes through the same path: per-token vectors without [CLS]/[SEP]

@@ -292,3 +292,20 @@ def test_fill_mask_command(tmp_path, request, capsys):
     assert probs == sorted(probs, reverse=True) and 0 < sum(probs) <= 1.0001
     assert main(["fill-mask", str(tmp_path / "bert"), "no mask here"]) == 2
     assert "[MASK]" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("act", [None, "gelu", "gelu_tanh"])
+def test_linear_fast_path_matches_f_linear(act):
+    from lmforge.nn.transformer import linear
+
+    torch.manual_seed(0)
+    x, w, b = torch.randn(4, 40, 48), torch.randn(96, 48) * 0.1, torch.randn(96)
+    ref = torch.nn.functional.linear(x, w, b)
+    if act:
+        ref = torch.nn.functional.gelu(ref, approximate="tanh" if act == "gelu_tanh" else "none")
+    with torch.no_grad():  # 160 rows: the oneDNN path where this build has it
+        fast = linear(x, w, b, act)
+    assert torch.allclose(fast, ref, atol=1e-5, rtol=1e-5)
+    xg = x.clone().requires_grad_(True)
+    slow = linear(xg, w, b, act)  # autograd: plain F.linear
+    assert slow.requires_grad and torch.allclose(slow, ref, atol=1e-6)

@@ -282,3 +282,41 @@ def wordpiece_shards_or_skip(request):
     path = request.getfixturevalue("wordpiece_shards")
     shards = Shards.open(path)
     return shards, shards.tokenizer()
+
+
+@pytest.mark.parametrize("kind", ["wordpiece", "bpe"])
+def test_spelling_of_a_real_vocabulary(kind, request):
+    """Every piece's spelled bytes are the bytes the tokenizer decodes it to; BOW marks word starts."""
+    tok = request.getfixturevalue(f"{kind}_tokenizer")
+    W = 24
+    table = vocab_char_ids(tok, W)
+    assert table.shape == (tok.vocab_size, W)
+    starts = 0
+    for i in range(tok.vocab_size):
+        row = table[i].tolist()
+        if i in tok.special_ids:
+            assert row[:2] == [BOW_CHAR, SPECIAL_CHAR]
+            continue
+        piece = tok.id_to_token(i)
+        body = [c - 1 for c in row if 0 < c <= 256]
+        raw, starts_word = piece_bytes(piece, kind)
+        assert bytes(body) == raw[: W - 2]
+        assert (row[0] == BOW_CHAR) == starts_word
+        starts += starts_word
+        if kind == "bpe" and len(raw) <= W - 2:
+            # the spelling is exactly what the tokenizer decodes the piece to (minus the leading space)
+            assert bytes(body) == tok.decode([i]).encode("utf-8").removeprefix(b" ") or "\ufffd" in tok.decode([i])
+    assert 0 < starts < tok.vocab_size  # some pieces start words, some continue them
+
+
+def test_embed_with_bpe_tokenizer(bpe_tokenizer):
+    torch.manual_seed(0)
+    model = ElmoBiLM(ElmoConfig(**dict(PRESETS["tiny"], vocab_size=bpe_tokenizer.vocab_size)))
+    model.set_tokenizer(bpe_tokenizer)
+    model.eval()
+    a, b = model.embed(["The python bit him.", "Short"])
+    ids, tokens, offsets = bpe_tokenizer.encode_with_offsets("The python bit him.")
+    assert a.tokens == tokens and a.offsets == [tuple(o) for o in offsets]
+    assert a.layers.shape == (3, len(ids), model.hidden_size)
+    (alone,) = model.embed(["Short"])
+    torch.testing.assert_close(alone.layers, b.layers, rtol=1e-5, atol=1e-6)

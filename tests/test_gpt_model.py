@@ -207,11 +207,13 @@ def test_embed_returns_all_layers(bpe_tokenizer):
 
 
 @pytest.mark.parametrize("with_ignored", [False, True])
-def test_fused_linear_cross_entropy_matches_plain(with_ignored):
+@pytest.mark.parametrize("block_scores", [1 << 26, 5000 * 300])
+def test_fused_linear_cross_entropy_matches_plain(with_ignored, block_scores):
     from lmforge.models.gpt import linear_cross_entropy
 
     torch.manual_seed(4)
-    N, C, Vb = 1000, 16, 5000  # 2**21 // 5000 = 419 rows a chunk: three chunks, the last one short
+    # softmax chunks of 2**19 // 5000 = 104 rows; with the small block_scores, blocks of 300 rows (last short)
+    N, C, Vb = 1000, 16, 5000
     x = torch.randn(N, C, requires_grad=True)
     w = torch.randn(Vb, C, requires_grad=True)
     t = torch.randint(0, Vb, (N,))
@@ -219,13 +221,13 @@ def test_fused_linear_cross_entropy_matches_plain(with_ignored):
         t[::3] = -100
     ref = torch.nn.functional.cross_entropy(x @ w.t(), t, ignore_index=-100)
     gx, gw = torch.autograd.grad(ref * 2.0, (x, w))
-    got = linear_cross_entropy(x, w, t)
+    got = linear_cross_entropy(x, w, t, block_scores)
     fx, fw = torch.autograd.grad(got * 2.0, (x, w))
     torch.testing.assert_close(got, ref, atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(fx, gx, atol=1e-6, rtol=1e-4)
     torch.testing.assert_close(fw, gw, atol=1e-6, rtol=1e-4)
     with torch.no_grad():
-        torch.testing.assert_close(linear_cross_entropy(x, w, t), ref.detach(), atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(linear_cross_entropy(x, w, t, block_scores), ref.detach(), atol=1e-5, rtol=1e-5)
 
 
 def test_labelled_forward_skips_logits_but_matches():

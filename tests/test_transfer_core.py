@@ -2,8 +2,8 @@
 
 Used by the transfer tests so that the framework is tested without any family's code: an
 embedding, then two residual layers that mix each token with its neighbours and the sentence mean
-(so that states are contextual, [CLS] sees the sentence, and the layers differ).  ``model_type`` is set per instance to act as a BERT-like,
-ELMo-like or word2vec-like body for the support matrix.
+(so that states are contextual, [CLS] sees the sentence, and the layers differ).  ``model_type`` is
+set per instance to act as a BERT-like, ELMo-like or word2vec-like body for the support matrix.
 """
 
 from __future__ import annotations
@@ -34,7 +34,9 @@ class ToyBody(PretrainedModel):
         super().__init__(config)
         self.model_type = family
         self.emb = nn.Embedding(config.vocab_size, config.hidden_size)
-        self.layers = nn.ModuleList(nn.Linear(4 * config.hidden_size, config.hidden_size) for _ in range(config.num_layers))
+        self.layers = nn.ModuleList(
+            nn.Linear(4 * config.hidden_size, config.hidden_size) for _ in range(config.num_layers)
+        )
         for layer in self.layers:  # small mixing weights: each state stays close to emb + sentence mean
             nn.init.normal_(layer.weight, std=0.05)
         self.calls = 0  # how many times hidden_states ran (the features cache test counts them)
@@ -125,8 +127,15 @@ def qa_examples(n: int, seed: int) -> list[dict]:
         name = rng.choice(NAMES + PLACES)
         pre = " ".join(rng.choice(FILL) for _ in range(rng.randint(1, 4)))
         ctx = f"{pre} was written by {name} and the film"
-        out.append({"id": f"q{i}", "question": "who wrote it", "context": ctx, "answer": name,
-                    "start": ctx.index(f"by {name}") + 3})
+        out.append(
+            {
+                "id": f"q{i}",
+                "question": "who wrote it",
+                "context": ctx,
+                "answer": name,
+                "start": ctx.index(f"by {name}") + 3,
+            }
+        )
     return out
 
 
@@ -141,9 +150,19 @@ def write_conll(sents, path: Path) -> Path:
 
 
 def write_squad(rows: list[dict], path: Path) -> Path:
-    paras = [{"context": r["context"], "qas": [{"id": r["id"], "question": r["question"],
-                                                  "answers": [{"text": r["answer"], "answer_start": r["start"]}]}]}
-             for r in rows]
+    paras = [
+        {
+            "context": r["context"],
+            "qas": [
+                {
+                    "id": r["id"],
+                    "question": r["question"],
+                    "answers": [{"text": r["answer"], "answer_start": r["start"]}],
+                }
+            ],
+        }
+        for r in rows
+    ]
     path.write_text(json.dumps({"data": [{"title": "t", "paragraphs": paras}]}))
     return path
 
@@ -195,8 +214,16 @@ SETTINGS = {"frozen": dict(epochs=30, lr=1e-2), "features": dict(epochs=40), "fi
 def test_classify_modes_learn_and_write_run(toy_tok, cls_files, tmp_path, mode):
     body = make_body(toy_tok)
     out = tmp_path / "run"
-    m = modes.run_transfer(body, "classify", *cls_files, mode=mode, out_dir=out, cache_dir=str(tmp_path / "cache"),
-                           **SETTINGS[mode], seed=0)
+    m = modes.run_transfer(
+        body,
+        "classify",
+        *cls_files,
+        mode=mode,
+        out_dir=out,
+        cache_dir=str(tmp_path / "cache"),
+        **SETTINGS[mode],
+        seed=0,
+    )
     # the label is one word of six per polarity: each mode learns it from the toy's random vectors
     assert m["accuracy"] >= 0.75, m
     assert 0 <= m["macro_f1"] <= 1 and m["n_train"] == 96 and m["n_test"] == 48
@@ -280,8 +307,17 @@ def test_elmo_like_scalar_mix_reported(toy_tok, cls_files, tmp_path):
 
 def test_word2vec_like_bilstm_and_support_matrix(toy_tok, cls_files, tmp_path):
     body = make_body(toy_tok, family="word2vec")
-    m = modes.run_transfer(body, "classify", *cls_files, mode="features", classifier="bilstm", head_hidden=16, epochs=10,
-                           lr=1e-2, cache_dir=str(tmp_path))
+    m = modes.run_transfer(
+        body,
+        "classify",
+        *cls_files,
+        mode="features",
+        classifier="bilstm",
+        head_hidden=16,
+        epochs=10,
+        lr=1e-2,
+        cache_dir=str(tmp_path),
+    )
     assert m["accuracy"] >= 0.85
     for mode in ("frozen", "finetune"):
         with pytest.raises(LmforgeError, match="word2vec models support --mode features"):
@@ -294,11 +330,13 @@ def test_pair_task_plain_and_bert(toy_tok, tmp_path):
     tr = write_jsonl(pair_rows(128, 5), tmp_path / "tr.jsonl")
     te = write_jsonl(pair_rows(64, 6), tmp_path / "te.jsonl")
     # ELMo-like: two means combined as [a, b, |a-b|, a*b]
-    run = modes.TransferRun(make_body(toy_tok, family="elmo"), modes.TransferConfig(task="pair", mode="features"),
-                            ["neg", "pos"])
+    run = modes.TransferRun(
+        make_body(toy_tok, family="elmo"), modes.TransferConfig(task="pair", mode="features"), ["neg", "pos"]
+    )
     assert run.pair_rows and run.build().head.out.in_features == 4 * 32
-    m = modes.run_transfer(make_body(toy_tok, family="elmo"), "pair", tr, te, mode="features", epochs=30,
-                           cache_dir=str(tmp_path / "c"))
+    m = modes.run_transfer(
+        make_body(toy_tok, family="elmo"), "pair", tr, te, mode="features", epochs=30, cache_dir=str(tmp_path / "c")
+    )
     assert m["accuracy"] >= 0.75, m
     m = modes.run_transfer(make_body(toy_tok), "pair", tr, te, mode="finetune", epochs=2)
     assert set(m) >= {"accuracy", "macro_f1"}

@@ -90,8 +90,18 @@ def test_real_reviews_beat_chance(tmp_path):
     torch.manual_seed(0)
     body = Word2Vec(Word2VecConfig(vocab_size=tok.vocab_size, vector_size=32))
     body.tokenizer = tok
-    m = run_transfer(body, "classify", train, test, mode="finetune", from_scratch=True, epochs=6, lr=1e-2,
-                     max_len=64, out_dir=tmp_path / "run")
+    m = run_transfer(
+        body,
+        "classify",
+        train,
+        test,
+        mode="finetune",
+        from_scratch=True,
+        epochs=6,
+        lr=1e-2,
+        max_len=64,
+        out_dir=tmp_path / "run",
+    )
     # measured 0.655 / 0.675 / 0.675 for seeds 0 / 1 / 2 (200 balanced test reviews; chance 0.5)
     assert m["accuracy"] > 0.6, m
 
@@ -107,12 +117,24 @@ def test_learning_curve_files(tmp_path):
     tok = Tokenizer.train(iter(toy_texts()), kind="wordpiece", vocab_size=120, min_frequency=1)
     body = make_body(tok)
     before = {k: v.clone() for k, v in body.state_dict().items()}
-    pool = TaskData("classify", [TextExample(r["text"], None, r["label"]) for r in sentiment_rows(120, 1)],
-                    ["neg", "pos"])
-    test = TaskData("classify", [TextExample(r["text"], None, r["label"]) for r in sentiment_rows(40, 2)],
-                    ["neg", "pos"])
-    res = learning_curve(body, "classify", pool, test, sizes=(20, 60, 500), seeds=(0, 1), out_dir=tmp_path,
-                         min_steps=10, cache_dir=str(tmp_path / "cache"), max_len=16)
+    pool = TaskData(
+        "classify", [TextExample(r["text"], None, r["label"]) for r in sentiment_rows(120, 1)], ["neg", "pos"]
+    )
+    test = TaskData(
+        "classify", [TextExample(r["text"], None, r["label"]) for r in sentiment_rows(40, 2)], ["neg", "pos"]
+    )
+    res = learning_curve(
+        body,
+        "classify",
+        pool,
+        test,
+        sizes=(20, 60, 500),
+        seeds=(0, 1),
+        out_dir=tmp_path,
+        min_steps=10,
+        cache_dir=str(tmp_path / "cache"),
+        max_len=16,
+    )
     assert res["modes"] == ["scratch", "frozen", "features", "finetune"] and res["sizes"] == [20, 60]
     assert len(res["runs"]) == 2 * 2 * 4
     assert all(r["epochs"] >= 5 for r in res["runs"] if r["n"] == 20)  # min_steps 10 at 1 step per epoch

@@ -53,8 +53,15 @@ def tiny_bert(tok, seed=0):
     from lmforge.models.bert import BertConfig, BertForPreTraining
 
     torch.manual_seed(seed)
-    cfg = BertConfig(vocab_size=tok.vocab_size, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
-                     intermediate_size=64, max_position_embeddings=64, max_seq_length=64)
+    cfg = BertConfig(
+        vocab_size=tok.vocab_size,
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        intermediate_size=64,
+        max_position_embeddings=64,
+        max_seq_length=64,
+    )
     m = BertForPreTraining(cfg)
     m.tokenizer = tok
     return m.eval()
@@ -64,8 +71,15 @@ def tiny_gpt(tok, seed=0):
     from lmforge.models.gpt import GPTConfig, GPTLMHeadModel
 
     torch.manual_seed(seed)
-    cfg = GPTConfig(vocab_size=tok.vocab_size, n_positions=64, n_embd=32, n_layer=2, n_head=2,
-                    bos_token_id=tok.eot_id, eos_token_id=tok.eot_id)
+    cfg = GPTConfig(
+        vocab_size=tok.vocab_size,
+        n_positions=64,
+        n_embd=32,
+        n_layer=2,
+        n_head=2,
+        bos_token_id=tok.eot_id,
+        eos_token_id=tok.eot_id,
+    )
     m = GPTLMHeadModel(cfg)
     m.tokenizer = tok
     return m.eval()
@@ -100,11 +114,33 @@ def bert_dir(tmp_path_factory, wordpiece_tokenizer):
 def test_cli_three_modes_and_predict(bert_dir, cls_files, tmp_path, capsys):
     train, test = map(str, cls_files)
     cache = str(tmp_path / "cache")
-    for mode, extra in (("frozen", ["--epochs", "3"]), ("features", ["--epochs", "20"]),
-                        ("finetune", ["--epochs", "12", "--lr", "2e-3", "--layer-lr-decay", "0.9"])):
+    for mode, extra in (
+        ("frozen", ["--epochs", "3"]),
+        ("features", ["--epochs", "20"]),
+        ("finetune", ["--epochs", "12", "--lr", "2e-3", "--layer-lr-decay", "0.9"]),
+    ):
         out = tmp_path / mode
-        rc = main(["finetune", str(bert_dir), "--task", "classify", "--train", train, "--test", test, "--mode", mode,
-                   "--out", str(out), "--cache-dir", cache, "--max-len", "32", *extra])
+        rc = main(
+            [
+                "finetune",
+                str(bert_dir),
+                "--task",
+                "classify",
+                "--train",
+                train,
+                "--test",
+                test,
+                "--mode",
+                mode,
+                "--out",
+                str(out),
+                "--cache-dir",
+                cache,
+                "--max-len",
+                "32",
+                *extra,
+            ]
+        )
         assert rc == 0
         m = json.loads((out / "metrics.json").read_text())
         assert m["mode"] == mode and m["family"] == "bert" and m["n_test"] == 48
@@ -115,13 +151,37 @@ def test_cli_three_modes_and_predict(bert_dir, cls_files, tmp_path, capsys):
     assert json.loads((tmp_path / "finetune" / "metrics.json").read_text())["accuracy"] >= 0.75
     # the features cache is reused by a second run with the same data and settings
     capsys.readouterr()
-    assert main(["finetune", str(bert_dir), "--task", "classify", "--train", train, "--test", test, "--mode",
-                 "features", "--out", str(tmp_path / "features2"), "--cache-dir", cache, "--max-len", "32",
-                 "--epochs", "20"]) == 0
+    assert (
+        main(
+            [
+                "finetune",
+                str(bert_dir),
+                "--task",
+                "classify",
+                "--train",
+                train,
+                "--test",
+                test,
+                "--mode",
+                "features",
+                "--out",
+                str(tmp_path / "features2"),
+                "--cache-dir",
+                cache,
+                "--max-len",
+                "32",
+                "--epochs",
+                "20",
+            ]
+        )
+        == 0
+    )
     log = capsys.readouterr().err  # the CLI logs to stderr
     assert log.count("reusing cached vectors") == 2 and "ran the body" not in log
-    assert (json.loads((tmp_path / "features2" / "metrics.json").read_text())["accuracy"]
-            == json.loads((tmp_path / "features" / "metrics.json").read_text())["accuracy"])
+    assert (
+        json.loads((tmp_path / "features2" / "metrics.json").read_text())["accuracy"]
+        == json.loads((tmp_path / "features" / "metrics.json").read_text())["accuracy"]
+    )
     # predict: one text, and a file; the same answers as the run's own predictions
     capsys.readouterr()
     for mode in ("frozen", "features", "finetune"):
@@ -139,12 +199,40 @@ def test_cli_errors_are_one_line(bert_dir, cls_files, tmp_path, capsys):
     train, test = map(str, cls_files)
     bad = tmp_path / "bad.csv"
     bad.write_text("txt,label\nhello,pos\n")
-    rc = main(["finetune", str(bert_dir), "--task", "classify", "--train", str(bad), "--test", test, "--out",
-               str(tmp_path / "o")])
+    rc = main(
+        [
+            "finetune",
+            str(bert_dir),
+            "--task",
+            "classify",
+            "--train",
+            str(bad),
+            "--test",
+            test,
+            "--out",
+            str(tmp_path / "o"),
+        ]
+    )
     err = capsys.readouterr().err.strip()
     assert rc == 2 and "missing column 'text'" in err and len(err.splitlines()) == 1
-    rc = main(["finetune", str(bert_dir), "--task", "classify", "--train", train, "--test", test, "--out",
-               str(tmp_path / "o"), "--mode", "frozen", "--freeze-layers", "1"])
+    rc = main(
+        [
+            "finetune",
+            str(bert_dir),
+            "--task",
+            "classify",
+            "--train",
+            train,
+            "--test",
+            test,
+            "--out",
+            str(tmp_path / "o"),
+            "--mode",
+            "frozen",
+            "--freeze-layers",
+            "1",
+        ]
+    )
     assert rc == 2 and "--mode finetune only" in capsys.readouterr().err
     assert main(["predict", str(tmp_path), "--text", "x"]) == 2
     assert "not a transfer run folder" in capsys.readouterr().err
@@ -153,8 +241,17 @@ def test_cli_errors_are_one_line(bert_dir, cls_files, tmp_path, capsys):
 def test_bert_freeze_layers_and_lr_decay(wordpiece_tokenizer, cls_files):
     body = tiny_bert(wordpiece_tokenizer)
     before = {k: v.clone() for k, v in body.state_dict().items()}
-    run_transfer(body, "classify", *cls_files, mode="finetune", freeze_layers=1, layer_lr_decay=0.8, epochs=1,
-                 lr=1e-2, max_len=32)
+    run_transfer(
+        body,
+        "classify",
+        *cls_files,
+        mode="finetune",
+        freeze_layers=1,
+        layer_lr_decay=0.8,
+        epochs=1,
+        lr=1e-2,
+        max_len=32,
+    )
     after = body.state_dict()
     frozen = [k for k in before if k.startswith(("bert.embeddings", "bert.encoder.layer.0."))]
     trained = [k for k in before if k.startswith("bert.encoder.layer.1.")]
@@ -168,17 +265,26 @@ def test_gpt_three_modes_and_reload(bpe_tokenizer, cls_files, tmp_path):
     tiny_gpt(bpe_tokenizer).save_pretrained(base_dir, bpe_tokenizer)
     for mode, kw in (("frozen", dict(epochs=2)), ("features", dict(epochs=10)), ("finetune", dict(epochs=8, lr=2e-3))):
         out = tmp_path / f"run_{mode}"
-        m = run_transfer(base_dir, "classify", *cls_files, mode=mode, out_dir=out, cache_dir=str(tmp_path / "c"),
-                         max_len=32, **kw)
+        m = run_transfer(
+            base_dir, "classify", *cls_files, mode=mode, out_dir=out, cache_dir=str(tmp_path / "c"), max_len=32, **kw
+        )
         assert m["family"] == "gpt"
         run = load_run(out)  # the body gets its start / delim / extract tokens again, then the trained weights
         preds = run.predict(TaskData("classify", [TextExample("the python is good")], run.labels))
         saved = [json.loads(line) for line in (out / "predictions.jsonl").read_text().splitlines()]
-        again = run.predict(TaskData("classify", [TextExample(r["text"]) for r in saved[:8]], run.labels),
-                            use_cache=False)
+        again = run.predict(
+            TaskData("classify", [TextExample(r["text"]) for r in saved[:8]], run.labels), use_cache=False
+        )
         assert [p["label"] for p in again] == [r["pred"] for r in saved[:8]]
         assert preds[0]["label"] in ("neg", "pos")
     assert m["accuracy"] >= 0.75  # finetune, the last one
+    # GPT-1's auxiliary LM loss: the same run with lm_weight adds it (the training loss grows by it)
+    kw = dict(mode="finetune", epochs=1, lr=2e-3, max_len=32)
+    plain = run_transfer(tiny_gpt(bpe_tokenizer), "classify", *cls_files, **kw)
+    aux = run_transfer(tiny_gpt(bpe_tokenizer), "classify", *cls_files, lm_weight=0.5, **kw)
+    assert aux["train_loss"] > plain["train_loss"] + 0.5 * 3.0  # an untrained LM loss is about ln(V) > 6
+    with pytest.raises(LmforgeError, match="GPT in --mode finetune only"):
+        run_transfer(tiny_bert(bpe_tokenizer), "classify", *cls_files, lm_weight=0.5)
 
 
 def test_elmo_frozen_features_scalar_mix(wordpiece_tokenizer, cls_files, tmp_path):
@@ -195,8 +301,17 @@ def test_word2vec_features_mean_and_bilstm(wordpiece_tokenizer, cls_files, tmp_p
     body = tiny_word2vec(wordpiece_tokenizer)
     m = run_transfer(body, "classify", *cls_files, mode="features", epochs=30, cache_dir=str(tmp_path))
     assert m["accuracy"] >= 0.75  # mean of (random, fixed) vectors + logistic regression separates the toy words
-    m2 = run_transfer(body, "classify", *cls_files, mode="features", classifier="bilstm", head_hidden=16, epochs=10,
-                      lr=1e-2, cache_dir=str(tmp_path))
+    m2 = run_transfer(
+        body,
+        "classify",
+        *cls_files,
+        mode="features",
+        classifier="bilstm",
+        head_hidden=16,
+        epochs=10,
+        lr=1e-2,
+        cache_dir=str(tmp_path),
+    )
     assert m2["accuracy"] >= 0.75
     for mode in ("frozen", "finetune"):
         with pytest.raises(LmforgeError, match="word2vec models support --mode features"):
@@ -224,12 +339,23 @@ def test_bert_tokens_and_qa(wordpiece_tokenizer, tmp_path):
     for i in range(40):
         name = rng.choice(["moses", "aaron", "david"])
         ctx = f"{' '.join(rng.choice(FILL) for _ in range(3))} was written by {name} in the language"
-        paras.append({"context": ctx, "qas": [{"id": str(i), "question": "who wrote it",
-                                               "answers": [{"text": name, "answer_start": ctx.index(f"by {name}") + 3}]}]})
+        paras.append(
+            {
+                "context": ctx,
+                "qas": [
+                    {
+                        "id": str(i),
+                        "question": "who wrote it",
+                        "answers": [{"text": name, "answer_start": ctx.index(f"by {name}") + 3}],
+                    }
+                ],
+            }
+        )
     squad = tmp_path / "q.json"
     squad.write_text(json.dumps({"data": [{"paragraphs": paras}]}))
-    m = run_transfer(tiny_bert(wordpiece_tokenizer), "qa", squad, squad, mode="finetune", epochs=8, lr=5e-3,
-                     out_dir=tmp_path / "qa")
+    m = run_transfer(
+        tiny_bert(wordpiece_tokenizer), "qa", squad, squad, mode="finetune", epochs=8, lr=5e-3, out_dir=tmp_path / "qa"
+    )
     assert m["exact_match"] >= 0.8
     rec = json.loads((tmp_path / "qa" / "predictions.jsonl").read_text().splitlines()[0])
     assert set(rec) == {"id", "question", "answers", "pred"}

@@ -74,6 +74,13 @@ def register(sub) -> None:
         action="store_true",
         help="finetune a randomly initialised copy of the architecture (the no-pretraining baseline)",
     )
+    p.add_argument(
+        "--lm-weight",
+        type=float,
+        default=0.0,
+        metavar="W",
+        help="GPT finetune: add W x the auxiliary language-modelling loss (GPT-1 used 0.5)",
+    )
     p.add_argument("--cache-dir", default=None, help="features mode: vector cache (default ~/.cache/lmforge/features)")
     p.set_defaults(func=run)
 
@@ -94,6 +101,7 @@ def run(args) -> int:
         "layer_mix": args.layer_mix,
         "from_scratch": args.from_scratch,
         "cache_dir": args.cache_dir,
+        "lm_weight": args.lm_weight,
     }
     metrics = run_transfer(
         args.model_dir, args.task, args.train, args.test, mode=args.mode, out_dir=args.out, **options

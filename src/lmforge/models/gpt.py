@@ -418,15 +418,19 @@ def shift_labels(labels: torch.Tensor) -> torch.Tensor:
 
 
 class _LinearCrossEntropy(torch.autograd.Function):
-    """Mean cross-entropy of ``x @ weight.T`` against ``targets``, a chunk of rows at a time.
+    """Mean cross-entropy of ``x @ weight.T`` against ``targets``, without a separate softmax pass.
 
-    The full (N, V) logits never exist: each chunk's logits are made, turned into their loss and their
-    gradient (softmax - one-hot) and then freed, while they are still in cache.  The loss is a scalar,
-    so the gradients of ``x`` and ``weight`` are known in the forward pass and backward only scales them.
+    Rows go in blocks (all of them when the block's logits fit ``block_scores``): one matmul makes a block's
+    logits, which are then turned in place, a cache-sized chunk at a time, into the loss and the gradient
+    (softmax - one-hot) / n; two more matmuls give the gradients of ``x`` and ``weight``.  The loss is a
+    scalar, so those gradients are known in the forward pass and backward only scales them.  Compared with
+    ``F.cross_entropy(x @ weight.T)`` this skips the log-softmax output, the zero-filled gradient of the
+    NLL loss and the log-softmax backward: each a full pass over the (N, V) logits.
     """
 
     @staticmethod
-    def forward(ctx, x, weight, targets, chunk_rows: int, need_grad: bool):  # x (N, C), weight (V, C), targets (N,)
+    def forward(ctx, x, weight, targets, block_rows: int, chunk_rows: int, need_grad: bool):
+        # x (N, C), weight (V, C), targets (N,)
         N = x.shape[0]
         valid = targets != -100
         safe = targets.clamp(min=0)
@@ -434,22 +438,29 @@ class _LinearCrossEntropy(torch.autograd.Function):
         loss_sum = torch.zeros((), dtype=torch.float32, device=x.device)
         grad_x = torch.empty_like(x) if need_grad else None
         grad_w = torch.zeros(weight.shape, dtype=torch.float32, device=x.device) if need_grad else None
-        for i in range(0, N, chunk_rows):
-            xc, tc, vc = x[i : i + chunk_rows], safe[i : i + chunk_rows, None], valid[i : i + chunk_rows, None]
-            z = (xc @ weight.t()).float()  # (r, V)
-            lse = torch.logsumexp(z, dim=-1, keepdim=True)  # (r, 1)
-            loss_sum += ((lse - z.gather(1, tc)) * vc).sum()
+        for b in range(0, N, block_rows):
+            xb = x[b : b + block_rows]
+            z = xb @ weight.t()  # (r, V) logits of this block
+            if z.dtype != torch.float32:
+                z = z.float()
+            for i in range(0, z.shape[0], chunk_rows):
+                zc = z[i : i + chunk_rows]
+                tc = safe[b + i : b + i + zc.shape[0], None]
+                vc = valid[b + i : b + i + zc.shape[0], None]
+                lse = torch.logsumexp(zc, dim=-1, keepdim=True)  # (r, 1)
+                loss_sum += ((lse - zc.gather(1, tc)) * vc).sum()
+                if need_grad:
+                    zc.sub_(lse).exp_()  # softmax, in place
+                    zc.scatter_add_(1, tc, -vc.to(zc.dtype))  # minus the one-hot of each counted target
+                    if not bool(vc.all()):
+                        zc.mul_(vc)  # ignored rows give no gradient
             if need_grad:
-                p = z.sub_(lse).exp_()  # (r, V): softmax, in place
-                p.scatter_add_(1, tc, -vc.to(p.dtype))  # minus the one-hot of each counted target
-                if not bool(vc.all()):
-                    p.mul_(vc)  # ignored rows get no gradient
-                p = p.to(x.dtype)
-                torch.mm(p, weight.to(x.dtype), out=grad_x[i : i + chunk_rows])  # (r, C)
+                p = z.to(x.dtype)
+                torch.mm(p, weight.to(x.dtype), out=grad_x[b : b + block_rows])  # (r, C)
                 if p.dtype == torch.float32:
-                    grad_w.addmm_(p.t(), xc)  # (V, C)
+                    grad_w.addmm_(p.t(), xb)  # (V, C)
                 else:
-                    grad_w += (p.t() @ xc).float()
+                    grad_w += (p.t() @ xb).float()
         if need_grad:
             scale = 1.0 / max(n_valid, 1)
             ctx.grads = (grad_x.mul_(scale), grad_w.mul_(scale).to(weight.dtype))
@@ -460,33 +471,37 @@ class _LinearCrossEntropy(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad_out):
         if ctx.grads is None:
-            return None, None, None, None, None
+            return None, None, None, None, None, None
         grad_x, grad_w = ctx.grads
         ctx.grads = None
-        return grad_x * grad_out, grad_w * grad_out, None, None, None
+        return grad_x * grad_out, grad_w * grad_out, None, None, None, None
 
 
-def linear_cross_entropy(x: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-    """``F.cross_entropy(x @ weight.T, targets, ignore_index=-100)`` without materialising the logits.
+def linear_cross_entropy(
+    x: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, block_scores: int = 1 << 26
+) -> torch.Tensor:
+    """``F.cross_entropy(x @ weight.T, targets, ignore_index=-100)`` with fewer passes over the logits.
 
-    Same value and gradients as the plain form (to float rounding) but the (N, V) logits are handled in
-    chunks of about 2M scores, which on a CPU saves most of the memory traffic of the LM head.
+    Same value and gradients as the plain form (to float rounding).  At most ``block_scores`` logits
+    (default 64M, 256 MB in fp32) exist at a time, so a large vocabulary times a long batch stays bounded.
 
     Args:
         x: (N, C) final hidden states.
         weight: (V, C) output embedding.
         targets: (N,) target ids, -100 = ignore.
+        block_scores: the most logits held at once.
     Returns:
         Scalar mean loss (fp32); NaN when every target is ignored (as ``F.cross_entropy``).
     """
     V = weight.shape[0]
-    chunk_rows = max(32, (1 << 21) // V)
+    block_rows = max(1, block_scores // V)
+    chunk_rows = max(8, (1 << 19) // V)  # ~2 MB of fp32 scores: the softmax passes stay in cache
     need_grad = torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad)
     if torch.is_autocast_enabled(x.device.type):  # matmuls in the autocast dtype, softmax in fp32
         dt = torch.get_autocast_dtype(x.device.type)
         with torch.autocast(x.device.type, enabled=False):
-            return _LinearCrossEntropy.apply(x.to(dt), weight.to(dt), targets, chunk_rows, need_grad)
-    return _LinearCrossEntropy.apply(x, weight, targets, chunk_rows, need_grad)
+            return _LinearCrossEntropy.apply(x.to(dt), weight.to(dt), targets, block_rows, chunk_rows, need_grad)
+    return _LinearCrossEntropy.apply(x, weight, targets, block_rows, chunk_rows, need_grad)
 
 
 def _need_tokenizer(model: PretrainedModel):

@@ -87,18 +87,35 @@ def init_distributed(device: str = "auto") -> DistEnv:
     return DistEnv(rank=rank, world_size=world_size, local_rank=local_rank, device=dev, owns_group=owns)
 
 
-def wrap_model(model: nn.Module, env: DistEnv) -> nn.Module:
+def wrap_model(model: nn.Module, env: DistEnv, find_unused_parameters: bool = False) -> nn.Module:
     """Wrap ``model`` (already on ``env.device``) in ``DistributedDataParallel`` when distributed.
 
     DDP broadcasts rank 0's parameters at construction, so every rank starts from the same weights,
-    and averages gradients over ranks in ``backward``.
+    and averages gradients over ranks in ``backward``.  ``find_unused_parameters`` is needed when the
+    loss leaves some parameters out (e.g. BERT's NSP head with ``next_sentence=false``); it costs a
+    graph traversal per step, so the Trainer turns it on only when a probe step finds such parameters.
+
+    Buffers are not broadcast: lmforge's buffers are constants every rank builds identically from the
+    config and tokenizer (ELMo's int16 character table, which gloo cannot even broadcast); a model with
+    running statistics (BatchNorm) would keep them per rank, and rank 0's are the ones saved.
     """
     if not env.distributed:
         return model
     from torch.nn.parallel import DistributedDataParallel
 
     ids = [env.device.index] if env.device.type == "cuda" else None
-    return DistributedDataParallel(model, device_ids=ids)
+    return DistributedDataParallel(
+        model, device_ids=ids, find_unused_parameters=find_unused_parameters, broadcast_buffers=False
+    )
+
+
+def any_rank(flag: bool, env: DistEnv) -> bool:
+    """True on every rank when ``flag`` is True on at least one."""
+    if not env.distributed:
+        return flag
+    t = torch.tensor([1 if flag else 0], dtype=torch.int32, device=env.device)
+    dist.all_reduce(t, op=dist.ReduceOp.SUM)
+    return bool(t.item())
 
 
 def all_reduce_sum(t: torch.Tensor, env: DistEnv) -> torch.Tensor:

@@ -39,6 +39,7 @@ from .distributed import (
     DistEnv,
     all_gather_objects,
     all_reduce_sum,
+    any_rank,
     barrier,
     broadcast_flag,
     cleanup,
@@ -135,6 +136,26 @@ def add_perplexities(metrics: dict[str, float]) -> dict[str, float]:
     return out
 
 
+class _LossOnly(nn.Module):
+    """``model(**batch).loss`` as the whole forward output.
+
+    DDP (with ``find_unused_parameters``) walks the autograd graph from every tensor a forward returns;
+    logits that the loss does not use (BERT's NSP head when ``next_sentence=false``) would make their
+    parameters look used and the gradient reduction would wait for them forever.  Returning only the
+    loss avoids that, and the trainer needs nothing else from a training forward.
+    """
+
+    def __init__(self, model: nn.Module):
+        super().__init__()
+        self.model = model
+
+    def forward(self, **batch: Any) -> torch.Tensor:
+        loss = getattr(self.model(**batch), "loss", None)
+        if loss is None:
+            raise LmforgeError("the model returned no loss: does the sampler produce labels?")
+        return loss
+
+
 def _row_seed_seq(seed: int, *path: int) -> np.random.Generator:
     return np.random.default_rng([seed, *path])
 
@@ -181,7 +202,18 @@ class Trainer:
         self.env: DistEnv = init_distributed(config.device)
         self.device = self.env.device
         self.model = model.to(self.device)
-        self.ddp_model = wrap_model(self.model, self.env)
+        unused = self._unused_parameters() if self.env.distributed else []
+        if unused:
+            self._log(
+                logging.INFO,
+                "%d parameter(s) get no gradient from the loss (%s%s): DDP will look for unused parameters",
+                len(unused),
+                ", ".join(unused[:3]),
+                ", ..." if len(unused) > 3 else "",
+            )
+        self.ddp_model = wrap_model(
+            _LossOnly(self.model), self.env, find_unused_parameters=any_rank(bool(unused), self.env)
+        )
         groups, self.param_names = param_groups(self.model, config.weight_decay)
         if not self.param_names:
             raise LmforgeError("the model has no trainable parameters")
@@ -230,6 +262,24 @@ class Trainer:
         self.tokens_seen += int(all_reduce_sum(t, self.env).item())
         self._pending_tokens = 0
 
+    def _unused_parameters(self) -> list[str]:
+        """Names of trainable parameters that one probe forward/backward leaves without a gradient.
+
+        Runs on this rank's first training micro-batch under a forked RNG, then clears the gradients,
+        so the training run itself is unchanged.
+        """
+        devices = [self.device] if self.device.type == "cuda" else []
+        with torch.random.fork_rng(devices=devices):
+            batch = self.sampler.batch(self._rngs("train", 0, self.env.rank * self.config.batch_size), "train")
+            with self._autocast():
+                out = self.model(**self._to_device(batch))
+            if getattr(out, "loss", None) is None:
+                raise LmforgeError("the model returned no loss: does the sampler produce labels?")
+            out.loss.backward()
+        names = [n for n, p in self.model.named_parameters() if p.requires_grad and p.grad is None]
+        self.model.zero_grad(set_to_none=True)
+        return names
+
     # -- one optimizer step ----------------------------------------------------------------------
     def _train_step(self) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Run one optimizer step; returns this process's mean loss (detached) and the grad norm."""
@@ -248,10 +298,7 @@ class Trainer:
             sync = env.distributed and m < accum - 1
             with self.ddp_model.no_sync() if sync else contextlib.nullcontext():
                 with self._autocast():
-                    out = self.ddp_model(**batch)
-                loss = getattr(out, "loss", None)
-                if loss is None:
-                    raise LmforgeError("the model returned no loss: does the sampler produce labels?")
+                    loss = self.ddp_model(**batch)
                 (loss / accum).backward()
             loss_sum += loss.detach().float()
         self._step_lr = self.optimizer.param_groups[0]["lr"]  # the lr this step uses (decayed group's)

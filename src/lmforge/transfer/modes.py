@@ -86,6 +86,8 @@ class TransferConfig:
         weight_decay: AdamW weight decay (L2 for the logistic regression).
         warmup: fraction of the steps with a linear warm-up; the rest decays linearly to zero.
         from_scratch: re-initialise the body from its config (finetune: the no-pretraining baseline).
+        lm_weight: GPT finetune only: weight of GPT-1's auxiliary language-modelling loss on the task's
+            own input sequences (``loss = task_loss + lm_weight * lm_loss``; the paper uses 0.5).
         max_answer_tokens: QA: the longest answer span considered.
         cache_dir: where features mode caches vectors (default ``~/.cache/lmforge/features``).
     """
@@ -107,6 +109,7 @@ class TransferConfig:
     weight_decay: float = 0.01
     warmup: float = 0.1
     from_scratch: bool = False
+    lm_weight: float = 0.0
     max_answer_tokens: int = 30
     cache_dir: str | None = None
 
@@ -164,6 +167,10 @@ def check_supported(family: str, cfg: TransferConfig) -> None:
         raise LmforgeError("--from-scratch trains the whole randomly initialised body: use it with --mode finetune")
     if cfg.mode != "finetune" and (cfg.freeze_layers is not None or cfg.layer_lr_decay is not None):
         raise LmforgeError("--freeze-layers and --layer-lr-decay apply to --mode finetune only")
+    if cfg.lm_weight < 0:
+        raise LmforgeError(f"--lm-weight must be >= 0, got {cfg.lm_weight}")
+    if cfg.lm_weight > 0 and (family != "gpt" or cfg.mode != "finetune"):
+        raise LmforgeError("--lm-weight (the auxiliary LM loss) applies to GPT in --mode finetune only")
     if cfg.head_classifier == "bilstm" and cfg.task == "qa":
         raise LmforgeError("the bilstm classifier serves classify / pair / tokens, not qa")
     if cfg.classifier in ("logreg", "mlp") and cfg.mode != "features":
@@ -194,11 +201,13 @@ class TransferModel(nn.Module):
         """Run the body and cut out what the head reads.
 
         Returns:
-            blocks (B, n, L, C) and their (B, n) row mask.
+            blocks (B, n, L, C) and their (B, n) row mask.  The body's top states (B, T, C) stay in
+            ``self.last_top`` for an auxiliary loss.
         """
         states = self.body.hidden_states(
             batch["input_ids"], attention_mask=batch["attention_mask"], token_type_ids=batch["token_type_ids"]
         )
+        self.last_top = states[-1]
         h = torch.stack([states[i] for i in self.layer_ids], dim=2)  # (B, T, L, C)
         if "mean_segments" in batch:
             segs = batch["mean_segments"]  # (B, S) segment ids, -2 = none
@@ -584,6 +593,8 @@ class TransferRun:
                 logits = self.model.head(blocks, mask)
                 ctx = _context_mask(b_encs, logits.shape[1]) if cfg.task == "qa" else None
                 loss = _loss(cfg.task, logits, y, ctx)
+                if cfg.lm_weight > 0:
+                    loss = loss + cfg.lm_weight * self._lm_loss(b_encs)
                 frac = (step + 1) / warm if step < warm else max(0.0, (total - step) / max(1, total - warm))
                 for g in opt.param_groups:
                     g["lr"] = g["initial_lr"] * frac
@@ -606,6 +617,16 @@ class TransferRun:
             "steps": step,
             "train_seconds": round(time.time() - t0, 2),
         }
+
+    def _lm_loss(self, encs: Sequence[Encoding]) -> torch.Tensor:
+        """GPT-1's auxiliary LM loss: next-token prediction over the batch's own input sequences."""
+        from ..models.gpt import linear_cross_entropy, shift_labels
+
+        top = self.model.last_top  # (B, T, C) of the batch just run
+        ids = collate(encs, self.fmt.pad_id)
+        labels = ids["input_ids"].masked_fill(ids["attention_mask"] == 0, -100)
+        targets = shift_labels(labels).reshape(-1)  # (B*T,)
+        return linear_cross_entropy(top.reshape(-1, top.shape[-1]), self.body.lm_head.weight, targets)
 
     # -- inference -------------------------------------------------------------------------------------
     @torch.no_grad()
