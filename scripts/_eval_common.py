@@ -20,6 +20,13 @@ def parser(description: str, n_train: int, n_test: int) -> argparse.ArgumentPars
     p.add_argument("--epochs", type=int, default=None)
     p.add_argument("--max-len", type=int, default=128)
     p.add_argument("--batch-size", type=int, default=32)
+    p.add_argument(
+        "--finetune-lr",
+        type=float,
+        default=None,
+        help="learning rate of finetune and from-scratch runs (small models want ~1e-3)",
+    )
+    p.add_argument("--finetune-epochs", type=int, default=None, help="epochs of finetune and from-scratch runs")
     return p
 
 
@@ -42,6 +49,7 @@ def run(bench: str, args) -> int:
             epochs=args.epochs,
             max_len=args.max_len,
             batch_size=args.batch_size,
+            mode_options={m: {"lr": args.finetune_lr, "epochs": args.finetune_epochs} for m in ("finetune", "scratch")},
         )
     except LmforgeError as e:
         print(f"error: {e}", file=sys.stderr)

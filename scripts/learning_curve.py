@@ -22,10 +22,13 @@ def main() -> int:
     p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     p.add_argument("--modes", nargs="+", default=None, help="subset of scratch frozen features finetune")
     p.add_argument("--n-test", type=int, default=1000)
+    p.add_argument("--pool", type=int, default=10000, help="labelled examples the training sets are drawn from")
     p.add_argument("--min-steps", type=int, default=100, help="every run trains at least this many steps")
     p.add_argument("--max-len", type=int, default=128)
     p.add_argument("--batch-size", type=int, default=32)
     p.add_argument("--cache-dir", default=None)
+    p.add_argument("--finetune-lr", type=float, default=None, help="lr of finetune and scratch runs")
+    p.add_argument("--finetune-epochs", type=int, default=None, help="epochs of finetune and scratch runs")
     args = p.parse_args()
 
     from lmforge.errors import LmforgeError
@@ -35,7 +38,7 @@ def main() -> int:
 
     setup_logging(logging.INFO)
     try:
-        train, test = load_benchmark(args.bench, max(args.sizes), args.n_test, seed=0)
+        train, test = load_benchmark(args.bench, max(args.pool, max(args.sizes)), args.n_test, seed=0)
         res = learning_curve(
             args.model_dir,
             train.task,
@@ -49,6 +52,7 @@ def main() -> int:
             max_len=args.max_len,
             batch_size=args.batch_size,
             cache_dir=args.cache_dir,
+            mode_options={m: {"lr": args.finetune_lr, "epochs": args.finetune_epochs} for m in ("finetune", "scratch")},
         )
     except LmforgeError as e:
         print(f"error: {e}", file=sys.stderr)

@@ -212,7 +212,7 @@ def test_fused_linear_cross_entropy_matches_plain(with_ignored, block_scores):
     from lmforge.models.gpt import linear_cross_entropy
 
     torch.manual_seed(4)
-    # softmax chunks of 2**19 // 5000 = 104 rows; with the small block_scores, blocks of 300 rows (last short)
+    # softmax chunks of 2**21 // 5000 = 419 rows; with the small block_scores, blocks of 300 rows (last short)
     N, C, Vb = 1000, 16, 5000
     x = torch.randn(N, C, requires_grad=True)
     w = torch.randn(Vb, C, requires_grad=True)

@@ -21,6 +21,13 @@ def gelu(x: torch.Tensor, approximate: str = "none") -> torch.Tensor:
 _ONEDNN_LINEAR = getattr(getattr(torch.ops, "mkldnn", None), "_linear_pointwise", None)
 
 
+def _cpu_autocast() -> bool:
+    try:
+        return torch.is_autocast_enabled("cpu")
+    except TypeError:  # torch < 2.4
+        return torch.is_autocast_cpu_enabled()
+
+
 def _use_onednn(x: torch.Tensor, weight: torch.Tensor) -> bool:
     return (
         _ONEDNN_LINEAR is not None
@@ -29,9 +36,55 @@ def _use_onednn(x: torch.Tensor, weight: torch.Tensor) -> bool:
         and weight.dtype == torch.float32
         and x.numel() >= 64 * x.shape[-1]  # tiny inputs (one decoding step) gain nothing
         and not (torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad))
-        and not torch.is_autocast_enabled("cpu")
+        and not _cpu_autocast()
         and torch.backends.mkldnn.is_available()
     )
+
+
+def _use_onednn_autograd(x: torch.Tensor, weight: torch.Tensor) -> bool:
+    """Training-time twin of :func:`_use_onednn`: fp32 CPU with autograd (GPT engineer's addition)."""
+    return (
+        _ONEDNN_LINEAR is not None
+        and x.device.type == "cpu"
+        and x.dtype == torch.float32
+        and weight.dtype == torch.float32
+        and x.numel() >= 64 * x.shape[-1]
+        and torch.is_grad_enabled()
+        and (x.requires_grad or weight.requires_grad)
+        and not _cpu_autocast()
+        and torch.backends.mkldnn.is_available()
+    )
+
+
+class _OneDNNLinear(torch.autograd.Function):
+    """``F.linear`` whose three matmuls (forward, input grad, weight grad) run on oneDNN (fp32 CPU).
+
+    The same 2x over MKL as the no-grad path, for training: grad_input = grad @ W and
+    grad_weight = grad.T @ x are oneDNN linears too (on transposed views; no activation copies).
+    """
+
+    @staticmethod
+    def forward(ctx, x, weight, bias):
+        shape = x.shape
+        x2 = x.reshape(-1, shape[-1])  # (N, C_in)
+        y = _ONEDNN_LINEAR(x2, weight, bias, "none", [], "")  # (N, C_out)
+        ctx.save_for_backward(x2, weight)
+        ctx.in_shape = shape
+        ctx.has_bias = bias is not None
+        return y.view(*shape[:-1], weight.shape[0])
+
+    @staticmethod
+    def backward(ctx, grad):
+        x2, weight = ctx.saved_tensors
+        g2 = grad.reshape(-1, grad.shape[-1])  # (N, C_out)
+        gx = gw = gb = None
+        if ctx.needs_input_grad[0]:
+            gx = _ONEDNN_LINEAR(g2, weight.t().contiguous(), None, "none", [], "").view(ctx.in_shape)
+        if ctx.needs_input_grad[1]:
+            gw = _ONEDNN_LINEAR(g2.t(), x2.t(), None, "none", [], "")  # (C_out, C_in) = grad.T @ x
+        if ctx.has_bias and ctx.needs_input_grad[2]:
+            gb = g2.sum(0)
+        return gx, gw, gb
 
 
 def linear(
@@ -56,7 +109,10 @@ def linear(
             return _ONEDNN_LINEAR(x, weight, bias, "gelu", [], "tanh" if act == "gelu_tanh" else "none")
         except RuntimeError:  # pragma: no cover - a build without the kernel: fall through
             pass
-    y = F.linear(x, weight, bias)
+    if _use_onednn_autograd(x, weight):
+        y = _OneDNNLinear.apply(x, weight, bias)
+    else:
+        y = F.linear(x, weight, bias)
     if act is None:
         return y
     return F.gelu(y, approximate="tanh" if act == "gelu_tanh" else "none")

@@ -73,6 +73,7 @@ def compare(
     seed: int = 0,
     out_dir: str | Path | None = None,
     with_scratch: bool = True,
+    mode_options: dict[str, dict] | None = None,
     progress: Callable[[str], None] | None = None,
     **options,
 ) -> dict:
@@ -83,6 +84,8 @@ def compare(
         bench: one of :data:`BENCHMARKS`.
         modes: which of frozen / features / finetune to run (default: all the family supports).
         with_scratch: also train each architecture from random init (``finetune --from-scratch``).
+        mode_options: per-mode settings over ``options``, keyed ``frozen`` / ``features`` / ``finetune`` /
+            ``scratch``, e.g. ``{"finetune": {"lr": 1e-3}}`` (small models fine-tune at larger rates).
         out_dir: writes ``results.json``, ``results.md`` and one run folder per (model, mode).
         **options: TransferConfig fields (epochs, lr, max_len, batch_size, ...).
     Returns:
@@ -99,11 +102,10 @@ def compare(
         todo = [m for m in (modes or SUPPORTED[fam]) if m in SUPPORTED[fam]]
         runs = [(m, False) for m in todo] + ([("finetune", True)] if with_scratch else [])
         for mode, scratch in runs:
-            if task == "tokens" and fam == "word2vec" and mode == "finetune" and not scratch:
-                continue
             name = "scratch" if scratch else mode
             out = Path(out_dir) / f"{Path(md).name}-{name}" if out_dir else None
-            opts = {**scratch_defaults(fam), **options} if scratch else options
+            per_mode = {k: v for k, v in (mode_options or {}).get(name, {}).items() if v is not None}
+            opts = {**(scratch_defaults(fam) if scratch else {}), **options, **per_mode}
             m = run_transfer(md, task, train, test, mode=mode, from_scratch=scratch, seed=seed, out_dir=out, **opts)
             row = {**m, "model": str(md), "family": fam, "mode": name}
             rows.append(row)

@@ -113,7 +113,8 @@ def learning_curve(
 
     def config(mode: str, n: int, seed: int) -> TransferConfig:
         real = "finetune" if mode == "scratch" else mode
-        opts = {**(scratch_defaults(family) if mode == "scratch" else {}), **options, **mode_options.get(mode, {})}
+        per_mode = {k: v for k, v in mode_options.get(mode, {}).items() if v is not None}
+        opts = {**(scratch_defaults(family) if mode == "scratch" else {}), **options, **per_mode}
         cfg = TransferConfig(task=task, mode=real, seed=seed, from_scratch=mode == "scratch", **opts)
         steps_per_epoch = math.ceil(n / cfg.batch_size)
         epochs = max(cfg.n_epochs, math.ceil(min_steps / steps_per_epoch))
