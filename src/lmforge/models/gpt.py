@@ -421,11 +421,12 @@ _ONEDNN_LINEAR = getattr(getattr(torch.ops, "mkldnn", None), "_linear_pointwise"
 
 
 def _matmul_t(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    """``a @ b.T`` for 2-D tensors; on fp32 CPU through oneDNN, which runs ~2x MKL's GEMM on AMD CPUs."""
+    """``a @ b.T`` for 2-D tensors; on CPU through oneDNN, whose fp32 GEMM runs ~2x MKL's on AMD CPUs."""
     if (
         _ONEDNN_LINEAR is not None
         and a.device.type == "cpu"
-        and a.dtype == b.dtype == torch.float32
+        and a.dtype == b.dtype
+        and a.dtype in (torch.float32, torch.bfloat16)
         and torch.backends.mkldnn.is_available()
     ):
         try:
@@ -458,36 +459,34 @@ class _LinearCrossEntropy(torch.autograd.Function):
         grad_w = None  # (V, C) fp32, summed over blocks
         for b in range(0, N, block_rows):
             xb, tb, vb = x[b : b + block_rows], safe[b : b + block_rows, None], valid[b : b + block_rows]
-            z = _matmul_t(xb, weight)  # (r, V) logits of this block
-            if z.dtype != torch.float32:
-                z = z.float()
-            target_score = z.gather(1, tb)  # (r, 1)
+            z = _matmul_t(xb, weight)  # (r, V) logits of this block, in the matmul dtype
+            target_score = z.gather(1, tb).float()  # (r, 1)
             lse = torch.empty_like(target_score)  # (r, 1) log-sum-exp of each row
             for i in range(0, z.shape[0], chunk_rows):  # a cache-sized chunk: its passes stay in cache
                 zc = z[i : i + chunk_rows]
-                m = zc.amax(dim=-1, keepdim=True)
-                e = zc.sub_(m).exp_()  # in place: z now holds exp(z - max)
-                total = e.sum(dim=-1, keepdim=True)
+                zf = zc if zc.dtype == torch.float32 else zc.float()  # the softmax is always fp32
+                m = zf.amax(dim=-1, keepdim=True)
+                zf.sub_(m).exp_()  # in place: exp(z - max)
+                total = zf.sum(dim=-1, keepdim=True)
                 lse[i : i + chunk_rows] = m + total.log()
                 if need_grad:
-                    e.div_(total)  # softmax
+                    zf.div_(total)  # softmax
+                    tc, vc = tb[i : i + chunk_rows], vb[i : i + chunk_rows]
+                    zf.scatter_add_(1, tc, torch.full(tc.shape, -1.0, device=zf.device))  # softmax - one-hot
+                    ignored = (~vc).nonzero().squeeze(1)
+                    if ignored.numel():
+                        zf.index_fill_(0, ignored, 0.0)  # ignored rows give no gradient
+                    if zf is not zc:
+                        zc.copy_(zf)
             loss_sum += ((lse - target_score).squeeze(1) * vb).sum()
             if need_grad:
-                z.scatter_add_(1, tb, torch.full_like(target_score, -1.0))  # softmax - one-hot
-                ignored = (~vb).nonzero().squeeze(1)
-                if ignored.numel():
-                    z.index_fill_(0, ignored, 0.0)  # ignored rows give no gradient
-                p = z.to(x.dtype)
+                p = z  # (r, V) gradient of the logits (times n)
                 grad_x[b : b + block_rows] = _matmul_t(p, weight.to(x.dtype).t().contiguous())  # (r, C) = p @ W
-                if grad_w is None:
-                    grad_w = (p.t() @ xb).float()  # (V, C)
-                elif p.dtype == torch.float32:
-                    grad_w.addmm_(p.t(), xb)
-                else:
-                    grad_w += (p.t() @ xb).float()
+                gw = _matmul_t(xb.t(), p.t()).t().float()  # (V, C) = p.T @ x (this order is the fastest on CPU)
+                grad_w = gw if grad_w is None else grad_w.add_(gw)
         if need_grad:
             scale = 1.0 / max(n_valid, 1)
-            ctx.grads = (grad_x.mul_(scale), grad_w.mul_(scale).to(weight.dtype))
+            ctx.grads = (grad_x.mul_(scale), grad_w.mul_(scale).to(weight.dtype).contiguous())
         else:
             ctx.grads = None
         return loss_sum / n_valid if n_valid else loss_sum * float("nan")

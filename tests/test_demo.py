@@ -1,0 +1,170 @@
+"""``lmforge demo``: the step machinery (reuse / rebuild), and the whole quick demo end to end."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import re
+
+import pytest
+import torch
+
+from lmforge import demo as D
+from lmforge.cli import main
+
+
+# -- the step machinery, with toy steps (fast) -------------------------------------------------------------
+def _toy_steps(built: list[str], value: dict) -> list[D.Step]:
+    def a_build(ctx):
+        built.append("a")
+        (ctx.path("a.txt")).write_text(str(value["x"]))
+        return {"file": "a.txt", "x": value["x"]}
+
+    def b_build(ctx):
+        built.append("b")
+        return {"double": 2 * ctx.results["a"]["x"]}
+
+    return [
+        D.Step("a", "make a", lambda ctx: {"x": value["x"]}, a_build, lambda i: f"a={i['x']}",
+               lambda i: [i["file"]]),
+        D.Step("b", "make b", lambda ctx: {"a": ctx.results["a"]["x"]}, b_build, lambda i: f"b={i['double']}"),
+    ]
+
+
+def test_steps_reuse_and_rebuild(tmp_path):
+    built: list[str] = []
+    value = {"x": 3}
+    steps = _toy_steps(built, value)
+    r1 = D.run_demo(tmp_path, steps=steps)
+    assert built == ["a", "b"] and [s.reused for s in r1.steps] == [False, False]
+    assert r1.results["b"]["double"] == 6
+
+    r2 = D.run_demo(tmp_path, steps=steps)  # same inputs, outputs present: nothing is built
+    assert built == ["a", "b"] and all(s.reused for s in r2.steps)
+    assert [s.summary for s in r2.steps] == ["a=3", "b=6"]
+
+    (tmp_path / "a.txt").unlink()  # a lost output is rebuilt; b's inputs are unchanged, so b is reused
+    D.run_demo(tmp_path, steps=steps)
+    assert built == ["a", "b", "a"]
+
+    value["x"] = 4  # changed inputs rebuild the step and everything that depends on its result
+    r4 = D.run_demo(tmp_path, steps=steps)
+    assert built == ["a", "b", "a", "a", "b"] and r4.results["b"]["double"] == 8
+
+    D.run_demo(tmp_path, steps=steps, force=True)
+    assert built[-2:] == ["a", "b"] and len(built) == 7
+
+    state = json.loads((tmp_path / D.STATE_FILE).read_text())
+    assert state["a"]["inputs"] == {"x": 4} and state["b"]["info"]["double"] == 8
+
+
+def test_plans_and_budget():
+    assert D.make_plan().budget == 15 * 60
+    assert D.make_plan(budget="30m").max_time("gpt") == pytest.approx(2 * D.make_plan(budget="15m").max_time("gpt"))
+    assert D.make_plan().max_time("word2vec") is None  # word2vec runs its epochs, no time budget
+    full_time = sum(D.FULL.max_time(f.family) or 0 for f in D.FULL.families)
+    assert full_time <= 0.45 * D.FULL.budget  # pretraining leaves room for the rest of the demo
+    for plan in (D.FULL, D.QUICK):
+        assert [f.family for f in plan.families] == list(D.FAMILY_ORDER)
+        assert set(plan.modes) == {"scratch", "frozen", "features", "finetune"}
+
+
+def test_bad_budget_is_one_line_error(tmp_path, capsys):
+    assert main(["demo", "--budget", "soon", "--out", str(tmp_path / "demo")]) == 2
+    err = capsys.readouterr().err
+    assert "bad duration" in err and "Traceback" not in err and len(err.strip().splitlines()) == 1
+    assert not (tmp_path / "demo").exists()
+
+
+def test_corpus_slice_keeps_every_source_and_python(tmp_path):
+    from lmforge.data.corpus import builtin_corpus_path
+
+    dst = tmp_path / "slice.txt"
+    n = D.write_corpus_slice(builtin_corpus_path(), dst, 100_000)
+    text = dst.read_text(encoding="utf-8")
+    assert n == len(text) and 50_000 < n < 400_000
+    with gzip.open(builtin_corpus_path(), "rt", encoding="utf-8") as f:
+        assert n < len(f.read()) / 5
+    low = text.lower()
+    assert "python" in low  # both senses must be reachable by the tokenizer
+    assert "lord" in low  # the Bible
+    assert "\n\n" in text  # documents kept apart
+
+
+def test_merge_curves():
+    def part(n, score):
+        return {"task": "classify", "metric": "accuracy", "family": "bert", "model_dir": None, "sizes": [n],
+                "seeds": [0], "modes": ["scratch", "features"], "n_test": 10, "seconds": 1.5,
+                "runs": [{"mode": "scratch", "n": n, "seed": 0, "score": score}],
+                "summary": {"scratch": {n: {"mean": score, "std": 0.0, "scores": [score]}},
+                            "features": {n: {"mean": score + 0.1, "std": 0.0, "scores": [score + 0.1]}}}}
+
+    merged = D.merge_curves([part(10, 0.4), part(30, 0.5)])
+    assert merged["sizes"] == [10, 30] and merged["seconds"] == 3.0 and len(merged["runs"]) == 2
+    assert merged["summary"]["features"][30]["mean"] == pytest.approx(0.6)
+    with pytest.raises(D.LmforgeError):
+        D.merge_curves([])
+
+
+# -- the whole quick demo ---------------------------------------------------------------------------------
+_NUM = r"-?\d+\.\d+"
+
+
+def _section(report: str, title: str) -> str:
+    start = report.index(title)
+    nxt = report.find("\n## ", start + len(title))
+    return report[start : nxt if nxt >= 0 else len(report)]
+
+
+@pytest.mark.slow
+def test_quick_demo_end_to_end_then_reused(tmp_path, capsys):
+    torch.manual_seed(0)
+    out = tmp_path / "demo"
+    r1 = D.run_demo(out, quick=True)
+    assert not any(s.reused for s in r1.steps)
+    report = (out / "report.md").read_text(encoding="utf-8")
+
+    # every section, with real numbers
+    pre = _section(report, "## Pretraining")
+    for fam in ("word2vec", "ELMo", "GPT", "BERT"):
+        assert re.search(rf"\| {fam} \| \d+\.\d+M \|", pre), fam
+    assert re.search(rf"MLM acc {_NUM}%, NSP acc {_NUM}%", pre)
+    pol = _section(report, "## Polysemy")
+    assert "| word2vec | word2vec | 1.0000 |" in pol  # a static vector is the same in both sentences
+    ctx_rows = re.findall(rf"\| (ELMo|GPT|BERT) \| (\w+) \| ({_NUM}) \|", pol)
+    assert {m for m, _, _ in ctx_rows} == {"ELMo", "GPT", "BERT"}
+    assert any(float(c) < 0.9999 for _, _, c in ctx_rows)  # some contextual layer tells the two apart
+    assert "### Word in context" in pol and len(re.findall(rf"{_NUM}% \| {_NUM}% \|", pol)) >= 4
+    tr = _section(report, "## Transfer")
+    for mode in ("scratch", "frozen", "features", "finetune"):
+        assert re.search(rf"\| BERT \| {mode} \| {_NUM}% \| {_NUM} \|", tr), mode
+    for fam in ("word2vec", "ELMo", "GPT"):
+        assert re.search(rf"\| {fam} \| features \| {_NUM}% \|", tr), fam
+    cur = _section(report, "## Learning curve")
+    for n in D.QUICK.curve_sizes:
+        assert re.search(rf"\| {n} \| {_NUM}% ± {_NUM}", cur), n
+
+    # the figures the report links exist and are PNGs: 3 training curves, polysemy, learning curve
+    pngs = re.findall(r"!\[[^\]]*\]\(([^)]+\.png)\)", report)
+    assert len(pngs) == 5 and "polysemy.png" in pngs and "curve/curve.png" in pngs
+    for p in pngs:
+        assert (out / p).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n", p
+
+    # the numbers in the report are the recorded ones
+    state = json.loads((out / D.STATE_FILE).read_text())
+    acc = {r["name"]: r["accuracy"] for r in state["transfer"]["info"]["rows"]}
+    assert f"| BERT | finetune | {100 * acc['finetune']:.1f}% |" in tr
+    for m in ("models/word2vec", "models/elmo", "models/gpt", "models/bert"):
+        assert (out / m / "model.safetensors").is_file()
+
+    # a second run (through the CLI) reuses every step: same report, same figures, fast
+    capsys.readouterr()
+    assert main(["demo", "--quick", "--out", str(out)]) == 0
+    printed = capsys.readouterr().out
+    n = len(D.STEPS)
+    assert f"{n} steps ({n} reused)" in printed
+    assert (out / "report.md").read_text(encoding="utf-8") == report
+    for line in r1.highlights:
+        assert line in printed
+    m = re.search(r"demo done in ([\d.]+)s", printed)
+    assert m and float(m.group(1)) < max(20.0, r1.elapsed / 3)
