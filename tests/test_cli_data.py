@@ -125,21 +125,3 @@ def test_real_subprocess_error_has_no_traceback(tmp_path, wordpiece_tokenizer_di
     assert [ln for ln in r.stderr.splitlines() if ln.strip() and "prepare:" in ln] == [
         f"lmforge prepare: error: {bad} line 2: bytes that are not UTF-8 (b'\\xff\\xfe b'); "
         "convert the file to UTF-8 or pass --encoding-errors replace"]
-
-
-def test_demo_builds_then_reuses(tmp_path, monkeypatch, capsys, tiny_corpus):
-    from lmforge import demo
-
-    monkeypatch.setattr("lmforge.data.corpus.builtin_corpus_path", lambda: tiny_corpus)
-    monkeypatch.setattr(demo, "VOCAB_SIZE", {"wordpiece": 300, "bpe": 300})
-    out = tmp_path / "demo"
-    assert main(["demo", "--out", str(out)]) == 0
-    first = capsys.readouterr().out
-    assert "wordpiece tokenizer: 300 tokens" in first and "bpe shards:" in first and "(0 reused)" in first
-    assert main(["demo", "--out", str(out)]) == 0
-    assert "(4 reused)" in capsys.readouterr().out
-    # a damaged shard folder is rebuilt, the rest is reused
-    (out / "shards-bpe" / "meta.json").write_text("{")
-    reports = demo.run_demo(out)
-    assert [r.reused for r in reports] == [True, True, True, False]
-    assert Shards.open(out / "shards-bpe").tokenizer_hash == Tokenizer.load(out / "tokenizer-bpe").hash

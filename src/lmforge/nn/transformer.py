@@ -182,7 +182,8 @@ def attention(
     """
     if q.device.type == "cpu" and q.dtype in (torch.bfloat16, torch.float16) and not _CPU_AMX:
         # without AMX, SDPA's CPU kernels run ~2x slower in bf16 than in fp32 (GPT engineer's addition)
-        y = attention(q.float(), k.float(), v.float(), attn_mask, is_causal, dropout_p)
+        with torch.autocast("cpu", enabled=False):  # else autocast would cast q, k, v straight back
+            y = attention(q.float(), k.float(), v.float(), attn_mask, is_causal, dropout_p)
         return y.to(q.dtype)
     if dropout_p == 0.0 or q.device.type != "cpu":
         return F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal)
