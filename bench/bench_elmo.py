@@ -12,14 +12,15 @@ What is measured:
     is a plain oneDNN LSTM), residual between the layers, both directions' NLL;
   - the plain biLM: ``nn.Embedding`` -> forward ``nn.LSTM(256, 256, num_layers=2)`` and a second one
     over the flipped sequence -> one ``nn.Linear`` softmax, the same two NLLs;
-  - ``ElmoBiLM`` with the char-CNN encoder (widths 1..7, 1024 filters, 2 highway layers), the
-    same LSTMs: the encoder's extra cost;
+  - ``ElmoBiLM`` with the char-CNN encoder (widths 1..7, 1024 filters, 2 highway layers) spelling
+    the pieces of a real WordPiece vocabulary (trained on the built-in corpus), the same LSTMs:
+    the encoder's extra cost;
   - (``--proj``) ``ElmoBiLM`` with projected LSTMs (cell 1024 -> 256): PyTorch runs LSTMs with
     ``proj_size`` on its generic kernel, not oneDNN;
 * MFU = model FLOPs/s / the best fp32 GEMM rate measured here; the FLOPs count the LSTM gate and
   projection matmuls and the softmax, times 3 for training (the char CNN is not counted);
-* word2vec: effective words/s as gensim reports it, skip-gram, on the built-in corpus tokenised by
-  a WordPiece tokenizer trained for the bench (vocab 8192), one worker thread.
+* word2vec: effective words/s as gensim reports it, skip-gram and CBOW, on the built-in corpus
+  tokenised by that WordPiece tokenizer (vocab 8192), one worker thread.
 
 Batches are synthetic Zipf-distributed token ids.
 """
@@ -27,6 +28,7 @@ Batches are synthetic Zipf-distributed token ids.
 from __future__ import annotations
 
 import argparse
+import functools
 import logging
 import math
 import statistics
@@ -38,6 +40,8 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+print = functools.partial(print, flush=True)  # noqa: A001 - progress shows when piped to a file
 
 
 def measure_peak_gflops(n: int = 1024, reps: int = 8) -> float:
@@ -90,25 +94,7 @@ def make_batches(n: int, B: int, T: int, V: int, seed: int = 0) -> list[torch.Te
     return [torch.multinomial(zipf, B * T, replacement=True, generator=g).view(B, T) + 5 for _ in range(n)]
 
 
-class _CharTok:
-    """Spells ids as made-up words so the char CNN sees varied spellings (what the bench needs)."""
-
-    kind = "wordpiece"
-    special_ids: set[int] = set()
-
-    def __init__(self, V: int):
-        self.vocab_size = V
-
-    def id_to_token(self, i: int) -> str:
-        letters = "etaoinshrdlucmfwypvbgkqjxz"
-        s, k = "", i + 1
-        while k:
-            k, r = divmod(k, 26)
-            s += letters[r]
-        return s if i % 3 else "##" + s
-
-
-def bench_lstms(args) -> None:
+def bench_lstms(args, tokenizer) -> None:
     from lmforge.models.elmo import ElmoBiLM, ElmoConfig
 
     V, H, T, B = args.vocab, args.hidden, args.seq, args.batch
@@ -120,7 +106,7 @@ def bench_lstms(args) -> None:
         ),
     }
     char = ElmoBiLM(ElmoConfig(vocab_size=V, token_encoder="char", projection_dim=H, cell_size=H, dropout=0.0))
-    char.set_tokenizer(_CharTok(V))
+    char.set_tokenizer(tokenizer)  # real WordPiece pieces, so spellings have realistic lengths
     models["lmforge ELMo (char-CNN)"] = char
     if args.proj:
         models["lmforge ELMo (word, LSTMP 1024->256)"] = ElmoBiLM(
@@ -168,26 +154,20 @@ def bench_lstms(args) -> None:
         print(f"{name:<38} {med * 1e3:9.1f}ms {tps:9.0f} {mfu:6.2f} {base / med:8.3f}")
 
 
-def bench_word2vec(args) -> None:
+def bench_word2vec(args, tmp: Path) -> None:
     from lmforge.data import builtin_corpus_path
     from lmforge.data.shards import Shards, prepare
     from lmforge.models.word2vec import Word2VecConfig, run_pretraining
-    from lmforge.tokenization import Tokenizer
 
-    logging.getLogger("lmforge").setLevel(logging.WARNING)
-    with tempfile.TemporaryDirectory() as tmp:
-        tmp = Path(tmp)
-        corpus = builtin_corpus_path()
-        Tokenizer.train([corpus], kind="wordpiece", vocab_size=args.vocab).save(tmp / "tok")
-        prepare([corpus], tmp / "tok", tmp / "shards", val_fraction=0.02, workers=1)
-        shards = Shards.open(tmp / "shards")
-        for arch in ("skipgram", "cbow"):
-            cfg = Word2VecConfig(vector_size=100, architecture=arch, epochs=args.w2v_epochs, workers=1, seed=0)
-            r = run_pretraining(shards, shards.tokenizer(), cfg, tmp / f"w2v_{arch}")
-            print(
-                f"word2vec {arch:<8}: {r.val['words_per_sec']:9.0f} effective words/s (gensim, 1 worker), "
-                f"{r.val['raw_words']:.0f} raw words over {args.w2v_epochs} epochs in {r.elapsed:.1f}s"
-            )
+    prepare([builtin_corpus_path()], tmp / "tok", tmp / "shards", val_fraction=0.02, workers=1)
+    shards = Shards.open(tmp / "shards")
+    for arch in ("skipgram", "cbow"):
+        cfg = Word2VecConfig(vector_size=100, architecture=arch, epochs=args.w2v_epochs, workers=1, seed=0)
+        r = run_pretraining(shards, shards.tokenizer(), cfg, tmp / f"w2v_{arch}")
+        print(
+            f"word2vec {arch:<8}: {r.val['words_per_sec']:9.0f} effective words/s (gensim, 1 worker), "
+            f"{r.val['raw_words']:.0f} raw words over {args.w2v_epochs} epochs in {r.elapsed:.1f}s"
+        )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -202,9 +182,17 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--no-w2v", action="store_true", help="skip the word2vec measurement")
     p.add_argument("--w2v-epochs", type=int, default=1)
     args = p.parse_args(argv)
-    bench_lstms(args)
-    if not args.no_w2v:
-        bench_word2vec(args)
+    from lmforge.data import builtin_corpus_path
+    from lmforge.tokenization import Tokenizer
+
+    logging.getLogger("lmforge").setLevel(logging.WARNING)
+    with tempfile.TemporaryDirectory() as tmp:
+        tmp = Path(tmp)
+        tokenizer = Tokenizer.train([builtin_corpus_path()], kind="wordpiece", vocab_size=args.vocab)
+        tokenizer.save(tmp / "tok")
+        bench_lstms(args, tokenizer)
+        if not args.no_w2v:
+            bench_word2vec(args, tmp)
     return 0
 
 

@@ -320,3 +320,18 @@ def test_embed_with_bpe_tokenizer(bpe_tokenizer):
     assert a.layers.shape == (3, len(ids), model.hidden_size)
     (alone,) = model.embed(["Short"])
     torch.testing.assert_close(alone.layers, b.layers, rtol=1e-5, atol=1e-6)
+
+
+def test_char_vector_does_not_depend_on_the_batch():
+    """Trimming the convolved columns to the batch's longest spelling changes no token's vector."""
+    torch.manual_seed(0)
+    model = make_model()
+    enc = model.token_encoder
+    chars = torch.tensor([spell_piece("ab", "wordpiece", 20), spell_piece("abcdefghijklmno", "wordpiece", 20)])
+    alone = enc.encode_chars(chars[:1])
+    together = enc.encode_chars(chars)
+    torch.testing.assert_close(alone[0], together[0], rtol=1e-5, atol=1e-6)
+    # and equals the plain definition: convolve all 20 columns, max over windows, relu
+    x = enc.char_embedding(chars[:1].long()).transpose(1, 2)
+    feats = torch.cat([torch.relu(conv(x)).amax(-1) for conv in enc.convs], -1)
+    torch.testing.assert_close(alone, enc.projection(enc.highway(feats)), rtol=1e-5, atol=1e-6)

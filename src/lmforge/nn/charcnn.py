@@ -169,9 +169,22 @@ class CharCNNEncoder(nn.Module):
         self.token_chars.copy_(char_ids.to(self.token_chars.dtype))
 
     def encode_chars(self, chars: torch.Tensor) -> torch.Tensor:
-        """chars: (N, W) char ids -> (N, output_dim)."""
-        x = self.char_embedding(chars).transpose(1, 2)  # (N, E, W)
-        feats = [F.relu(conv(x)).amax(dim=-1) for conv in self.convs]  # each (N, n_filters)
+        """chars: (N, W) char ids -> (N, output_dim).
+
+        Each filter's feature is ``relu(max over windows)`` (= max of the relu'd windows), the
+        windows being those that touch the spelling plus one all-padding window, whose value is the
+        filter's bias (the padding embedding is zero).  Only the columns up to the longest spelling
+        in ``chars`` plus the widest filter are convolved, so short spellings are not convolved over
+        all 50 columns, and a token's vector does not depend on the other tokens of the batch.
+        """
+        widest = max(conv.kernel_size[0] for conv in self.convs)
+        longest = int((chars != PAD_CHAR).sum(dim=1).max()) if chars.numel() else 0
+        chars = chars[:, : min(chars.shape[1], max(longest + widest - 1, widest))]
+        x = self.char_embedding(chars).transpose(1, 2)  # (N, E, W')
+        feats = []
+        for conv in self.convs:
+            pooled = torch.maximum(conv(x).amax(dim=-1), conv.bias)  # (N, n_filters)
+            feats.append(F.relu(pooled))
         return self.projection(self.highway(torch.cat(feats, dim=-1)))
 
     def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
