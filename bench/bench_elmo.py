@@ -105,9 +105,10 @@ def bench_lstms(args, tokenizer) -> None:
             ElmoConfig(vocab_size=V, token_encoder="word", projection_dim=H, cell_size=H, dropout=0.0)
         ),
     }
-    char = ElmoBiLM(ElmoConfig(vocab_size=V, token_encoder="char", projection_dim=H, cell_size=H, dropout=0.0))
-    char.set_tokenizer(tokenizer)  # real WordPiece pieces, so spellings have realistic lengths
-    models["lmforge ELMo (char-CNN)"] = char
+    if not args.no_char:
+        char = ElmoBiLM(ElmoConfig(vocab_size=V, token_encoder="char", projection_dim=H, cell_size=H, dropout=0.0))
+        char.set_tokenizer(tokenizer)  # real WordPiece pieces, so spellings have realistic lengths
+        models["lmforge ELMo (char-CNN)"] = char
     if args.proj:
         models["lmforge ELMo (word, LSTMP 1024->256)"] = ElmoBiLM(
             ElmoConfig(vocab_size=V, token_encoder="word", projection_dim=H, cell_size=4 * H, dropout=0.0)
@@ -179,6 +180,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--steps", type=int, default=20)
     p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--proj", action="store_true", help="also time projected LSTMs (cell 4x hidden)")
+    p.add_argument("--no-char", action="store_true", help="skip the char-CNN encoder")
     p.add_argument("--no-w2v", action="store_true", help="skip the word2vec measurement")
     p.add_argument("--w2v-epochs", type=int, default=1)
     args = p.parse_args(argv)

@@ -375,6 +375,8 @@ class GPTLMHeadModel(PretrainedModel):
     ):
         """Continue ``input_ids``; see :func:`lmforge.generation.generate` for the arguments.
 
+        ``eos_token_id`` defaults (-1) to the config's end-of-text id; None never stops at a token.
+
         Returns:
             (B, T + n) token ids; with ``output_logits`` the pair ``(ids, logits (B, n, V))``.
         """

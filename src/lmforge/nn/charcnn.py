@@ -183,8 +183,9 @@ class CharCNNEncoder(nn.Module):
         x = self.char_embedding(chars).transpose(1, 2)  # (N, E, W')
         feats = []
         for conv in self.convs:
-            pooled = torch.maximum(conv(x).amax(dim=-1), conv.bias)  # (N, n_filters)
-            feats.append(F.relu(pooled))
+            m = conv(x).max(dim=-1).values  # (N, n_filters); max(): a cheaper backward than amax()
+            # max(m, bias) written as relu(m - bias) + bias: a cheaper backward than torch.maximum
+            feats.append(F.relu(F.relu(m - conv.bias) + conv.bias))
         return self.projection(self.highway(torch.cat(feats, dim=-1)))
 
     def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
