@@ -126,9 +126,14 @@ def _ppl(x: float) -> float:
 
 
 def add_perplexities(metrics: dict[str, float]) -> dict[str, float]:
-    """Add ``ppl = exp(loss)`` and ``<name>_ppl = exp(<name>_loss)`` for every ``*_loss`` key."""
+    """Add ``<name>_ppl = exp(<name>_loss)`` for every ``*_loss`` key, and ``ppl = exp(loss)``.
+
+    ``ppl`` is left out when the model reports two or more ``*_loss`` parts: a loss that is a sum
+    of parts (BERT's MLM + NSP, ELMo's forward + backward NLL) has no perplexity of its own, and
+    the parts' perplexities (``mlm_ppl``, ``lm_ppl``) are the meaningful figures.
+    """
     out = dict(metrics)
-    if "loss" in metrics:
+    if "loss" in metrics and sum(k.endswith("_loss") for k in metrics) < 2:
         out["ppl"] = _ppl(metrics["loss"])
     for k, v in metrics.items():
         if k.endswith("_loss"):
