@@ -244,7 +244,7 @@ CHINESE = [
 
 
 def test_whole_word_masking_chinese():
-    jieba = pytest.importorskip("jieba")
+    import jieba
     chars = sorted({c for s in CHINESE for c in s})
     vocab = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"] + chars
     cid = {c: i for i, c in enumerate(vocab)}
@@ -289,8 +289,6 @@ def test_rejects_bpe_and_single_document():
 
 
 def test_real_wordpiece_shards(request):
-    pytest.importorskip("lmforge.tokenization")
-    pytest.importorskip("lmforge.data.shards")
     from lmforge.data.shards import Shards
 
     shards = Shards.open(request.getfixturevalue("wordpiece_shards"))

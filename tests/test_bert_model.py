@@ -225,7 +225,6 @@ def test_pretraining_setup_requires_wordpiece():
 
 
 def test_pretraining_setup_takes_vocab_from_tokenizer(request):
-    pytest.importorskip("lmforge.data.shards")
     from lmforge.data.shards import Shards
 
     shards = Shards.open(request.getfixturevalue("wordpiece_shards"))
@@ -278,7 +277,6 @@ def test_attention_with_dropout_matches_sdpa_in_expectation():
 
 
 def test_fill_mask_command(tmp_path, request, capsys):
-    pytest.importorskip("lmforge.tokenization")
     from lmforge.cli import main
 
     tok = request.getfixturevalue("wordpiece_tokenizer")

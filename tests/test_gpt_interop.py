@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-
-transformers = pytest.importorskip("transformers")
+import transformers
 
 from lmforge.errors import CheckpointError  # noqa: E402
 from lmforge.interop.gpt2 import export_hf, import_hf  # noqa: E402

