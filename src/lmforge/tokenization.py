@@ -36,7 +36,7 @@ BYTE_ALPHABET = 256
 MODEL_MAX_LENGTH = 1_000_000
 
 
-def _is_cjk(ch: str) -> bool:
+def is_cjk(ch: str) -> bool:
     """The CJK ranges BERT's ``handle_chinese_chars`` isolates (CJK Unified Ideographs and extensions)."""
     cp = ord(ch)
     return (
@@ -56,7 +56,7 @@ def _is_lone_piece(token: str) -> bool:
     if not token.startswith("##") or len(token) != 3:
         return False
     ch = token[2]
-    return _is_cjk(ch) or unicodedata.category(ch).startswith("P")
+    return is_cjk(ch) or unicodedata.category(ch).startswith("P")
 
 
 def _batched(items: Iterable[str], n: int = 1000) -> Iterator[list[str]]:
@@ -420,7 +420,7 @@ def _continuation_alphabet(texts: Iterable[str], normalizer) -> list[str]:
     out: set[str] = set()
     for c in raw:
         for n in normalizer.normalize_str(c):
-            if not n.isspace() and not _is_cjk(n) and not _is_bert_punct(n) and unicodedata.category(n)[0] != "C":
+            if not n.isspace() and not is_cjk(n) and not _is_bert_punct(n) and unicodedata.category(n)[0] != "C":
                 out.add("##" + n)
     return sorted(out)
 

@@ -32,21 +32,11 @@ import numpy as np
 import torch
 
 from ..errors import DataError
+from ..tokenization import is_cjk
 
 logger = logging.getLogger(__name__)
 
 
-def _is_cjk(ch: str) -> bool:
-    """CJK ideographs (the ranges BERT's tokenizer splits into single characters)."""
-    cp = ord(ch)
-    return (
-        0x4E00 <= cp <= 0x9FFF
-        or 0x3400 <= cp <= 0x4DBF
-        or 0x20000 <= cp <= 0x2A6DF
-        or 0x2A700 <= cp <= 0x2CEAF
-        or 0xF900 <= cp <= 0xFAFF
-        or 0x2F800 <= cp <= 0x2FA1F
-    )
 
 
 @dataclasses.dataclass
@@ -125,7 +115,7 @@ class BertPretrainingSampler:
             s = tok.id_to_token(i) or ""
             if s.startswith("##") and len(s) > 2:
                 self._continuation[i] = True
-            elif len(s) == 1 and _is_cjk(s):
+            elif len(s) == 1 and is_cjk(s):
                 self._cjk_char[i] = True
                 self._chars[i] = s
         if self._cjk_char.any():

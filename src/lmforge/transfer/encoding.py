@@ -57,7 +57,10 @@ class Encoding:
     offsets: list[tuple[int, int] | None] = dataclasses.field(default_factory=list)
 
 
-def _is_cjk(ch: str) -> bool:
+
+
+def _written_without_spaces(ch: str) -> bool:
+    """CJK ideographs plus CJK/fullwidth punctuation: Chinese puts no spaces between these."""
     o = ord(ch)
     return 0x2E80 <= o <= 0x9FFF or 0xF900 <= o <= 0xFAFF or 0xFF00 <= o <= 0xFFEF or 0x3000 <= o <= 0x303F
 
@@ -70,7 +73,7 @@ def join_words(words: list[str]) -> tuple[str, list[tuple[int, int]]]:
     """
     parts, spans, pos = [], [], 0
     for i, w in enumerate(words):
-        if i and not (_is_cjk(words[i - 1][-1]) and _is_cjk(w[0])):
+        if i and not (_written_without_spaces(words[i - 1][-1]) and _written_without_spaces(w[0])):
             parts.append(" ")
             pos += 1
         spans.append((pos, pos + len(w)))
