@@ -55,7 +55,11 @@ def test_steps_reuse_and_rebuild(tmp_path):
     assert built[-2:] == ["a", "b"] and len(built) == 7
 
     state = json.loads((tmp_path / D.STATE_FILE).read_text())
-    assert state["a"]["inputs"] == {"x": 4} and state["b"]["info"]["double"] == 8
+    assert state["a"]["inputs"] == {"version": 1, "x": 4} and state["b"]["info"]["double"] == 8
+
+    steps[1].version = 2  # a step whose code changed is rebuilt
+    D.run_demo(tmp_path, steps=steps)
+    assert built[-1] == "b" and len(built) == 8
 
 
 def test_plans_and_budget():

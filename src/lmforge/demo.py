@@ -306,6 +306,7 @@ class Step:
         summary: ``summary(info) -> str``, one line for the terminal.
         outputs: ``outputs(info) -> [paths relative to the demo folder]`` that must exist for a reuse.
         valid: optional deeper check of a recorded output (e.g. the tokenizer's hash).
+        version: part of the inputs; bump it when the step's code changes what it builds.
     """
 
     name: str
@@ -315,6 +316,7 @@ class Step:
     summary: Callable[[dict], str]
     outputs: Callable[[dict], list[str]] = lambda info: []
     valid: Callable[[DemoContext, dict], bool] | None = None
+    version: int = 1
 
     def reusable(self, ctx: DemoContext, inputs: dict) -> dict | None:
         """The recorded info when a previous run built this step from the same inputs, else None."""
@@ -609,8 +611,11 @@ def _polysemy_step() -> Step:
             update(1)
             wic_rows, wic_info = wic_table(models, max_pairs=ctx.plan.wic_pairs)
             update(1)
+        pieces = {label: [word_pieces(m.tokenizer, s, POLYSEMY_WORD) for s in POLYSEMY_SENTENCES]
+                  for label, m in models + ([reference] if reference else [])}
         info = {
             "polysemy": [{"model": r.model, "layer": r.layer, "cosine": r.pairs[(0, 1)]} for r in rows],
+            "pieces": pieces,
             "wic": [dataclasses.asdict(r) for r in wic_rows],
             "wic_info": wic_info,
             "reference": reference[0] if reference else None,
@@ -623,7 +628,18 @@ def _polysemy_step() -> Step:
         return "polysemy: " + "; ".join(_polysemy_highlights(info))
 
     return Step("polysemy", "compare 'python' across contexts and score word-in-context pairs", inputs, build,
-                summary, lambda i: ["polysemy.json", i["plot"]])
+                summary, lambda i: ["polysemy.json", i["plot"]], version=2)
+
+
+def word_pieces(tokenizer, sentence: str, word: str) -> list[str]:
+    """The tokens of ``sentence`` that overlap the first whole-word occurrence of ``word``."""
+    from .evaluate import find_word
+
+    span = find_word(sentence, word)
+    if span is None:
+        return []
+    _, tokens, offsets = tokenizer.encode_with_offsets(sentence)
+    return [t for t, (a, b) in zip(tokens, offsets) if a < span[1] and b > span[0]]
 
 
 def _top_rows(rows: list[dict]) -> dict[str, dict]:
@@ -840,7 +856,7 @@ def _report_step() -> Step:
         return file_sha256(ctx.path(info["path"])) == info["sha256"]
 
     return Step("report", "write report.md", inputs, build, lambda i: f"report: {i['path']}",
-                lambda i: [i["path"]], valid)
+                lambda i: [i["path"]], valid, version=2)
 
 
 def _md_table(head: list[str], rows: list[list[str]]) -> str:
@@ -910,6 +926,12 @@ def render_report(ctx: DemoContext) -> str:
                  "a contextual layer gives less where the contexts differ.\n\n")
     parts.append(_md_table(["model", "layer", "cosine"],
                            [[r["model"], r["layer"], f"{r['cosine']:.4f}"] for r in P["polysemy"]]))
+    differ = {m: p for m, p in P.get("pieces", {}).items() if len(p) == 2 and p[0] != p[1]}
+    if differ:
+        parts.append("\nThe word is not the same token sequence in both sentences for "
+                     + "; ".join(f"{m} ({' + '.join(p[0])} vs {' + '.join(p[1])})" for m, p in differ.items())
+                     + ": byte-level BPE spells a word at the start of a text without the leading space, so "
+                       "even the embedding layer differs there.\n")
     wi = P["wic_info"]
     parts.append(f"\n### Word in context (WordNet)\n\n{wi['dev']} dev / {wi['test']} test pairs over {wi['lemmas']} "
                  "target words, balanced (chance = 50 %): is the target used in the same sense in both sentences? "
@@ -942,6 +964,14 @@ def render_report(ctx: DemoContext) -> str:
                            [[str(n), *[f"{100 * C['summary'][m][str(n)]['mean']:.1f}% ± "
                                        f"{100 * C['summary'][m][str(n)]['std']:.1f}" for m in C["modes"]]]
                             for n in C["sizes"]]))
+    if "scratch" in C["modes"] and len(C["modes"]) > 1:
+        gaps = []
+        for n in C["sizes"]:
+            sc = C["summary"]["scratch"][str(n)]["mean"]
+            best = max((m for m in C["modes"] if m != "scratch"), key=lambda m: C["summary"][m][str(n)]["mean"])
+            b = C["summary"][best][str(n)]["mean"]
+            gaps.append(f"n={n}: {best} {100 * b:.1f}% vs scratch {100 * sc:.1f}% ({100 * (b - sc):+.1f} points)")
+        parts.append("\nBest pretrained mode against scratch: " + "; ".join(gaps) + ".\n")
     parts.append(f"\n![learning curve]({C['plot']})\n")
     # timings
     parts.append("\n## Steps\n\n")
@@ -1085,7 +1115,7 @@ def run_demo(
             on_step(i, len(steps), step)
         logger.debug("demo step %d/%d: %s", i, len(steps), step.name)
         t0 = time.monotonic()
-        inputs = _jsonable(step.inputs(ctx))
+        inputs = _jsonable({"version": step.version, **step.inputs(ctx)})
         info = None if force else step.reusable(ctx, inputs)
         reused = info is not None
         if info is None:
