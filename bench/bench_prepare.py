@@ -116,6 +116,8 @@ def main(argv: list[str] | None = None) -> int:
     from lmforge.data.shards import CHUNK_CHARS
     from lmforge.tokenization import Tokenizer
 
+    if args.workdir is not None:
+        args.workdir.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=args.workdir) as tmpdir:
         tmp = Path(tmpdir)
         tok_dir = Tokenizer.train([builtin_corpus_path()], kind=args.kind, vocab_size=args.vocab_size).save(tmp / "tok")
