@@ -307,3 +307,30 @@ def test_linear_fast_path_matches_f_linear(act):
     xg = x.clone().requires_grad_(True)
     slow = linear(xg, w, b, act)  # autograd: plain F.linear
     assert slow.requires_grad and torch.allclose(slow, ref, atol=1e-6)
+
+
+@pytest.mark.parametrize("path", ["plain", "flash"])
+def test_bf16_attention_matches_fp32_sdpa(path, monkeypatch):
+    """bf16 on CPU: small score tensors take bf16 matmuls with an fp32 softmax, large ones SDPA in fp32."""
+    from lmforge.nn import transformer
+
+    if path == "flash":
+        monkeypatch.setattr(transformer, "_SMALL_SCORES", 0)
+    monkeypatch.setattr(transformer, "_CPU_AMX", False)
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(2, 3, 16, 8) for _ in range(3))
+    mask = torch.ones(2, 1, 1, 16, dtype=torch.bool)
+    mask[1, ..., 11:] = False
+    g = torch.randn(2, 3, 16, 8)
+    for causal in (False, True):
+        m = None if causal else mask
+        qkv = [t.clone().requires_grad_() for t in (q, k, v)]
+        ref = torch.nn.functional.scaled_dot_product_attention(*qkv, attn_mask=m, is_causal=causal)
+        ref.backward(g)
+        low = [t.bfloat16().requires_grad_() for t in (q, k, v)]
+        got = transformer.attention(*low, m, causal, 0.0)
+        assert got.dtype == torch.bfloat16
+        got.backward(g.bfloat16())
+        torch.testing.assert_close(got.float(), ref, atol=3e-2, rtol=3e-2)
+        for a, b in zip(low, qkv):
+            torch.testing.assert_close(a.grad.float(), b.grad, atol=5e-2, rtol=5e-2)

@@ -15,6 +15,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import math
+import threading
 from collections.abc import Callable
 
 import torch
@@ -438,20 +439,60 @@ def _matmul_t(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     return a @ b.t()
 
 
+_SOFTMAX_OUT = getattr(getattr(getattr(torch.ops, "aten", None), "_softmax", None), "out", None)
+
+
+def _softmax_(z: torch.Tensor) -> torch.Tensor:
+    """Softmax over the last dim of a contiguous fp32 ``z``, written over ``z`` (a new tensor would cost
+    its page faults again on every call: a few ms per 8 MB chunk, more than the softmax itself)."""
+    if _SOFTMAX_OUT is not None:
+        try:
+            return _SOFTMAX_OUT(z, -1, False, out=z)
+        except RuntimeError:  # pragma: no cover - a build that refuses the aliased out
+            pass
+    return torch.softmax(z, dim=-1)  # pragma: no cover
+
+
+_WORKSPACE = threading.local()  # per thread: name -> reusable scratch tensor
+
+
+def _workspace(rows: int, cols: int, dtype: torch.dtype, device: torch.device, name: str) -> torch.Tensor:
+    """A (rows, cols) scratch buffer ``name``, kept for later calls with the same width, dtype and device.
+
+    Reusing the buffer saves its page faults on every training step (on CPU a fresh 64 MB buffer costs
+    ~40 ms of faults, as much as a quarter of the LM head's step).  :func:`free_workspace` releases it.
+    """
+    bufs = _WORKSPACE.__dict__
+    buf = bufs.get(name)
+    if buf is None or buf.shape[0] < rows or buf.shape[1] != cols or buf.dtype != dtype or buf.device != device:
+        bufs.pop(name, None)
+        buf = bufs[name] = torch.empty(rows, cols, dtype=dtype, device=device)
+    return buf[:rows]
+
+
+def free_workspace() -> None:
+    """Release the scratch buffers :func:`linear_cross_entropy` keeps between calls (this thread's)."""
+    _WORKSPACE.__dict__.clear()
+
+
 class _LinearCrossEntropy(torch.autograd.Function):
     """Mean cross-entropy of ``x @ weight.T`` against ``targets``, without a separate softmax pass.
 
-    Rows go in blocks (all of them when the block's logits fit ``block_scores``): one matmul makes a block's
-    logits, which are then turned in place, a cache-sized chunk at a time, into the loss and the gradient
-    (softmax - one-hot) / n; two more matmuls give the gradients of ``x`` and ``weight``.  The loss is a
-    scalar, so those gradients are known in the forward pass and backward only scales them.  Compared with
-    ``F.cross_entropy(x @ weight.T)`` this skips the log-softmax output, the zero-filled gradient of the
-    NLL loss and the log-softmax backward: each a full pass over the (N, V) logits.
+    Rows go in blocks of at most ``block_rows`` (all of them when the block's logits fit ``block_scores``),
+    and each block in cache-sized chunks of ``chunk_rows``: one matmul makes a chunk's logits, which are
+    turned in cache into the loss and the gradient (softmax - one-hot) / n and written once into the
+    block's gradient buffer; two more matmuls over the whole block give the gradients of ``x`` and
+    ``weight``.  The loss is a scalar, so those gradients are known in the forward pass and backward only
+    scales them.  Compared with ``F.cross_entropy(x @ weight.T)`` this skips the log-softmax output, the
+    zero-filled gradient of the NLL loss and the log-softmax backward: each a full pass over the (N, V)
+    logits.  Making the logits a chunk at a time also keeps the matmul's output in cache, which on CPU
+    makes it ~1.7x faster than one (N, V) matmul; under bf16 the chunk's fp32 copy stays in cache too.
     """
 
     @staticmethod
-    def forward(ctx, x, weight, targets, block_rows: int, chunk_rows: int, need_grad: bool):
-        # x (N, C), weight (V, C), targets (N,)
+    def forward(ctx, x, master_weight, targets, block_rows: int, chunk_rows: int, need_grad: bool):
+        # x (N, C) in the matmul dtype, master_weight (V, C) in its own dtype (fp32 under autocast), targets (N,)
+        weight = master_weight.to(x.dtype)  # one cast; the weight gradient is returned in master_weight's dtype
         N = x.shape[0]
         valid = targets != -100
         safe = targets.clamp(min=0)
@@ -459,36 +500,37 @@ class _LinearCrossEntropy(torch.autograd.Function):
         loss_sum = torch.zeros((), dtype=torch.float32, device=x.device)
         grad_x = torch.empty_like(x) if need_grad else None
         grad_w = None  # (V, C) fp32, summed over blocks
+        w_t = weight.t().contiguous() if need_grad else None  # (C, V) for grad_x = p @ W
         for b in range(0, N, block_rows):
             xb, tb, vb = x[b : b + block_rows], safe[b : b + block_rows, None], valid[b : b + block_rows]
-            z = _matmul_t(xb, weight)  # (r, V) logits of this block, in the matmul dtype
-            target_score = z.gather(1, tb).float()  # (r, 1)
-            lse = torch.empty_like(target_score)  # (r, 1) log-sum-exp of each row
-            for i in range(0, z.shape[0], chunk_rows):  # a cache-sized chunk: its passes stay in cache
-                zc = z[i : i + chunk_rows]
-                zf = zc if zc.dtype == torch.float32 else zc.float()  # the softmax is always fp32
+            p = _workspace(xb.shape[0], weight.shape[0], x.dtype, x.device, "grad") if need_grad else None  # (r, V)
+            lse = torch.empty(xb.shape[0], 1, dtype=torch.float32, device=x.device)  # log-sum-exp per row
+            target_score = torch.empty_like(lse)
+            for i in range(0, xb.shape[0], chunk_rows):  # a cache-sized chunk: all its passes stay in cache
+                zc = _matmul_t(xb[i : i + chunk_rows], weight)  # (c, V) logits, in the matmul dtype
+                tc = tb[i : i + chunk_rows]
+                zf = zc  # the softmax is always fp32: a bf16 chunk goes through a reused fp32 buffer
+                if zc.dtype != torch.float32:
+                    zf = _workspace(zc.shape[0], zc.shape[1], torch.float32, zc.device, "chunk").copy_(zc)
+                target_score[i : i + chunk_rows] = zf.gather(1, tc)
                 m = zf.amax(dim=-1, keepdim=True)
-                zf.sub_(m).exp_()  # in place: exp(z - max)
-                total = zf.sum(dim=-1, keepdim=True)
-                lse[i : i + chunk_rows] = m + total.log()
+                sm = _softmax_(zf)  # one fused kernel, in place
+                # log-sum-exp = m + log(sum exp(z - m)) = m - log(softmax at the max), which is >= 1/V
+                lse[i : i + chunk_rows] = m - sm.amax(dim=-1, keepdim=True).log()
                 if need_grad:
-                    zf.div_(total)  # softmax
-                    tc, vc = tb[i : i + chunk_rows], vb[i : i + chunk_rows]
-                    zf.scatter_add_(1, tc, torch.full(tc.shape, -1.0, device=zf.device))  # softmax - one-hot
-                    ignored = (~vc).nonzero().squeeze(1)
+                    sm.scatter_add_(1, tc, torch.full(tc.shape, -1.0, device=sm.device))  # softmax - one-hot
+                    ignored = (~vb[i : i + chunk_rows]).nonzero().squeeze(1)
                     if ignored.numel():
-                        zf.index_fill_(0, ignored, 0.0)  # ignored rows give no gradient
-                    if zf is not zc:
-                        zc.copy_(zf)
+                        sm.index_fill_(0, ignored, 0.0)  # ignored rows give no gradient
+                    p[i : i + chunk_rows] = sm
             loss_sum += ((lse - target_score).squeeze(1) * vb).sum()
             if need_grad:
-                p = z  # (r, V) gradient of the logits (times n)
-                grad_x[b : b + block_rows] = _matmul_t(p, weight.to(x.dtype).t().contiguous())  # (r, C) = p @ W
+                grad_x[b : b + block_rows] = _matmul_t(p, w_t)  # (r, C) = p @ W
                 gw = _matmul_t(xb.t(), p.t()).t().float()  # (V, C) = p.T @ x (this order is the fastest on CPU)
                 grad_w = gw if grad_w is None else grad_w.add_(gw)
         if need_grad:
             scale = 1.0 / max(n_valid, 1)
-            ctx.grads = (grad_x.mul_(scale), grad_w.mul_(scale).to(weight.dtype).contiguous())
+            ctx.grads = (grad_x.mul_(scale), grad_w.mul_(scale).to(master_weight.dtype).contiguous())
         else:
             ctx.grads = None
         return loss_sum / n_valid if n_valid else loss_sum * float("nan")
@@ -509,6 +551,8 @@ def linear_cross_entropy(
 
     Same value and gradients as the plain form (to float rounding).  At most ``block_scores`` logits
     (default 64M, 256 MB in fp32) exist at a time, so a large vocabulary times a long batch stays bounded.
+    With gradients, the buffer of the logits' gradient is kept for the next call (no page faults on
+    every step); :func:`free_workspace` releases it.
 
     Args:
         x: (N, C) final hidden states.
@@ -525,7 +569,7 @@ def linear_cross_entropy(
     if torch.is_autocast_enabled(x.device.type):  # matmuls in the autocast dtype, softmax in fp32
         dt = torch.get_autocast_dtype(x.device.type)
         with torch.autocast(x.device.type, enabled=False):
-            return _LinearCrossEntropy.apply(x.to(dt), weight.to(dt), targets, block_rows, chunk_rows, need_grad)
+            return _LinearCrossEntropy.apply(x.to(dt), weight, targets, block_rows, chunk_rows, need_grad)
     return _LinearCrossEntropy.apply(x, weight, targets, block_rows, chunk_rows, need_grad)
 
 
@@ -544,5 +588,6 @@ __all__ = [
     "pretraining_setup",
     "causal_lm_loss",
     "linear_cross_entropy",
+    "free_workspace",
     "shift_labels",
 ]
