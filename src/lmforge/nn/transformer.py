@@ -177,6 +177,9 @@ def attention(
 
     SDPA's fused CPU kernels do not take dropout, so with attention dropout on CPU it falls back to
     its math path with the slow Bernoulli dropout; that case is spelled out here with :func:`dropout`.
+    bf16/fp16 on a CPU without AMX, where SDPA's low-precision kernels run at half their fp32 speed:
+    two bf16 matmuls around an fp32 softmax while the scores are small (``_SMALL_SCORES``), else SDPA
+    in fp32 on upcast inputs; the result is in the inputs' dtype either way.
 
     Args:
         q: (B, nh, T, hs); k, v: (B, nh, T_total, hs).
