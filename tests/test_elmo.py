@@ -332,3 +332,30 @@ def test_char_vector_does_not_depend_on_the_batch():
     x = enc.char_embedding(chars[:1].long()).transpose(1, 2)
     feats = torch.cat([torch.relu(conv(x)).amax(-1) for conv in enc.convs], -1)
     torch.testing.assert_close(alone, enc.projection(enc.highway(feats)), rtol=1e-5, atol=1e-6)
+
+
+def test_token_norm_and_folders_saved_before_it(tmp_path):
+    """The token vectors enter the LSTMs layer-normed; a folder whose config.json predates ``token_norm``
+    loads with the norm off and gives the logits it gave when it was saved."""
+    import json
+
+    from lmforge.utils import save_safetensors
+
+    model = make_model(token_encoder="char")
+    ids = torch.randint(5, V, (2, 9))
+    tok = model.hidden_states(ids)[0][..., : model.config.projection_dim]  # the token layer (one copy)
+    torch.testing.assert_close(tok.mean(-1), torch.zeros(2, 9), atol=1e-5, rtol=0)
+    torch.testing.assert_close(tok.std(-1, unbiased=False), torch.ones(2, 9), atol=1e-3, rtol=0)
+    assert "token_norm.weight" in model.state_dict()
+
+    old = make_model(token_encoder="char", token_norm=False)
+    old.tokenizer = None
+    old.save_pretrained(tmp_path)
+    cfg = json.loads((tmp_path / "config.json").read_text())
+    del cfg["token_norm"]  # as written before the key existed
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    state = {k: v for k, v in old.state_dict().items()}
+    save_safetensors(state, tmp_path / "model.safetensors")
+    loaded = ElmoBiLM.from_pretrained(tmp_path, load_tokenizer=False)
+    assert loaded.config.token_norm is False and loaded.token_norm is None
+    torch.testing.assert_close(loaded(ids).logits, old(ids).logits, rtol=0, atol=0)

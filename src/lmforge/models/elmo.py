@@ -25,11 +25,13 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ..config import from_dict, load_json
 from ..errors import ConfigError, LmforgeError
 from ..nn.charcnn import CharCNNEncoder, vocab_char_ids
 from ..nn.lstm import ResidualLSTMStack
@@ -60,6 +62,10 @@ class ElmoConfig:
         dropout: dropout on the token vectors, between LSTM layers and before the softmax.
         seq_len: length of the training windows the sampler cuts (the LSTMs themselves take any length).
         initializer_range: std of the normal init of the word embedding and the softmax.
+        token_norm: a LayerNorm on the token vectors before the LSTMs (not in the original). Trained
+            with Adam, the char encoder's output otherwise grows one shared direction until every token
+            vector is the same (pairwise cosine 0.9999, norm ~300 after 300 demo steps) and the biLM
+            stalls near unigram perplexity. Model folders saved without this key load with it off.
     """
 
     vocab_size: int = 8192
@@ -74,6 +80,7 @@ class ElmoConfig:
     dropout: float = 0.1
     seq_len: int = 64
     initializer_range: float = 0.02
+    token_norm: bool = True
 
     def __post_init__(self) -> None:
         if self.token_encoder not in ("char", "word"):
@@ -158,6 +165,7 @@ class ElmoBiLM(PretrainedModel):
             )
         else:
             self.token_encoder = nn.Embedding(c.vocab_size, P)
+        self.token_norm = nn.LayerNorm(P) if c.token_norm else None
         self.forward_lstm = ResidualLSTMStack(P, c.cell_size, P, c.num_layers, dropout=c.dropout)
         self.backward_lstm = ResidualLSTMStack(P, c.cell_size, P, c.num_layers, dropout=c.dropout)
         self.dropout = nn.Dropout(c.dropout)
@@ -166,6 +174,15 @@ class ElmoBiLM(PretrainedModel):
         nn.init.zeros_(self.softmax.bias)
         if isinstance(self.token_encoder, nn.Embedding):
             nn.init.normal_(self.token_encoder.weight, std=c.initializer_range)
+
+    @classmethod
+    def config_from_folder(cls, path):
+        """As the base class; a config.json written before ``token_norm`` existed means no norm."""
+        data = load_json(Path(path) / "config.json")
+        if data.get("model_type") == cls.model_type and "token_norm" not in data:
+            data["token_norm"] = False
+            return from_dict(cls.config_class, data, ignore=("model_type",))
+        return super().config_from_folder(path)
 
     # -- setup ---------------------------------------------------------------------------------
     def set_tokenizer(self, tokenizer) -> None:
@@ -207,6 +224,8 @@ class ElmoBiLM(PretrainedModel):
             if bool((lengths == T).all()):
                 lengths = None
         x = self.token_encoder(input_ids)  # (B, T, P)
+        if self.token_norm is not None:
+            x = self.token_norm(x)
         h = self.dropout(x)
         fwd = self.forward_lstm(h)
         if lengths is None:
@@ -295,8 +314,9 @@ class ElmoBiLM(PretrainedModel):
         return layers
 
     def transfer_layers(self) -> list[nn.Module]:
-        """``[token encoder, LSTM layer 1 (both directions), LSTM layer 2 (both directions)]``."""
-        return [self.token_encoder] + [
+        """``[token encoder (+ its norm), LSTM layer 1 (both directions), LSTM layer 2 (both directions)]``."""
+        token = self.token_encoder if self.token_norm is None else nn.ModuleList([self.token_encoder, self.token_norm])
+        return [token] + [
             nn.ModuleList([f, b]) for f, b in zip(self.forward_lstm.layers, self.backward_lstm.layers)
         ]
 
