@@ -173,6 +173,13 @@ def toy_texts() -> list[str]:
     return [" ".join(words)] * 5 + [" ".join(reversed(words))] * 5
 
 
+def toy_tokenizer():
+    """A WordPiece tokenizer of 120 tokens trained on :func:`toy_texts`."""
+    from lmforge.tokenization import Tokenizer
+
+    return Tokenizer.train(iter(toy_texts()), kind="wordpiece", vocab_size=120, min_frequency=1)
+
+
 # ---------------------------------------------------------------------------------------------------
 # tests
 # ---------------------------------------------------------------------------------------------------
@@ -196,9 +203,7 @@ def one_thread():
 
 @pytest.fixture(scope="module")
 def toy_tok():
-    from lmforge.tokenization import Tokenizer
-
-    return Tokenizer.train(iter(toy_texts()), kind="wordpiece", vocab_size=120, min_frequency=1)
+    return toy_tokenizer()
 
 
 @pytest.fixture(scope="module")
@@ -363,7 +368,7 @@ def test_token_labels_first_subtoken_only(toy_tok):
     # [CLS] alice smithsmith(n pieces) paris [SEP]: rows at the first piece of each word
     assert enc.input_ids[0] == toy_tok.cls_id and enc.rows == [1, 2, 2 + n_pieces]
     assert len(enc.input_ids) == 2 + n_pieces + len(toy_tok.encode("paris")) + 1
-    y = modes._targets("tokens", [ex], [enc], run.label_index, run.fmt)
+    y = modes._targets("tokens", [ex], [enc], run.label_index)
     assert y.tolist() == [[0, 1, 2]]  # one label per word; the other pieces are no row, so no label
 
 

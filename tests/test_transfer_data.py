@@ -108,13 +108,12 @@ def test_real_reviews_beat_chance(tmp_path):
 
 # -- learning curve ----------------------------------------------------------------------------------
 def test_learning_curve_files(tmp_path):
-    from test_transfer_core import make_body, sentiment_rows, toy_texts
+    from test_transfer_core import make_body, sentiment_rows, toy_tokenizer
 
-    from lmforge.tokenization import Tokenizer
     from lmforge.transfer import learning_curve
     from lmforge.transfer.tasks import TaskData, TextExample
 
-    tok = Tokenizer.train(iter(toy_texts()), kind="wordpiece", vocab_size=120, min_frequency=1)
+    tok = toy_tokenizer()
     body = make_body(tok)
     before = {k: v.clone() for k, v in body.state_dict().items()}
     pool = TaskData(

@@ -318,6 +318,38 @@ def test_word2vec_features_mean_and_bilstm(wordpiece_tokenizer, cls_files, tmp_p
             run_transfer(body, "classify", *cls_files, mode=mode)
 
 
+def who_wrote_it(path, n: int, rng: random.Random, pre_words: int):
+    """A SQuAD file: 'who wrote it' over '<pre_words filler words> was written by NAME in the language'."""
+    paras = []
+    for i in range(n):
+        name = rng.choice(["moses", "aaron", "david"])
+        ctx = f"{' '.join(rng.choice(FILL) for _ in range(pre_words))} was written by {name} in the language"
+        answer = {"text": name, "answer_start": ctx.index(f"by {name}") + 3}
+        paras.append({"context": ctx, "qas": [{"id": str(i), "question": "who wrote it", "answers": [answer]}]})
+    path.write_text(json.dumps({"data": [{"paragraphs": paras}]}))
+    return path
+
+
+def test_gpt_qa_reads_long_contexts_in_windows(bpe_tokenizer, tmp_path):
+    rng = random.Random(1)
+    train = who_wrote_it(tmp_path / "train.json", 64, rng, 20)
+    test = who_wrote_it(tmp_path / "test.json", 32, rng, 20)
+    # start + question + delim + extract leave about 12 context tokens per input of 20: every answer lies
+    # past the first window, so the answer is found only by reading the later windows
+    from lmforge.transfer.modes import TransferConfig, TransferRun
+    from lmforge.transfer.tasks import load_task
+
+    data = load_task(test, "qa")
+    run = TransferRun(tiny_gpt(bpe_tokenizer), TransferConfig(task="qa", max_len=20), [])
+    encs = run.encode(data)
+    first = {e.example: e for e in reversed(encs)}  # each question's first window
+    assert all(run.fmt.qa_target(first[i], *ex.answers[0][::-1]) is None for i, ex in enumerate(data.examples))
+    m = run_transfer(
+        tiny_gpt(bpe_tokenizer), "qa", train, test, mode="finetune", epochs=10, lr=5e-3, max_len=20, seed=0
+    )
+    assert m["exact_match"] >= 0.8, m
+
+
 def test_bert_tokens_and_qa(wordpiece_tokenizer, tmp_path):
     rng = random.Random(0)
     sents = []
@@ -335,24 +367,7 @@ def test_bert_tokens_and_qa(wordpiece_tokenizer, tmp_path):
     conll.write_text("\n\n".join("\n".join(f"{w} {t}" for w, t in zip(*s)) for s in sents) + "\n")
     m = run_transfer(tiny_bert(wordpiece_tokenizer), "tokens", conll, conll, mode="finetune", epochs=6, lr=5e-3)
     assert m["entity_f1"] > 0.8 and m["token_accuracy"] > 0.9
-    paras = []
-    for i in range(40):
-        name = rng.choice(["moses", "aaron", "david"])
-        ctx = f"{' '.join(rng.choice(FILL) for _ in range(3))} was written by {name} in the language"
-        paras.append(
-            {
-                "context": ctx,
-                "qas": [
-                    {
-                        "id": str(i),
-                        "question": "who wrote it",
-                        "answers": [{"text": name, "answer_start": ctx.index(f"by {name}") + 3}],
-                    }
-                ],
-            }
-        )
-    squad = tmp_path / "q.json"
-    squad.write_text(json.dumps({"data": [{"paragraphs": paras}]}))
+    squad = who_wrote_it(tmp_path / "q.json", 40, rng, 3)
     m = run_transfer(
         tiny_bert(wordpiece_tokenizer), "qa", squad, squad, mode="finetune", epochs=8, lr=5e-3, out_dir=tmp_path / "qa"
     )

@@ -81,6 +81,14 @@ def register(sub) -> None:
         metavar="W",
         help="GPT finetune: add W x the auxiliary language-modelling loss (GPT-1 used 0.5)",
     )
+    p.add_argument(
+        "--doc-stride",
+        type=int,
+        default=None,
+        metavar="N",
+        help="qa: read a context longer than --max-len in windows starting N tokens apart "
+        "(default: half the room after the question; 0 cuts the context instead)",
+    )
     p.add_argument("--cache-dir", default=None, help="features mode: vector cache (default ~/.cache/lmforge/features)")
     p.set_defaults(func=run)
 
@@ -102,6 +110,7 @@ def run(args) -> int:
         "from_scratch": args.from_scratch,
         "cache_dir": args.cache_dir,
         "lm_weight": args.lm_weight,
+        "doc_stride": args.doc_stride,
     }
     metrics = run_transfer(
         args.model_dir, args.task, args.train, args.test, mode=args.mode, out_dir=args.out, **options

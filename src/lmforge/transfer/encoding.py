@@ -14,6 +14,10 @@ positions whose vectors form the head's input (one per word for tagging, every p
 and for a BiLSTM head), or ``mean_segments`` the segments that are mean-pooled.  Token tagging
 labels the first sub-token of each word (other sub-tokens get no label, -100); QA keeps the char
 offsets of the context tokens so a predicted span maps back to context text.
+
+A QA context longer than the room left after the question is read in overlapping windows (the
+sliding window of the original BERT SQuAD recipe): each window is its own :class:`Encoding` with the
+whole question and a slice of the context, consecutive slices starting ``doc_stride`` tokens apart.
 """
 
 from __future__ import annotations
@@ -46,6 +50,8 @@ class Encoding:
             Two words may share a row when one token spans both (e.g. BPE merging across CJK words);
             the row is then labelled by the first of them and predicts both.
         offsets: QA only: per position the (start, end) char span in the context, or None.
+        example: index of the example this encoding belongs to (QA: several windows share one);
+            set by the caller, -1 until then.
     """
 
     input_ids: list[int]
@@ -55,8 +61,7 @@ class Encoding:
     mean_segments: list[int] = dataclasses.field(default_factory=list)
     word_rows: list[int] = dataclasses.field(default_factory=list)
     offsets: list[tuple[int, int] | None] = dataclasses.field(default_factory=list)
-
-
+    example: int = -1
 
 
 def _written_without_spaces(ch: str) -> bool:
@@ -101,9 +106,14 @@ class InputFormat:
         max_len: the most positions an encoding may have, specials included.
         pool: ``"cls"``, ``"last"``, ``"mean"`` or ``"tokens"`` (every token, for a BiLSTM head).
         gpt: for GPT, the input transformation object of ``gpt_inputs`` (adds start/delim/extract).
+        doc_stride: QA: tokens between the starts of consecutive context windows (None: half the
+            context room, so windows overlap by half; 0: one window, the rest of the context is cut;
+            larger than the room: the room, so no context token is skipped).
     """
 
-    def __init__(self, family: str, tokenizer, max_len: int, pool: str | None = None, gpt=None):
+    def __init__(
+        self, family: str, tokenizer, max_len: int, pool: str | None = None, gpt=None, doc_stride: int | None = None
+    ):
         if tokenizer is None:
             raise LmforgeError(f"the {family} model has no tokenizer attached; load it with lmforge.load(model_dir)")
         self.family = family
@@ -123,6 +133,9 @@ class InputFormat:
             for name in ("cls_id", "sep_id"):
                 if getattr(tokenizer, name, None) is None:
                     raise LmforgeError(f"the BERT tokenizer has no {name}; BERT inputs need [CLS] and [SEP]")
+        if doc_stride is not None and doc_stride < 0:
+            raise LmforgeError(f"--doc-stride must be >= 0 (0 = no sliding window), got {doc_stride}")
+        self.doc_stride = doc_stride
         self.n_special = {"bert": 3, "gpt": 3}.get(family, 0)
         if self.max_len < self.n_special + 2:
             raise LmforgeError(f"--max-len {self.max_len} is too short; use at least {self.n_special + 8}")
@@ -228,24 +241,42 @@ class InputFormat:
             enc.rows.append(a_pos[t])
         return enc
 
-    def encode_qa(self, question: str, context: str) -> Encoding:
-        """Question then context; rows are all positions, ``offsets`` maps context positions to chars."""
+    def encode_qa(self, question: str, context: str) -> list[Encoding]:
+        """Question then context, as one or more windows over the context.
+
+        Rows are all positions; ``offsets`` maps each window's context positions to context chars.
+        The question is kept whole when it can be (up to half the room); the context fills the rest,
+        window after window, until a window reaches its end.
+        """
         q, _ = self._pieces(question)
         c, c_off = self._pieces(context)
-        # Keep the question whole when it can be (up to half the room): the context is truncated.
         room = self.max_len - self.n_special
         lq = min(len(q), room // 2)
-        lc = min(len(c), room - lq)
-        ids, types, seg, _q_pos, c_pos = self._assemble(q[:lq], c[:lc])
-        enc = Encoding(ids, types, seg, rows=list(range(len(ids))))
-        enc.offsets = [None] * len(ids)
-        for p, off in zip(c_pos, c_off[:lc]):
-            enc.offsets[p] = off
-        return enc
+        width = room - lq  # context tokens per window
+        stride = width // 2 if self.doc_stride is None else self.doc_stride
+        stride = max(1, min(stride, width))
+        windows = []
+        start = 0
+        while True:
+            piece = c[start : start + width]
+            ids, types, seg, _q_pos, c_pos = self._assemble(q[:lq], piece)
+            enc = Encoding(ids, types, seg, rows=list(range(len(ids))))
+            enc.offsets = [None] * len(ids)
+            for p, off in zip(c_pos, c_off[start : start + width]):
+                enc.offsets[p] = off
+            windows.append(enc)
+            if self.doc_stride == 0 or start + width >= len(c):
+                return windows
+            start += stride
 
     def qa_target(self, enc: Encoding, start_char: int, text: str) -> tuple[int, int] | None:
-        """Token positions (start, end) of an answer span in ``enc``, or None when truncated away."""
-        end_char = start_char + len(text)
+        """Token positions (start, end) of an answer span in ``enc``, or None when it is not wholly inside.
+
+        White space around the answer text does not count; a span that starts before the window's
+        first context token or ends past its last one is not inside.
+        """
+        start_char += len(text) - len(text.lstrip())
+        end_char = start_char + len(text.strip())
         start = end = None
         for p, off in enumerate(enc.offsets):
             if off is None:
@@ -257,7 +288,6 @@ class InputFormat:
                 end = p
         if start is None or end is None or end < start:
             return None
-        last = enc.offsets[end]
-        if last is None or last[1] < end_char:
-            return None  # the span runs past the truncated context
+        if enc.offsets[start][0] > start_char or enc.offsets[end][1] < end_char:
+            return None  # the span begins before this window or runs past it
         return start, end

@@ -36,7 +36,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..config import from_dict, load_json, save_json, to_dict
-from ..errors import CheckpointError, ConfigError, LmforgeError
+from ..errors import CheckpointError, ConfigError, DataError, LmforgeError
 from ..utils import atomic_write_text, file_sha256, load_safetensors, save_safetensors, seed_everything
 from . import metrics as M
 from .encoding import Encoding, InputFormat
@@ -59,7 +59,7 @@ MODE_DEFAULTS = {"frozen": (20, 3e-3), "features": (30, 1e-2), "finetune": (4, 1
 # From-scratch baselines whose architecture wants other settings than fine-tuning a pretrained body:
 # a bag of word vectors starting at zero learns at an embedding-bag rate (fastText uses 0.1-1.0).
 SCRATCH_DEFAULTS: dict[str, dict] = {"word2vec": {"lr": 1e-2, "epochs": 10}}
-CACHE_FORMAT = 1  # bump when what the cache stores changes
+CACHE_FORMAT = 2  # bump when what the cache stores changes (2: QA windows, an owner per row group)
 
 
 @dataclasses.dataclass
@@ -89,6 +89,8 @@ class TransferConfig:
         lm_weight: GPT finetune only: weight of GPT-1's auxiliary language-modelling loss on the task's
             own input sequences (``loss = task_loss + lm_weight * lm_loss``; the paper uses 0.5).
         max_answer_tokens: QA: the longest answer span considered.
+        doc_stride: QA: a context longer than fits is read in windows starting this many tokens apart
+            (default: half the room after the question, so windows overlap by half); 0 cuts it instead.
         cache_dir: where features mode caches vectors (default ``~/.cache/lmforge/features``).
     """
 
@@ -111,6 +113,7 @@ class TransferConfig:
     from_scratch: bool = False
     lm_weight: float = 0.0
     max_answer_tokens: int = 30
+    doc_stride: int | None = None
     cache_dir: str | None = None
 
     def __post_init__(self) -> None:
@@ -132,6 +135,8 @@ class TransferConfig:
             raise ValueError("layer_lr_decay must be in (0, 1]")
         if not 0 <= self.warmup < 1:
             raise ValueError("warmup must be in [0, 1)")
+        if self.doc_stride is not None and self.doc_stride < 0:
+            raise ValueError("doc_stride must be >= 0 (0 = no sliding window)")
 
     # resolved values
     @property
@@ -269,8 +274,8 @@ def collate(encs: Sequence[Encoding], pad_id: int) -> dict[str, torch.Tensor]:
 
 
 # -- labels, loss and decoding per task -----------------------------------------------------------------
-def _targets(task: str, examples: Sequence, encs: Sequence[Encoding], label_index: dict[str, int], fmt):
-    """Training targets for a batch: (B,) classes, (B, n) tags (-100 = none) or (B, 2) QA positions."""
+def _targets(task: str, examples: Sequence, encs: Sequence[Encoding], label_index: dict[str, int]):
+    """Training targets for a batch: (B,) classes or (B, n) tags (-100 = none); QA: see :func:`_qa_targets`."""
     if task in ("classify", "pair"):
         return torch.tensor([label_index[ex.label] for ex in examples], dtype=torch.long)
     if task == "tokens":
@@ -283,13 +288,28 @@ def _targets(task: str, examples: Sequence, encs: Sequence[Encoding], label_inde
                     y[b, r] = label_index[ex.tags[w]]
                     done.add(r)
         return y
+    raise ValueError(f"no batch targets for task {task!r}")
+
+
+def _qa_targets(examples: Sequence, encs: Sequence[Encoding], fmt) -> tuple[torch.Tensor, int]:
+    """(W, 2) start/end positions for every window, and how many examples have their answer in none.
+
+    A window holding the (first) answer points at it; the other windows of that example point at
+    position 0 (BERT's ``[CLS]``: "not in this window"), so that scores compare across windows.
+    An example whose answer no window holds wholly is skipped (-100) in all its windows.
+    """
     y = torch.full((len(encs), 2), -100, dtype=torch.long)
-    for b, (ex, e) in enumerate(zip(examples, encs)):
-        for text, start in ex.answers[:1]:
+    found: set[int] = set()
+    for w, e in enumerate(encs):
+        for text, start in examples[e.example].answers[:1]:
             span = fmt.qa_target(e, start, text)
             if span is not None:
-                y[b, 0], y[b, 1] = span
-    return y
+                y[w, 0], y[w, 1] = span
+                found.add(e.example)
+    for w, e in enumerate(encs):
+        if e.example in found and y[w, 0] < 0:
+            y[w] = 0
+    return y, len({e.example for e in encs} - found)
 
 
 def _context_mask(encs: Sequence[Encoding], n: int) -> torch.Tensor:
@@ -308,15 +328,19 @@ def _loss(task: str, logits: torch.Tensor, y: torch.Tensor, ctx: torch.Tensor | 
         if bool((y == -100).all()):
             return logits.sum() * 0.0
         return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), y.reshape(-1), ignore_index=-100)
-    scores = logits.masked_fill(~ctx[..., None], -1e4)  # (B, n, 2)
+    allowed = ctx.clone()
+    allowed[:, 0] = True  # position 0: "the answer is not in this window"
+    scores = logits.masked_fill(~allowed[..., None], -1e4)  # (B, n, 2)
     keep = y[:, 0] >= 0
     if not bool(keep.any()):
         return logits.sum() * 0.0
     return 0.5 * (F.cross_entropy(scores[keep, :, 0], y[keep, 0]) + F.cross_entropy(scores[keep, :, 1], y[keep, 1]))
 
 
-def _best_span(start: torch.Tensor, end: torch.Tensor, ctx: torch.Tensor, max_len: int) -> tuple[int, int] | None:
-    """Highest start+end score over spans inside the context of at most ``max_len`` tokens."""
+def _best_span(
+    start: torch.Tensor, end: torch.Tensor, ctx: torch.Tensor, max_len: int
+) -> tuple[int, int, float] | None:
+    """(start, end, score) of the highest start+end score over context spans of at most ``max_len`` tokens."""
     if not bool(ctx.any()):
         return None
     s = start.masked_fill(~ctx, -1e9)
@@ -327,7 +351,7 @@ def _best_span(start: torch.Tensor, end: torch.Tensor, ctx: torch.Tensor, max_le
     ok = (i[None, :] >= i[:, None]) & (i[None, :] - i[:, None] < max_len)
     scores = scores.masked_fill(~ok, -1e18)
     flat = int(scores.argmax())
-    return flat // n, flat % n
+    return flat // n, flat % n, float(scores.flatten()[flat])
 
 
 # -- the run ----------------------------------------------------------------------------------------
@@ -353,7 +377,12 @@ class TransferRun:
         if self.family == "gpt":
             gpt = _gpt_format(body)
         self.fmt = InputFormat(
-            self.family, body.tokenizer, cfg.max_len, pool if cfg.task in ("classify", "pair") else None, gpt=gpt
+            self.family,
+            body.tokenizer,
+            cfg.max_len,
+            pool if cfg.task in ("classify", "pair") else None,
+            gpt=gpt,
+            doc_stride=cfg.doc_stride,
         )
         if self.fmt.pool == "tokens" and cfg.task in ("classify", "pair") and cfg.head_classifier != "bilstm":
             raise LmforgeError("--pool tokens feeds every token vector to a BiLSTM: use it with --classifier bilstm")
@@ -396,17 +425,24 @@ class TransferRun:
         return self.model
 
     def encode(self, data: TaskData) -> list[Encoding]:
+        """The body inputs of ``data``: one encoding per example, in order (QA: one per window).
+
+        Each encoding's ``example`` is the index of its example in ``data``.
+        """
         fmt = self.fmt
         out = []
-        for ex in data.examples:
+        for i, ex in enumerate(data.examples):
             if isinstance(ex, TextExample):
-                out.append(fmt.encode_text(ex.text, ex.text_pair))
+                encs = [fmt.encode_text(ex.text, ex.text_pair)]
             elif isinstance(ex, TokensExample):
-                out.append(fmt.encode_words(ex.words))
+                encs = [fmt.encode_words(ex.words)]
             elif isinstance(ex, QAExample):
-                out.append(fmt.encode_qa(ex.question, ex.context))
+                encs = fmt.encode_qa(ex.question, ex.context)
             else:  # pragma: no cover - TaskData holds one of the three
                 raise TypeError(type(ex))
+            for e in encs:
+                e.example = i
+            out.extend(encs)
         return out
 
     # -- body passes --------------------------------------------------------------------------------
@@ -457,6 +493,7 @@ class TransferRun:
             "max_len": self.cfg.max_len,
             "pool": self.fmt.pool,
             "layers": self.model.layer_ids,
+            "doc_stride": self.cfg.doc_stride,
             "tokenizer": getattr(self.body.tokenizer, "hash", None),
         }
         h = hashlib.sha256()
@@ -465,25 +502,30 @@ class TransferRun:
         h.update(json.dumps(settings, sort_keys=True).encode())
         return h.hexdigest()[:32]
 
-    def cached_features(self, data: TaskData, encs: list[Encoding]) -> tuple[torch.Tensor, torch.Tensor]:
-        """Vectors of ``data`` from the cache, or from one body pass that is then cached."""
+    def cached_features(
+        self, data: TaskData, encs: list[Encoding]
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """``(vectors, lengths, owners)`` of ``data``'s encodings (see :class:`_RowStore`) from the cache,
+        or from one body pass that is then cached."""
         cache_dir = Path(self.cfg.cache_dir) if self.cfg.cache_dir else Path.home() / ".cache" / "lmforge" / "features"
         path = cache_dir / f"{self.cache_key(data)}.safetensors"
         if path.is_file():
             try:
                 t = load_safetensors(path)
-                if t["lengths"].shape[0] == len(encs):
-                    logger.info("features: reusing cached vectors %s (%d examples)", path, len(encs))
-                    return t["vectors"], t["lengths"]
+                owners = torch.tensor([e.example for e in encs], dtype=torch.long)
+                if "owners" in t and torch.equal(t["owners"], owners):
+                    logger.info("features: reusing cached vectors %s (%d inputs)", path, len(encs))
+                    return t["vectors"], t["lengths"], t["owners"]
             except CheckpointError:
                 pass
             logger.warning("features: cache file %s is unreadable; recomputing it", path)
         t0 = time.time()
         vectors, lengths = self.extract(encs)
-        meta = {"source": str(data.source), "examples": str(len(encs)), "family": str(self.family)}
-        save_safetensors({"vectors": vectors, "lengths": lengths}, path, metadata=meta)
+        owners = torch.tensor([e.example for e in encs], dtype=torch.long)
+        meta = {"source": str(data.source), "examples": str(len(data)), "family": str(self.family)}
+        save_safetensors({"vectors": vectors, "lengths": lengths, "owners": owners}, path, metadata=meta)
         logger.info("features: ran the body over %d examples in %.1fs; cached to %s", len(encs), time.time() - t0, path)
-        return vectors, lengths
+        return vectors, lengths, owners
 
     # -- training -------------------------------------------------------------------------------------
     def _param_groups(self) -> list[dict]:
@@ -544,20 +586,29 @@ class TransferRun:
             self.build()
         self._freeze()
         encs = self.encode(train)
-        examples = train.examples
+        examples = [train.examples[e.example] for e in encs]  # one per encoding (QA: per window)
         t0 = time.time()
         features = None
         if cfg.mode == "features":
             features = store if store is not None else _RowStore(*self.cached_features(train, encs))
             mean, std = features.stats()
             self.model.head.set_standardization(mean, std)
+        qa_y = None
         if cfg.task == "qa":
-            n_ok = sum(_targets("qa", [ex], [e], {}, self.fmt)[0, 0] >= 0 for ex, e in zip(examples, encs))
-            if n_ok < len(examples):
+            qa_y, n_lost = _qa_targets(train.examples, encs, self.fmt)
+            if len(encs) > len(train):
+                logger.info("qa: %d questions read as %d context windows", len(train), len(encs))
+            if n_lost == len(train):
+                raise DataError(
+                    f"qa: none of the {len(train)} training answers lies inside an input of --max-len "
+                    f"{cfg.max_len}; raise --max-len or leave --doc-stride unset (a sliding window)"
+                )
+            if n_lost:
                 logger.warning(
-                    "qa: %d of %d training answers lie past --max-len %d and are skipped",
-                    len(examples) - int(n_ok),
-                    len(examples),
+                    "qa: %d of %d training answers lie in no window (cut at --max-len %d, or wider than a "
+                    "window) and are skipped",
+                    n_lost,
+                    len(train),
                     cfg.max_len,
                 )
         groups = self._param_groups()
@@ -582,7 +633,7 @@ class TransferRun:
                 idx = order[k : k + cfg.batch_size].tolist()
                 b_encs = [encs[i] for i in idx]
                 b_ex = [examples[i] for i in idx]
-                y = _targets(cfg.task, b_ex, b_encs, self.label_index, self.fmt)
+                y = qa_y[idx] if qa_y is not None else _targets(cfg.task, b_ex, b_encs, self.label_index)
                 if features is not None:
                     blocks, mask = features.batch(idx)
                 elif cfg.mode == "frozen":
@@ -633,7 +684,7 @@ class TransferRun:
     def _logits(
         self, data: TaskData, encs: list[Encoding], use_cache: bool = True, store: _RowStore | None = None
     ) -> list[torch.Tensor]:
-        """Per example: (K,) class scores, (n, K) tag scores or (n, 2) span scores."""
+        """Per encoding: (K,) class scores, (n, K) tag scores or (n, 2) span scores."""
         self.model.eval()
         if self.cfg.mode == "features":
             if store is None:
@@ -667,6 +718,8 @@ class TransferRun:
         """
         encs = self.encode(data)
         logits = self._logits(data, encs, use_cache, store)
+        if self.cfg.task == "qa":
+            return self._qa_answers(data, encs, logits)
         preds = []
         for ex, e, lg in zip(data.examples, encs, logits):
             if self.cfg.task in ("classify", "pair"):
@@ -681,15 +734,19 @@ class TransferRun:
                 row_tags = [self.labels[int(i)] for i in lg.argmax(-1)] if lg.numel() else []
                 tags = [row_tags[r] if 0 <= r < len(row_tags) else "O" for r in e.word_rows]
                 preds.append({"words": ex.words, "tags": tags})
-            else:
-                n = lg.shape[0]
-                ctx = _context_mask([e], n)[0]
-                span = _best_span(lg[:, 0], lg[:, 1], ctx, self.cfg.max_answer_tokens)
-                ans = ""
-                if span is not None:
-                    ans = ex.context[e.offsets[span[0]][0] : e.offsets[span[1]][1]]
-                preds.append({"id": ex.id, "answer": ans})
         return preds
+
+    def _qa_answers(self, data: TaskData, encs: list[Encoding], logits: list[torch.Tensor]) -> list[dict]:
+        """Each question's answer: the best-scoring span over all of its windows."""
+        best: list[tuple[float, str] | None] = [None] * len(data)
+        for e, lg in zip(encs, logits):
+            span = _best_span(lg[:, 0], lg[:, 1], _context_mask([e], lg.shape[0])[0], self.cfg.max_answer_tokens)
+            if span is None:
+                continue
+            s, t, score = span
+            if best[e.example] is None or score > best[e.example][0]:
+                best[e.example] = (score, data.examples[e.example].context[e.offsets[s][0] : e.offsets[t][1]])
+        return [{"id": ex.id, "answer": b[1] if b else ""} for ex, b in zip(data.examples, best)]
 
     def evaluate(self, data: TaskData, store: _RowStore | None = None) -> tuple[dict[str, float], list[dict]]:
         """Task metrics on labelled ``data`` and the prediction records (gold included)."""
@@ -747,11 +804,18 @@ class TransferRun:
 
 
 class _RowStore:
-    """Cached vectors (R, L, C) with per-example row counts, served as padded (B, n, L, C) batches."""
+    """Cached vectors (R, L, C) of N encodings, served as padded (B, n, L, C) batches.
 
-    def __init__(self, vectors: torch.Tensor, lengths: torch.Tensor):
+    Args:
+        vectors: every encoding's rows one after another.
+        lengths: (N,) rows per encoding.
+        owners: (N,) the example each encoding belongs to (QA windows share one; default: its own).
+    """
+
+    def __init__(self, vectors: torch.Tensor, lengths: torch.Tensor, owners: torch.Tensor | None = None):
         self.vectors = vectors.float()
         self.lengths = lengths.long()
+        self.owners = torch.arange(len(self.lengths)) if owners is None else owners.long()
         self.starts = torch.cat([torch.zeros(1, dtype=torch.long), self.lengths.cumsum(0)])
 
     def stats(self) -> tuple[torch.Tensor, torch.Tensor]:
@@ -762,11 +826,18 @@ class _RowStore:
         return self.vectors.mean(0), self.vectors.std(0, unbiased=False)
 
     def subset(self, idx: Sequence[int]) -> _RowStore:
-        """The store of the examples at ``idx`` (in that order)."""
-        parts = [self.vectors[int(self.starts[i]) : int(self.starts[i + 1])] for i in idx]
+        """The store of the examples at ``idx`` (in that order; each with all of its encodings)."""
+        by_owner: dict[int, list[int]] = {}
+        for w, o in enumerate(self.owners.tolist()):
+            by_owner.setdefault(o, []).append(w)
+        windows, owners = [], []
+        for k, i in enumerate(idx):
+            windows += by_owner.get(int(i), [])
+            owners += [k] * len(by_owner.get(int(i), []))
+        parts = [self.vectors[int(self.starts[w]) : int(self.starts[w + 1])] for w in windows]
         L, C = self.vectors.shape[1:]
         vectors = torch.cat(parts) if parts else torch.zeros(0, L, C)
-        return _RowStore(vectors, self.lengths[list(idx)])
+        return _RowStore(vectors, self.lengths[windows], torch.tensor(owners, dtype=torch.long))
 
     def batch(self, idx: Sequence[int]) -> tuple[torch.Tensor, torch.Tensor]:
         n = max(1, max(int(self.lengths[i]) for i in idx))
