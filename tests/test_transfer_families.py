@@ -287,6 +287,74 @@ def test_gpt_three_modes_and_reload(bpe_tokenizer, cls_files, tmp_path):
         run_transfer(tiny_bert(bpe_tokenizer), "classify", *cls_files, lm_weight=0.5)
 
 
+def same_polarity_pairs(n: int, seed: int) -> list[dict]:
+    """Pairs labelled 'same' when both texts have the same polarity: a task symmetric in its two texts."""
+    a, b = rows(n, seed), rows(n, seed + 100)
+    return [
+        {"text": x["text"], "text_pair": y["text"], "label": "same" if x["label"] == y["label"] else "diff"}
+        for x, y in zip(a, b)
+    ]
+
+
+def test_gpt_pair_in_both_orders(bpe_tokenizer, tmp_path):
+    train = tmp_path / "train.jsonl"
+    test = tmp_path / "test.jsonl"
+    for path, n, seed in ((train, 64, 1), (test, 24, 2)):
+        path.write_text("".join(json.dumps(r) + "\n" for r in same_polarity_pairs(n, seed)))
+    base = tmp_path / "gpt"
+    tiny_gpt(bpe_tokenizer).save_pretrained(base, bpe_tokenizer)
+    out = tmp_path / "run"
+    assert (
+        main(
+            [
+                "finetune",
+                str(base),
+                "--task",
+                "pair",
+                "--train",
+                str(train),
+                "--test",
+                str(test),
+                "--out",
+                str(out),
+                "--both-orders",
+                "--epochs",
+                "2",
+                "--lr",
+                "2e-3",
+                "--max-len",
+                "40",
+            ]
+        )
+        == 0
+    )
+    run = load_run(out)
+    assert run.cfg.both_orders and run.fmt.both_orders
+    saved = [json.loads(line) for line in (out / "predictions.jsonl").read_text().splitlines()]
+    fwd = run.predict(TaskData("pair", [TextExample(r["text"], r["text_pair"]) for r in saved], run.labels))
+    rev = run.predict(TaskData("pair", [TextExample(r["text_pair"], r["text"]) for r in saved], run.labels))
+    assert [p["label"] for p in fwd] == [r["pred"] for r in saved]
+    for f, r in zip(fwd, rev):  # the order of the two texts no longer matters
+        assert all(abs(f["probs"][k] - r["probs"][k]) < 1e-5 for k in run.labels)
+    # the head reads the sum of the extract states of start a delim b extract and start b delim a extract
+    enc = run.fmt.encode_text(saved[0]["text"], saved[0]["text_pair"])
+    with torch.no_grad():
+        blocks, _ = run._body_blocks([enc])
+        top = [run.body.hidden_states(torch.tensor([e.input_ids]))[-1][0, -1] for e in (enc, enc.twin)]
+    assert enc.twin.input_ids != enc.input_ids
+    assert torch.allclose(blocks[0, 0, -1], top[0] + top[1], atol=1e-5)
+    # without --both-orders the same pair read the other way round gives other scores
+    run_transfer(base, "pair", train, test, mode="frozen", epochs=2, max_len=40, out_dir=tmp_path / "one")
+    one = load_run(tmp_path / "one")
+    fwd = one.predict(TaskData("pair", [TextExample(r["text"], r["text_pair"]) for r in saved], one.labels))
+    rev = one.predict(TaskData("pair", [TextExample(r["text_pair"], r["text"]) for r in saved], one.labels))
+    assert max(abs(f["probs"]["same"] - r["probs"]["same"]) for f, r in zip(fwd, rev)) > 1e-3
+    with pytest.raises(LmforgeError, match="serves --task pair"):
+        run_transfer(base, "classify", train, test, both_orders=True)
+    with pytest.raises(LmforgeError, match="needs --pool cls"):
+        run_transfer(tiny_elmo(bpe_tokenizer), "pair", train, test, mode="frozen", both_orders=True)
+
+
 def test_elmo_frozen_features_scalar_mix(wordpiece_tokenizer, cls_files, tmp_path):
     body = tiny_elmo(wordpiece_tokenizer)
     m = run_transfer(body, "classify", *cls_files, mode="frozen", epochs=3, max_len=32)

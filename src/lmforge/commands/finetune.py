@@ -89,6 +89,12 @@ def register(sub) -> None:
         help="qa: read a context longer than --max-len in windows starting N tokens apart "
         "(default: half the room after the question; 0 cuts the context instead)",
     )
+    p.add_argument(
+        "--both-orders",
+        action="store_true",
+        help="pair (BERT/GPT): read each pair as (a, b) and (b, a) and add the two read-outs, as GPT-1 did for "
+        "similarity, so the order of the two texts does not matter",
+    )
     p.add_argument("--cache-dir", default=None, help="features mode: vector cache (default ~/.cache/lmforge/features)")
     p.set_defaults(func=run)
 
@@ -111,6 +117,7 @@ def run(args) -> int:
         "cache_dir": args.cache_dir,
         "lm_weight": args.lm_weight,
         "doc_stride": args.doc_stride,
+        "both_orders": args.both_orders,
     }
     metrics = run_transfer(
         args.model_dir, args.task, args.train, args.test, mode=args.mode, out_dir=args.out, **options

@@ -52,6 +52,8 @@ class Encoding:
         offsets: QA only: per position the (start, end) char span in the context, or None.
         example: index of the example this encoding belongs to (QA: several windows share one);
             set by the caller, -1 until then.
+        twin: a pair read in both orders: the encoding of the swapped pair, whose read-out is added
+            to this one's (GPT-1's similarity); None otherwise.
     """
 
     input_ids: list[int]
@@ -62,6 +64,7 @@ class Encoding:
     word_rows: list[int] = dataclasses.field(default_factory=list)
     offsets: list[tuple[int, int] | None] = dataclasses.field(default_factory=list)
     example: int = -1
+    twin: Encoding | None = None
 
 
 def _written_without_spaces(ch: str) -> bool:
@@ -109,10 +112,19 @@ class InputFormat:
         doc_stride: QA: tokens between the starts of consecutive context windows (None: half the
             context room, so windows overlap by half; 0: one window, the rest of the context is cut;
             larger than the room: the room, so no context token is skipped).
+        both_orders: pairs: also encode ``(text_pair, text)`` as the ``twin`` of ``(text, text_pair)``;
+            needs a one-position read-out (``cls`` or ``last``).
     """
 
     def __init__(
-        self, family: str, tokenizer, max_len: int, pool: str | None = None, gpt=None, doc_stride: int | None = None
+        self,
+        family: str,
+        tokenizer,
+        max_len: int,
+        pool: str | None = None,
+        gpt=None,
+        doc_stride: int | None = None,
+        both_orders: bool = False,
     ):
         if tokenizer is None:
             raise LmforgeError(f"the {family} model has no tokenizer attached; load it with lmforge.load(model_dir)")
@@ -136,6 +148,12 @@ class InputFormat:
         if doc_stride is not None and doc_stride < 0:
             raise LmforgeError(f"--doc-stride must be >= 0 (0 = no sliding window), got {doc_stride}")
         self.doc_stride = doc_stride
+        if both_orders and self.pool not in ("cls", "last"):
+            raise LmforgeError(
+                f"--both-orders adds the read-outs of the two orders of a pair, which needs --pool cls (BERT) "
+                f"or last (GPT); this {family} run reads '{self.pool}'"
+            )
+        self.both_orders = both_orders
         self.n_special = {"bert": 3, "gpt": 3}.get(family, 0)
         if self.max_len < self.n_special + 2:
             raise LmforgeError(f"--max-len {self.max_len} is too short; use at least {self.n_special + 8}")
@@ -199,7 +217,16 @@ class InputFormat:
 
     # -- the three kinds of examples ---------------------------------------------------------------
     def encode_text(self, text: str, text_pair: str | None = None) -> Encoding:
-        """A sentence or a sentence pair, read as one vector (or two means for plain pairs)."""
+        """A sentence or a sentence pair, read as one vector (or two means for plain pairs).
+
+        With ``both_orders``, a pair's encoding carries the swapped pair as its ``twin``.
+        """
+        enc = self._encode_text(text, text_pair)
+        if self.both_orders and text_pair is not None:
+            enc.twin = self._encode_text(text_pair, text)
+        return enc
+
+    def _encode_text(self, text: str, text_pair: str | None) -> Encoding:
         a, _ = self._pieces(text)
         b = self._pieces(text_pair)[0] if text_pair is not None else None
         la, lb = self._budget(len(a), len(b) if b is not None else None)

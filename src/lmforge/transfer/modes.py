@@ -91,6 +91,8 @@ class TransferConfig:
         max_answer_tokens: QA: the longest answer span considered.
         doc_stride: QA: a context longer than fits is read in windows starting this many tokens apart
             (default: half the room after the question, so windows overlap by half); 0 cuts it instead.
+        both_orders: pair: read each pair in both orders and add the two read-outs (GPT-1's similarity
+            tasks; BERT or GPT), so the prediction does not depend on which text comes first.
         cache_dir: where features mode caches vectors (default ``~/.cache/lmforge/features``).
     """
 
@@ -114,6 +116,7 @@ class TransferConfig:
     lm_weight: float = 0.0
     max_answer_tokens: int = 30
     doc_stride: int | None = None
+    both_orders: bool = False
     cache_dir: str | None = None
 
     def __post_init__(self) -> None:
@@ -176,6 +179,8 @@ def check_supported(family: str, cfg: TransferConfig) -> None:
         raise LmforgeError(f"--lm-weight must be >= 0, got {cfg.lm_weight}")
     if cfg.lm_weight > 0 and (family != "gpt" or cfg.mode != "finetune"):
         raise LmforgeError("--lm-weight (the auxiliary LM loss) applies to GPT in --mode finetune only")
+    if cfg.both_orders and cfg.task != "pair":
+        raise LmforgeError(f"--both-orders reads a pair in both orders: it serves --task pair, not {cfg.task}")
     if cfg.head_classifier == "bilstm" and cfg.task == "qa":
         raise LmforgeError("the bilstm classifier serves classify / pair / tokens, not qa")
     if cfg.classifier in ("logreg", "mlp") and cfg.mode != "features":
@@ -354,6 +359,14 @@ def _best_span(
     return flat // n, flat % n, float(scores.flatten()[flat])
 
 
+def _with_twins(encs: Sequence[Encoding]) -> list[Encoding]:
+    """``encs`` followed by their twins (pairs read in both orders), or ``encs`` when none has one."""
+    twins = [e.twin for e in encs if e.twin is not None]
+    if twins and len(twins) != len(encs):  # pragma: no cover - a pair task gives every example a twin
+        raise ValueError("a batch mixes pairs read in both orders with single inputs")
+    return [*encs, *twins]
+
+
 # -- the run ----------------------------------------------------------------------------------------
 class TransferRun:
     """One transfer setup: body, config, labels, input format and head.
@@ -383,6 +396,7 @@ class TransferRun:
             pool if cfg.task in ("classify", "pair") else None,
             gpt=gpt,
             doc_stride=cfg.doc_stride,
+            both_orders=cfg.both_orders,
         )
         if self.fmt.pool == "tokens" and cfg.task in ("classify", "pair") and cfg.head_classifier != "bilstm":
             raise LmforgeError("--pool tokens feeds every token vector to a BiLSTM: use it with --classifier bilstm")
@@ -447,8 +461,13 @@ class TransferRun:
 
     # -- body passes --------------------------------------------------------------------------------
     def _body_blocks(self, encs: Sequence[Encoding]) -> tuple[torch.Tensor, torch.Tensor]:
-        batch = collate(encs, self.fmt.pad_id)
-        return self.model.blocks(batch)
+        """The head's input for ``encs``; pairs read in both orders get their twin's read-out added."""
+        seqs = _with_twins(encs)
+        blocks, mask = self.model.blocks(collate(seqs, self.fmt.pad_id))
+        if len(seqs) > len(encs):
+            B = len(encs)
+            return blocks[:B] + blocks[B:], mask[:B]
+        return blocks, mask
 
     @torch.no_grad()
     def extract(self, encs: list[Encoding]) -> tuple[torch.Tensor, torch.Tensor]:
@@ -494,6 +513,7 @@ class TransferRun:
             "pool": self.fmt.pool,
             "layers": self.model.layer_ids,
             "doc_stride": self.cfg.doc_stride,
+            "both_orders": self.cfg.both_orders,
             "tokenizer": getattr(self.body.tokenizer, "hash", None),
         }
         h = hashlib.sha256()
@@ -673,8 +693,8 @@ class TransferRun:
         """GPT-1's auxiliary LM loss: next-token prediction over the batch's own input sequences."""
         from ..models.gpt import linear_cross_entropy, shift_labels
 
-        top = self.model.last_top  # (B, T, C) of the batch just run
-        ids = collate(encs, self.fmt.pad_id)
+        top = self.model.last_top  # (B, T, C) of the batch just run (twins included)
+        ids = collate(_with_twins(encs), self.fmt.pad_id)
         labels = ids["input_ids"].masked_fill(ids["attention_mask"] == 0, -100)
         targets = shift_labels(labels).reshape(-1)  # (B*T,)
         return linear_cross_entropy(top.reshape(-1, top.shape[-1]), self.body.lm_head.weight, targets)
