@@ -16,8 +16,9 @@ def register(sub) -> None:
     p.add_argument(
         "--task",
         required=True,
-        choices=["classify", "pair", "tokens", "qa"],
-        help="classify/pair: CSV or JSONL with text[,text_pair],label; tokens: CoNLL; qa: SQuAD JSON",
+        choices=["classify", "pair", "tokens", "qa", "choice"],
+        help="classify/pair: CSV or JSONL with text[,text_pair],label; tokens: CoNLL; qa: SQuAD JSON; "
+        "choice: JSONL with context, choices (a list), label (the right choice's index)",
     )
     p.add_argument("--train", required=True, help="training data file")
     p.add_argument("--test", required=True, help="test data file (labelled, same format)")

@@ -32,7 +32,7 @@ from .tasks import TaskData, check_labels, is_bio, load_task
 logger = logging.getLogger(__name__)
 
 CURVE_MODES = ("scratch", "frozen", "features", "finetune")
-MAIN_METRIC = {"classify": "accuracy", "pair": "accuracy", "tokens": "entity_f1", "qa": "f1"}
+MAIN_METRIC = {"classify": "accuracy", "pair": "accuracy", "tokens": "entity_f1", "qa": "f1", "choice": "accuracy"}
 
 
 def main_metric(data: TaskData) -> str:
@@ -72,7 +72,7 @@ def learning_curve(
 
     Args:
         model: a model folder or a loaded body (contract 7, with ``.tokenizer``).
-        task: ``classify``, ``pair``, ``tokens`` or ``qa``.
+        task: ``classify``, ``pair``, ``tokens``, ``qa`` or ``choice``.
         train: the pool that the training sets are drawn from; test: scored in full.
         sizes: training-set sizes (sizes larger than the pool are skipped, with a warning).
         seeds: one draw and one training seed each.

@@ -13,6 +13,7 @@ BiLSTM head) and ``L`` layers of the body, with a ``(B, n)`` mask of real rows. 
 | task | output | shape |
 |---|---|---|
 | classify / pair | class scores from the pooled vector (plain pairs: ``[a, b, |a-b|, a*b]``) | (B, K) |
+| choice | one score for each (context, choice) input, read as a pair (K = 1) | (B, 1) |
 | tokens | tag scores of each word | (B, n, K) |
 | qa | start and end scores of each position | (B, n, 2) |
 
@@ -27,6 +28,7 @@ import torch
 from torch import nn
 
 from ..nn.scalar_mix import ScalarMix
+from .tasks import SENTENCE_TASKS
 
 CLASSIFIERS = ("linear", "logreg", "mlp", "bilstm")
 
@@ -35,7 +37,7 @@ class TaskHead(nn.Module):
     """The trainable head of a transfer run.
 
     Args:
-        task: ``classify``, ``pair``, ``tokens`` or ``qa``.
+        task: ``classify``, ``pair``, ``tokens``, ``qa`` or ``choice``.
         hidden_size: C, the body's vector size.
         num_layers: L, how many layers each block carries.
         num_labels: K classes or tags (ignored for QA).
@@ -105,7 +107,7 @@ class TaskHead(nn.Module):
             blocks: (B, n, L, C) body vectors.
             mask: (B, n) 1 for real rows, 0 for padding rows.
         Returns:
-            (B, K) for classify/pair, (B, n, K) for tokens, (B, n, 2) for qa.
+            (B, K) for classify/pair/choice, (B, n, K) for tokens, (B, n, 2) for qa.
         """
         x = (blocks - self.feat_mean) / self.feat_std  # (B, n, L, C)
         if self.scalar_mix is not None:
@@ -118,10 +120,10 @@ class TaskHead(nn.Module):
             packed = nn.utils.rnn.pack_padded_sequence(x, lengths, batch_first=True, enforce_sorted=False)
             y, _ = self.lstm(packed)
             x, _ = nn.utils.rnn.pad_packed_sequence(y, batch_first=True, total_length=blocks.shape[1])  # (B, n, 2H)
-            if self.task in ("classify", "pair"):
+            if self.task in SENTENCE_TASKS:
                 x = x.masked_fill(m == 0, float("-inf")).max(dim=1).values  # (B, 2H)
                 return self.out(self.drop(x))
-        if self.task in ("classify", "pair"):
+        if self.task in SENTENCE_TASKS:
             if self.pair_rows:
                 a, b = x[:, 0], x[:, 1]  # (B, C) each
                 x = torch.cat([a, b, (a - b).abs(), a * b], dim=-1)  # (B, 4C)

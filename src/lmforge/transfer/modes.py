@@ -41,7 +41,18 @@ from ..utils import atomic_write_text, file_sha256, load_safetensors, save_safet
 from . import metrics as M
 from .encoding import Encoding, InputFormat
 from .heads import CLASSIFIERS, TaskHead
-from .tasks import TASKS, QAExample, TaskData, TextExample, TokensExample, check_labels, is_bio, load_task
+from .tasks import (
+    SENTENCE_TASKS,
+    TASKS,
+    ChoiceExample,
+    QAExample,
+    TaskData,
+    TextExample,
+    TokensExample,
+    check_labels,
+    is_bio,
+    load_task,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -67,7 +78,7 @@ class TransferConfig:
     """The settings of one transfer run (saved as the run's ``config.json``).
 
     Attributes:
-        task: ``classify``, ``pair``, ``tokens`` or ``qa``.
+        task: ``classify``, ``pair``, ``tokens``, ``qa`` or ``choice``.
         mode: ``frozen``, ``features`` or ``finetune``.
         epochs: passes over the training data (default by mode: 20 / 30 / 4).
         lr: peak learning rate of AdamW (default by mode: 3e-3 / 1e-2 / 1e-4).
@@ -327,7 +338,7 @@ def _context_mask(encs: Sequence[Encoding], n: int) -> torch.Tensor:
 
 
 def _loss(task: str, logits: torch.Tensor, y: torch.Tensor, ctx: torch.Tensor | None) -> torch.Tensor:
-    if task in ("classify", "pair"):
+    if task in SENTENCE_TASKS:  # choice: (B, N) scores of the choices, padded with -1e9
         return F.cross_entropy(logits, y)
     if task == "tokens":
         if bool((y == -100).all()):
@@ -359,6 +370,26 @@ def _best_span(
     return flat // n, flat % n, float(scores.flatten()[flat])
 
 
+def _units(task: str, encs: Sequence[Encoding]) -> list[list[int]]:
+    """The encodings that train together as one example: a choice question's choices; else each alone."""
+    if task != "choice":
+        return [[i] for i in range(len(encs))]
+    groups: dict[int, list[int]] = {}
+    for i, e in enumerate(encs):
+        groups.setdefault(e.example, []).append(i)
+    return list(groups.values())
+
+
+def _choice_scores(scores: torch.Tensor, sizes: Sequence[int]) -> torch.Tensor:
+    """(E,) scores of consecutive choices -> (B, max choices), padded with -1e9, one row per question."""
+    out = scores.new_full((len(sizes), max(sizes)), -1e9)
+    at = 0
+    for b, n in enumerate(sizes):
+        out[b, :n] = scores[at : at + n]
+        at += n
+    return out
+
+
 def _with_twins(encs: Sequence[Encoding]) -> list[Encoding]:
     """``encs`` followed by their twins (pairs read in both orders), or ``encs`` when none has one."""
     twins = [e.twin for e in encs if e.twin is not None]
@@ -384,7 +415,7 @@ class TransferRun:
         self.model_dir = model_dir
         self.body = body
         pool = cfg.pool
-        if cfg.head_classifier == "bilstm" and cfg.task in ("classify", "pair"):
+        if cfg.head_classifier == "bilstm" and cfg.task in SENTENCE_TASKS:
             pool = "tokens"
         gpt = None
         if self.family == "gpt":
@@ -393,16 +424,16 @@ class TransferRun:
             self.family,
             body.tokenizer,
             cfg.max_len,
-            pool if cfg.task in ("classify", "pair") else None,
+            pool if cfg.task in SENTENCE_TASKS else None,
             gpt=gpt,
             doc_stride=cfg.doc_stride,
             both_orders=cfg.both_orders,
         )
-        if self.fmt.pool == "tokens" and cfg.task in ("classify", "pair") and cfg.head_classifier != "bilstm":
+        if self.fmt.pool == "tokens" and cfg.task in SENTENCE_TASKS and cfg.head_classifier != "bilstm":
             raise LmforgeError("--pool tokens feeds every token vector to a BiLSTM: use it with --classifier bilstm")
         self.layer_mix = cfg.layer_mix if cfg.layer_mix is not None else self.family == "elmo"
         self.num_states = None  # filled on the first body pass
-        self.pair_rows = cfg.task == "pair" and self.fmt.pool == "mean"
+        self.pair_rows = cfg.task in ("pair", "choice") and self.fmt.pool == "mean"
         self._weights_hash: str | None = None
         self.model: TransferModel | None = None
 
@@ -428,7 +459,7 @@ class TransferRun:
             self.cfg.task,
             int(self.body.hidden_size),
             len(ids),
-            len(self.labels),
+            1 if self.cfg.task == "choice" else len(self.labels),
             classifier=self.cfg.head_classifier,
             layer_mix=self.layer_mix,
             pair_rows=self.pair_rows,
@@ -439,7 +470,8 @@ class TransferRun:
         return self.model
 
     def encode(self, data: TaskData) -> list[Encoding]:
-        """The body inputs of ``data``: one encoding per example, in order (QA: one per window).
+        """The body inputs of ``data``: one encoding per example, in order (QA: one per window; choice:
+        one per choice, each read as the pair ``(context, choice)``).
 
         Each encoding's ``example`` is the index of its example in ``data``.
         """
@@ -452,7 +484,9 @@ class TransferRun:
                 encs = [fmt.encode_words(ex.words)]
             elif isinstance(ex, QAExample):
                 encs = fmt.encode_qa(ex.question, ex.context)
-            else:  # pragma: no cover - TaskData holds one of the three
+            elif isinstance(ex, ChoiceExample):
+                encs = [fmt.encode_text(ex.context, choice) for choice in ex.choices]
+            else:  # pragma: no cover - TaskData holds one of the four
                 raise TypeError(type(ex))
             for e in encs:
                 e.example = i
@@ -522,9 +556,7 @@ class TransferRun:
         h.update(json.dumps(settings, sort_keys=True).encode())
         return h.hexdigest()[:32]
 
-    def cached_features(
-        self, data: TaskData, encs: list[Encoding]
-    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    def cached_features(self, data: TaskData, encs: list[Encoding]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """``(vectors, lengths, owners)`` of ``data``'s encodings (see :class:`_RowStore`) from the cache,
         or from one body pass that is then cached."""
         cache_dir = Path(self.cfg.cache_dir) if self.cfg.cache_dir else Path.home() / ".cache" / "lmforge" / "features"
@@ -635,7 +667,8 @@ class TransferRun:
         opt = torch.optim.AdamW(groups, lr=cfg.peak_lr, weight_decay=cfg.weight_decay)
         for g in opt.param_groups:
             g["initial_lr"] = g["lr"]
-        steps_per_epoch = math.ceil(len(examples) / cfg.batch_size)
+        units = _units(cfg.task, encs)  # what one training example is: its encodings (a choice question: all)
+        steps_per_epoch = math.ceil(len(units) / cfg.batch_size)
         total = steps_per_epoch * cfg.n_epochs
         warm = int(cfg.warmup * total)
         rng = np.random.default_rng(cfg.seed)
@@ -647,13 +680,19 @@ class TransferRun:
                 self.body.train()
             else:
                 self.body.eval()
-            order = rng.permutation(len(examples))
+            order = rng.permutation(len(units))
             ep_loss, ep_n = 0.0, 0
             for k in range(0, len(order), cfg.batch_size):
-                idx = order[k : k + cfg.batch_size].tolist()
+                b_units = [units[u] for u in order[k : k + cfg.batch_size].tolist()]
+                idx = [i for u in b_units for i in u]
                 b_encs = [encs[i] for i in idx]
                 b_ex = [examples[i] for i in idx]
-                y = qa_y[idx] if qa_y is not None else _targets(cfg.task, b_ex, b_encs, self.label_index)
+                if qa_y is not None:
+                    y = qa_y[idx]
+                elif cfg.task == "choice":
+                    y = torch.tensor([examples[u[0]].label for u in b_units], dtype=torch.long)
+                else:
+                    y = _targets(cfg.task, b_ex, b_encs, self.label_index)
                 if features is not None:
                     blocks, mask = features.batch(idx)
                 elif cfg.mode == "frozen":
@@ -662,6 +701,8 @@ class TransferRun:
                 else:
                     blocks, mask = self._body_blocks(b_encs)
                 logits = self.model.head(blocks, mask)
+                if cfg.task == "choice":
+                    logits = _choice_scores(logits[:, 0], [len(u) for u in b_units])
                 ctx = _context_mask(b_encs, logits.shape[1]) if cfg.task == "qa" else None
                 loss = _loss(cfg.task, logits, y, ctx)
                 if cfg.lm_weight > 0:
@@ -674,8 +715,8 @@ class TransferRun:
                 torch.nn.utils.clip_grad_norm_([p for g in groups for p in g["params"]], 1.0)
                 opt.step()
                 step += 1
-                ep_loss += float(loss.detach()) * len(idx)
-                ep_n += len(idx)
+                ep_loss += float(loss.detach()) * len(b_units)
+                ep_n += len(b_units)
             losses.append(ep_loss / max(1, ep_n))
             msg = f"epoch {epoch + 1}/{cfg.n_epochs}: train loss {losses[-1]:.4f}"
             logger.info(msg)
@@ -719,7 +760,7 @@ class TransferRun:
             blocks, mask = get(idx) if get else self._body_blocks([encs[i] for i in idx])
             logits = self.model.head(blocks, mask).float()
             for j, i in enumerate(idx):
-                if self.cfg.task in ("classify", "pair"):
+                if self.cfg.task in SENTENCE_TASKS:
                     out[i] = logits[j]
                 else:
                     out[i] = logits[j, : int(mask[j].sum())]
@@ -734,12 +775,22 @@ class TransferRun:
             store: features mode: the vectors of ``data`` already at hand.
 
         Returns:
-            classify/pair: ``{"label", "probs"}``; tokens: ``{"words", "tags"}``; qa: ``{"id", "answer"}``.
+            classify/pair: ``{"label", "probs"}``; tokens: ``{"words", "tags"}``; qa: ``{"id", "answer"}``;
+            choice: ``{"label": index of the chosen choice, "probs": [one per choice]}``.
         """
         encs = self.encode(data)
         logits = self._logits(data, encs, use_cache, store)
         if self.cfg.task == "qa":
             return self._qa_answers(data, encs, logits)
+        if self.cfg.task == "choice":
+            scores: list[list[float]] = [[] for _ in data.examples]
+            for e, lg in zip(encs, logits):
+                scores[e.example].append(float(lg[0]))
+            preds = []
+            for sc in scores:
+                probs = torch.softmax(torch.tensor(sc, dtype=torch.float64), -1)
+                preds.append({"label": int(probs.argmax()), "probs": [round(float(q), 5) for q in probs]})
+            return preds
         preds = []
         for ex, e, lg in zip(data.examples, encs, logits):
             if self.cfg.task in ("classify", "pair"):
@@ -780,6 +831,18 @@ class TransferRun:
                 if ex.text_pair is not None:
                     rec["text_pair"] = ex.text_pair
                 records.append({**rec, "label": ex.label, "pred": p["label"], "probs": p["probs"]})
+        elif self.cfg.task == "choice":
+            metrics = {"accuracy": M.accuracy([ex.label for ex in data.examples], [p["label"] for p in preds])}
+            records = [
+                {
+                    "context": ex.context,
+                    "choices": ex.choices,
+                    "label": ex.label,
+                    "pred": p["label"],
+                    "probs": p["probs"],
+                }
+                for ex, p in zip(data.examples, preds)
+            ]
         elif self.cfg.task == "tokens":
             gold_tags, pred_tags = [ex.tags for ex in data.examples], [p["tags"] for p in preds]
             if is_bio(self.labels):
@@ -919,7 +982,7 @@ def run_transfer(
 
     Args:
         model: a model folder (any family) or a loaded body offering contract 7 with ``.tokenizer``.
-        task: ``classify``, ``pair``, ``tokens`` or ``qa``.
+        task: ``classify``, ``pair``, ``tokens``, ``qa`` or ``choice``.
         train, test: data files (see :mod:`lmforge.transfer.tasks`) or loaded :class:`TaskData`.
         mode: ``frozen``, ``features`` or ``finetune``.
         out_dir: when given, the run folder (metrics.json, predictions.jsonl, config.json, weights).

@@ -1,4 +1,4 @@
-"""Downstream task data: the four task kinds, their file formats and their loaders.
+"""Downstream task data: the five task kinds, their file formats and their loaders.
 
 - ``classify``: CSV (with a header row) or JSONL with ``text`` and ``label``;
 - ``pair``: CSV or JSONL with ``text``, ``text_pair`` and ``label``;
@@ -6,7 +6,10 @@
   a blank line between sentences (``-DOCSTART-`` lines are skipped); BIO tags (``O``, ``B-PER``,
   ``I-PER``) get entity-level scores, plain tags (e.g. POS) token accuracy;
 - ``qa``: SQuAD v1.1 JSON: ``{"data": [{"paragraphs": [{"context": ..., "qas": [{"id", "question",
-  "answers": [{"text", "answer_start"}]}]}]}]}``.
+  "answers": [{"text", "answer_start"}]}]}]}]}``;
+- ``choice`` (multiple choice, as SWAG / Story Cloze / RACE): JSONL with ``context``, ``choices`` (a
+  list of two or more texts) and ``label`` (the 0-based index of the right choice), or CSV with
+  ``context``, ``choice0``, ``choice1``, ... and ``label``.
 
 Every loader raises :class:`~lmforge.errors.DataError` with one line naming the file, the line or
 record, and what to fix.  Labels are kept as strings; :class:`TaskData` carries the label list,
@@ -25,7 +28,9 @@ from pathlib import Path
 
 from ..errors import DataError
 
-TASKS = ("classify", "pair", "tokens", "qa")
+TASKS = ("classify", "pair", "tokens", "qa", "choice")
+# Tasks whose every input is read as one vector (a sentence, a pair, a context with one choice).
+SENTENCE_TASKS = ("classify", "pair", "choice")
 
 
 @dataclasses.dataclass
@@ -55,7 +60,16 @@ class QAExample:
     answers: list[tuple[str, int]] = dataclasses.field(default_factory=list)
 
 
-Example = TextExample | TokensExample | QAExample
+@dataclasses.dataclass
+class ChoiceExample:
+    """A multiple-choice question: ``context`` and its ``choices``; ``label`` the right one's index (or None)."""
+
+    context: str
+    choices: list[str]
+    label: int | None = None
+
+
+Example = TextExample | TokensExample | QAExample | ChoiceExample
 
 
 @dataclasses.dataclass
@@ -65,7 +79,8 @@ class TaskData:
     Attributes:
         task: one of :data:`TASKS`.
         examples: the examples (all of the class that fits the task).
-        labels: sorted class names (``classify``/``pair``) or tags (``tokens``); empty for ``qa``.
+        labels: sorted class names (``classify``/``pair``) or tags (``tokens``); empty for ``qa`` and
+            ``choice``.
         source: where the examples came from (a path, or a description), for messages.
     """
 
@@ -260,6 +275,47 @@ def load_squad(path: str | Path, labelled: bool = True) -> TaskData:
     return TaskData("qa", examples, [], str(p))
 
 
+def load_choices(path: str | Path, labelled: bool = True) -> TaskData:
+    """Load a multiple-choice file: JSONL ``{"context", "choices": [...], "label"}`` or CSV with
+    ``context, choice0, choice1, ..., label`` (``label``: the 0-based index of the right choice)."""
+    p = Path(path)
+    examples = []
+    for n, rec in _records(p):
+        if "context" not in rec:
+            raise DataError(f"{p}:{n}: missing 'context' (a choice file needs context, choices, label)")
+        if "choices" in rec:
+            choices = rec["choices"]
+            if not isinstance(choices, list):
+                raise DataError(f"{p}:{n}: 'choices' must be a list of texts")
+        else:
+            keys = sorted(
+                (k for k in rec if k and k.startswith("choice") and k[6:].isdigit()), key=lambda k: int(k[6:])
+            )
+            choices = [rec[k] for k in keys if rec[k] is not None and str(rec[k]).strip() != ""]
+        choices = [str(c) for c in choices]
+        if len(choices) < 2 or any(not c.strip() for c in choices):
+            raise DataError(
+                f"{p}:{n}: needs two or more non-empty choices "
+                "('choices': [...] in JSONL; columns choice0, choice1, ... in CSV)"
+            )
+        label = rec.get("label")
+        if label is None or str(label).strip() == "":
+            if labelled:
+                raise DataError(f"{p}:{n}: missing 'label' (the 0-based index of the right choice)")
+            label = None
+        else:
+            try:
+                label = int(str(label).strip())
+            except ValueError:
+                raise DataError(f"{p}:{n}: label {label!r} is not a choice index (0..{len(choices) - 1})") from None
+            if not 0 <= label < len(choices):
+                raise DataError(f"{p}:{n}: label {label} is out of range for {len(choices)} choices (0-based)")
+        examples.append(ChoiceExample(str(rec["context"] or ""), choices, label))
+    if not examples:
+        raise DataError(f"{p} holds no examples")
+    return TaskData("choice", examples, [], str(p))
+
+
 def load_task(path: str | Path, task: str, labelled: bool = True) -> TaskData:
     """Load a data file of kind ``task`` (one of :data:`TASKS`)."""
     if task not in TASKS:
@@ -268,6 +324,8 @@ def load_task(path: str | Path, task: str, labelled: bool = True) -> TaskData:
         return load_text_task(path, task, labelled)
     if task == "tokens":
         return load_conll(path, labelled)
+    if task == "choice":
+        return load_choices(path, labelled)
     return load_squad(path, labelled)
 
 
