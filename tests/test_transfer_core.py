@@ -119,14 +119,16 @@ def ner_sentences(n: int, seed: int) -> list[tuple[list[str], list[str]]]:
     return out
 
 
-def qa_examples(n: int, seed: int) -> list[dict]:
-    """Questions whose answer is the name after 'by': 'who wrote it ?' over 'the story was written by X .'"""
+def qa_examples(n: int, seed: int, pre: tuple[int, int] = (1, 4), post: tuple[int, int] = (0, 0)) -> list[dict]:
+    """Questions whose answer is the name after 'by': 'who wrote it' over '<pre words> was written by X
+    and <post words>' (the numbers of filler words drawn from the ranges ``pre`` and ``post``)."""
     rng = random.Random(seed)
     out = []
     for i in range(n):
         name = rng.choice(NAMES + PLACES)
-        pre = " ".join(rng.choice(FILL) for _ in range(rng.randint(1, 4)))
-        ctx = f"{pre} was written by {name} and the film"
+        before = " ".join(rng.choice(FILL) for _ in range(rng.randint(*pre)))
+        after = " ".join(rng.choice(FILL) for _ in range(rng.randint(*post))) or "the film"
+        ctx = f"{before} was written by {name} and {after}"
         out.append(
             {
                 "id": f"q{i}",

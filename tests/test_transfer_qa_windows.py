@@ -7,7 +7,14 @@ import random
 
 import pytest
 import torch
-from test_transfer_core import NAMES, PLACES, make_body, one_thread, toy_tokenizer, write_squad  # noqa: F401
+from test_transfer_core import (  # noqa: F401
+    FILL,
+    make_body,
+    one_thread,
+    qa_examples,
+    toy_tokenizer,
+    write_squad,
+)
 
 from lmforge.errors import DataError
 from lmforge.transfer import modes
@@ -15,33 +22,15 @@ from lmforge.transfer.encoding import InputFormat
 from lmforge.transfer.modes import _RowStore
 from lmforge.transfer.tasks import load_task
 
-FILL = ["the", "movie", "a", "plot", "and", "it", "story", "really"]
-
 
 @pytest.fixture(scope="module")
 def toy_tok():
     return toy_tokenizer()
 
 
-def long_qa(n: int, seed: int, lo: int = 20, hi: int = 40) -> list[dict]:
-    """'who wrote it' over a long context whose answer (the name after 'by') sits lo..hi words in."""
-    rng = random.Random(seed)
-    out = []
-    for i in range(n):
-        name = rng.choice(NAMES + PLACES)
-        pre = " ".join(rng.choice(FILL) for _ in range(rng.randint(lo, hi)))
-        post = " ".join(rng.choice(FILL) for _ in range(rng.randint(2, 10)))
-        ctx = f"{pre} was written by {name} and {post}"
-        out.append(
-            {
-                "id": f"q{i}",
-                "question": "who wrote it",
-                "context": ctx,
-                "answer": name,
-                "start": ctx.index(f"by {name}") + 3,
-            }
-        )
-    return out
+def long_qa(n: int, seed: int) -> list[dict]:
+    """'who wrote it' over a long context whose answer (the name after 'by') sits 20-40 words in."""
+    return qa_examples(n, seed, pre=(20, 40), post=(2, 10))
 
 
 def test_windows_cover_the_context_with_the_stride(toy_tok):
