@@ -193,6 +193,20 @@ def test_cli_three_modes_and_predict(bert_dir, cls_files, tmp_path, capsys):
         assert got["probs"] == pytest.approx(first["probs"], abs=1e-4)
     assert main(["predict", str(tmp_path / "finetune"), "--file", test, "--out", str(tmp_path / "p.jsonl")]) == 0
     assert len((tmp_path / "p.jsonl").read_text().splitlines()) == 48
+    # evaluate run: the run scored again on a labelled file gives the metrics finetune wrote
+    capsys.readouterr()
+    out = tmp_path / "again.jsonl"
+    assert main(["evaluate", "run", str(tmp_path / "finetune"), "--test", test, "--out", str(out)]) == 0
+    got = json.loads(capsys.readouterr().out.strip())
+    want = json.loads((tmp_path / "finetune" / "metrics.json").read_text())
+    assert got["n_test"] == 48 and got["accuracy"] == pytest.approx(want["accuracy"], abs=1e-6)
+    saved = (tmp_path / "finetune" / "predictions.jsonl").read_text().splitlines()
+    assert [json.loads(x)["pred"] for x in out.read_text().splitlines()] == [json.loads(x)["pred"] for x in saved]
+    unknown = tmp_path / "unknown.jsonl"
+    unknown.write_text(json.dumps({"text": "good", "label": "neutral"}) + "\n")
+    assert main(["evaluate", "run", str(tmp_path / "finetune"), "--test", str(unknown)]) == 2
+    err = capsys.readouterr().err
+    assert "['neutral']" in err and "Traceback" not in err and len(err.strip().splitlines()) == 1
 
 
 def test_cli_errors_are_one_line(bert_dir, cls_files, tmp_path, capsys):
