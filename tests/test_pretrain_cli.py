@@ -282,3 +282,38 @@ def test_real_family_smoke(family, shards_fixture, sets, request, tmp_path, caps
     model = lmforge.load(out)
     assert model.model_type == family and model.tokenizer is not None
     assert json.loads((out / "training_state" / "state.json").read_text())["step"] == 2
+
+
+# -- --init: continued (domain-adaptive) pretraining from a model folder ----------------------------------
+def test_init_starts_from_the_folder_weights(bpe_shards, wordpiece_shards, tmp_path, capsys):
+    import lmforge
+    from lmforge.utils import load_safetensors
+
+    sets = ["batch_size=2", "eval_batches=2", "device=cpu", "n_positions=32", "warmup_steps=1"]
+    base = tmp_path / "base"
+    r0 = pretrain("gpt", bpe_shards, base, "tiny", [*sets, "max_steps=8", "lr=3e-3"])
+    fresh = pretrain("gpt", bpe_shards, tmp_path / "fresh", "tiny", [*sets, "max_steps=1", "lr=1e-12"])
+    # one step at a vanishing learning rate: the run starts from (and stays at) the folder's weights
+    cont = tmp_path / "cont"
+    r1 = pretrain("gpt", bpe_shards, cont, None, [*sets, "max_steps=1", "lr=1e-12"], init=base)
+    assert abs(r1.val["loss"] - r0.val["loss"]) < 1e-4, (r0.val, r1.val)
+    assert fresh.val["loss"] > r0.val["loss"] + 0.1  # the folder's weights are not a fresh init
+    a, b = load_safetensors(base / "model.safetensors"), load_safetensors(cont / "model.safetensors")
+    assert a.keys() == b.keys() and all(torch.allclose(a[k], b[k], atol=1e-7) for k in a)
+    assert lmforge.load(cont).config == lmforge.load(base).config
+    assert json.loads((cont / "training_state" / "state.json").read_text())["step"] == 1  # a new run
+    # what does not fit is one line, exit 2
+    bert = tmp_path / "bert"
+    pretrain("bert", wordpiece_shards, bert, "tiny",
+             ["max_steps=1", "batch_size=2", "eval_batches=1", "device=cpu", "max_seq_length=32",
+              "max_position_embeddings=64"])
+    cases = [
+        (["gpt", "--data", str(bpe_shards), "--init", str(bert)], "holds a 'bert' model"),
+        (["gpt", "--data", str(bpe_shards), "--init", str(base), "--config", "tiny"], "drop --config"),
+        (["gpt", "--data", str(bpe_shards), "--init", str(base), "--resume"], "give one of them"),
+        (["gpt", "--data", str(wordpiece_shards), "--init", str(base)], "the tokenizer of the model in"),
+        (["gpt", "--data", str(bpe_shards), "--init", str(tmp_path / "nope")], "is not a model folder"),
+    ]
+    for k, (argv, msg) in enumerate(cases):
+        rc, _, err = run_cli(capsys, "pretrain", *argv, "--out", str(tmp_path / f"bad{k}"), "--set", *sets)
+        assert rc == 2 and msg in err and "Traceback" not in err and len(err.strip().splitlines()) == 1, err

@@ -128,6 +128,34 @@ def test_val_never_empty_with_two_documents(tmp_path, wordpiece_tokenizer_dir):
     assert len(sh0.tokens("val")) == 0 and sh0.sentences("val").tolist() == [0] and sh0.documents("val").tolist() == [0]
 
 
+@pytest.mark.parametrize("kind", ["wordpiece", "bpe"])
+def test_one_document_corpus_gets_a_val_tail(tmp_path, kind, wordpiece_tokenizer_dir, bpe_tokenizer_dir, caplog):
+    """A 'lines' file without blank lines is one document: its last sentences become val, wherever the hash put it."""
+    sentences = [f"Sentence number {i} of the only document." for i in range(40)]
+    f = tmp_path / "one.txt"
+    f.write_text("\n".join(sentences) + "\n", encoding="utf-8")
+    tok_dir = wordpiece_tokenizer_dir if kind == "wordpiece" else bpe_tokenizer_dir
+    assert is_val_document(0, 0.05)  # the hash sends document 0 to val at 5 %: the swap path runs
+    for frac in (0.05, 0.01):  # val first (swapped to train), then train first
+        out = tmp_path / f"s{frac}"
+        with caplog.at_level("WARNING", logger="lmforge.data.shards"):
+            meta = prepare([f], tok_dir, out, val_fraction=frac)
+        assert "the corpus is one document" in caplog.text
+        k = max(1, round(40 * frac))
+        assert meta["splits"]["train"]["documents"] == 1 and meta["splits"]["train"]["sentences"] == 40 - k
+        assert meta["splits"]["val"]["documents"] == 1 and meta["splits"]["val"]["sentences"] == k
+        sh = Shards.open(out)
+        tok = sh.tokenizer()
+        eot = [tok.eot_id] if kind == "bpe" else []
+        # the sentences keep the tokens they had in the one document (BPE: a leading space after the first)
+        enc = [tok.encode(x if i == 0 or kind == "wordpiece" else " " + x) for i, x in enumerate(sentences)]
+        want = {"train": enc[: 40 - k], "val": enc[40 - k :]}
+        for split, sents in want.items():
+            _check_structure(sh, split)
+            assert sh.tokens(split).tolist() == [t for x in sents for t in x] + eot
+        assert not list(out.glob("*.swap"))
+
+
 def test_uint32_for_large_vocabularies(tmp_path):
     assert dtype_for_vocab(65536) == np.uint16 and dtype_for_vocab(65537) == np.uint32
     words = [f"w{i}" for i in range(70000)]

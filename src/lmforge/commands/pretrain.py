@@ -13,6 +13,7 @@ examples:
   lmforge pretrain gpt --data shards/bpe --out models/gpt --config tiny --max-time 15m
   lmforge pretrain bert --data shards/wp --out models/bert --set max_steps=2000 lr=3e-4 batch_size=16
   lmforge pretrain gpt --data shards/bpe --out models/gpt --resume --max-steps 4000
+  lmforge pretrain bert --data shards/legal --out models/bert-legal --init models/bert --set lr=5e-5
   torchrun --nproc_per_node 2 --no-python lmforge pretrain gpt --data shards/bpe --out models/gpt
 
 --set takes model config keys (those of the preset) and training keys: max_steps max_time batch_size
@@ -51,6 +52,12 @@ def register(sub) -> None:
     )
     p.add_argument("--resume", action="store_true", help="continue the training saved in MODEL_DIR/training_state")
     p.add_argument("--tokenizer", metavar="DIR", help="check that this tokenizer made the shards")
+    p.add_argument(
+        "--init",
+        metavar="MODEL_DIR",
+        help="continue pretraining this model folder (same family) on new shards: domain-adaptive pretraining; "
+        "its config and weights are the start, its tokenizer must have made the shards",
+    )
     p.set_defaults(func=run)
 
 
@@ -81,6 +88,7 @@ def run(args) -> int:
         resume=args.resume,
         max_time=max_time,
         tokenizer_dir=args.tokenizer,
+        init=args.init,
     )
     if os.environ.get("RANK", "0") != "0":
         return 0  # under torchrun only rank 0 reports

@@ -213,6 +213,35 @@ class _SplitWriter:
         self.n_documents -= 1
         return tokens, lengths
 
+    def take_last_sentences(self, k: int) -> tuple[np.ndarray, np.ndarray]:
+        """Remove the last ``k`` sentences of the last document (which keeps the ones before them and
+        still ends there); return their tokens and lengths. Reads only those ``k`` sentences."""
+        for f in self.files.values():
+            f.flush()
+        offsets = np.fromfile(self.paths["sentences"], dtype=np.int64)
+        docs = np.fromfile(self.paths["documents"], dtype=np.int64)
+        s1 = int(docs[-1])
+        s0 = s1 - k
+        if not int(docs[-2]) < s0 < s1:
+            raise ValueError(f"cannot take {k} sentences from a document of {s1 - int(docs[-2])}")
+        t0, t1 = int(offsets[s0]), int(offsets[s1])
+        eot = 1 if self.eot_id is not None else 0
+        tokens = np.fromfile(self.paths["tokens"], dtype=self.dtype, count=t1 - t0 - eot,
+                             offset=t0 * self.dtype.itemsize)
+        lengths = np.diff(offsets[s0:s1 + 1])
+        lengths[-1] -= eot
+        # the document now ends after sentence s0 - 1 (which ends at t0: no eot inside a document):
+        # cut the files there, then end the document again (BPE: with a new eot)
+        for key, size in (("tokens", t0 * self.dtype.itemsize), ("sentences", (s0 + 1) * 8),
+                          ("documents", (len(docs) - 1) * 8)):
+            self.files[key].truncate(size)
+            self.files[key].seek(size)
+        self.n_tokens, self.n_sentences = t0, s0
+        self.n_documents -= 1
+        self.doc_open = True
+        self.close_open_document()
+        return tokens, lengths
+
     def counts(self) -> dict[str, int]:
         return {"documents": self.n_documents, "sentences": self.n_sentences, "tokens": self.n_tokens}
 
@@ -315,11 +344,8 @@ def prepare(
         if writers["train"].n_tokens + writers["val"].n_tokens == 0:
             names = ", ".join(str(p) for p in paths[:3]) + (" ..." if len(paths) > 3 else "")
             raise DataError(f"the corpus is empty: no tokens in {names}")
-        if val_fraction > 0 and writers["val"].n_documents == 0 and writers["train"].n_documents >= 2:
-            tokens, lengths = writers["train"].take_last_document()
-            ends = np.zeros(len(lengths), dtype=bool)
-            ends[-1] = True
-            writers["val"].add(tokens, lengths, ends)
+        if val_fraction > 0:
+            _balance_splits(writers, val_fraction)
         for w in writers.values():
             w.close()
 
@@ -352,6 +378,44 @@ def prepare(
         raise
     logger.debug("prepared %s: %s", out_dir, meta["splits"])
     return meta
+
+
+def _balance_splits(writers: dict[str, _SplitWriter], val_fraction: float) -> None:
+    """Give both splits something when the hash split left one empty (small or one-document corpora).
+
+    Train empty, val with several documents: val's last document moves to train. One document in all
+    (a 'lines' file without blank lines is one document): it becomes train, and its last sentences
+    (``val_fraction`` of them, at least one) become the val document. Val empty, train with several
+    documents: train's last document moves to val.
+    """
+    train, val = writers["train"], writers["val"]
+
+    def move_document(src: _SplitWriter, dst: _SplitWriter) -> None:
+        tokens, lengths = src.take_last_document()
+        dst.add(tokens, lengths, np.arange(len(lengths)) == len(lengths) - 1)
+
+    if train.n_documents == 0 and val.n_documents >= 2:
+        move_document(val, train)
+    elif train.n_documents + val.n_documents == 1:
+        if val.n_documents == 1:  # swap the two writers' files (open files rename fine): no data is copied
+            for key in train.paths:
+                tmp = train.paths[key].with_name(train.paths[key].name + ".swap")
+                os.replace(train.paths[key], tmp)
+                os.replace(val.paths[key], train.paths[key])
+                os.replace(tmp, val.paths[key])
+            train.paths, val.paths = val.paths, train.paths
+            train.split, val.split = val.split, train.split
+            writers["train"], writers["val"] = train, val = val, train
+        if train.n_sentences >= 2:
+            k = min(train.n_sentences - 1, max(1, round(train.n_sentences * val_fraction)))
+            tokens, lengths = train.take_last_sentences(k)
+            val.add(tokens, lengths, np.arange(len(lengths)) == len(lengths) - 1)
+            logger.warning(
+                "the corpus is one document (a 'lines' file needs blank lines between documents): its last %d "
+                "sentences are the validation split", k
+            )
+    elif val.n_documents == 0 and train.n_documents >= 2:
+        move_document(train, val)
 
 
 def _write_chunk(tok, chunk: _Chunk, writers: dict[str, _SplitWriter], val_fraction: float) -> None:

@@ -166,6 +166,29 @@ def check_tokenizer(shards, data_dir: str | Path, tokenizer, source: str) -> Non
         )
 
 
+def _check_init(init: str | Path, family: str, resume: bool, trainer_based: bool, preset: str | None) -> Path:
+    """The ``--init`` model folder, checked against the other options (one-line errors)."""
+    if resume:
+        raise LmforgeError(
+            "--init starts a new run from a model folder and --resume continues the run in --out; give one of them"
+        )
+    if not trainer_based:
+        raise LmforgeError(f"--init continues the pretraining of bert, gpt or elmo; {family} trains in one pass")
+    if preset is not None:
+        raise LmforgeError("--init takes the model config from its folder; drop --config (use --set for e.g. dropout)")
+    p = Path(init)
+    if not (p / "config.json").is_file() or not (p / "model.safetensors").is_file():
+        raise CheckpointError(f"--init {p} is not a model folder (it needs config.json and model.safetensors)")
+    mt = load_json(p / "config.json").get("model_type")
+    if mt != family:
+        raise CheckpointError(
+            f"--init {p} holds a '{mt}' model; `lmforge pretrain {family}` continues a {family} model"
+        )
+    if not (p / "tokenizer.json").is_file():
+        raise CheckpointError(f"--init {p} has no tokenizer.json; the shards must be made with the model's tokenizer")
+    return p
+
+
 def _result_from_family(family: str, out_dir: Path, ret: Any) -> PretrainResult:
     if isinstance(ret, PretrainResult):
         return ret
@@ -185,6 +208,7 @@ def pretrain(
     max_time: str | float | None = None,
     tokenizer_dir: str | Path | None = None,
     progress: bool | None = None,
+    init: str | Path | None = None,
 ) -> PretrainResult:
     """Pretrain a ``family`` model on the shards in ``data_dir`` and write the model folder ``out_dir``.
 
@@ -200,6 +224,9 @@ def pretrain(
         max_time: time budget of this invocation, e.g. ``"15m"`` or seconds.
         tokenizer_dir: if given, the tokenizer the user expects; it must be the one that made the shards.
         progress: show the progress bar (``None``: only on a terminal).
+        init: continue pretraining from this model folder of the same family (domain-adaptive
+            pretraining): its config and weights are the start, its tokenizer must have made the
+            shards; the optimizer, schedule and step count start afresh (bert, gpt, elmo).
     Returns:
         A :class:`PretrainResult` with the final validation metrics.
     """
@@ -210,6 +237,9 @@ def pretrain(
     model_over, train_over = split_all_overrides(overrides, model_cls, trainer_based)
 
     # -- configs (no data read yet) --------------------------------------------------------------
+    init_dir = None
+    if init is not None:
+        init_dir = _check_init(init, family, resume, trainer_based, preset_or_file)
     if resume:
         if find_state_dir(out) is None and trainer_based:
             raise CheckpointError(f"no {STATE_DIR}/ in {out} to resume from; run without --resume to start afresh")
@@ -224,7 +254,12 @@ def pretrain(
             raise LmforgeError(
                 f"{out} already holds a model; pass --resume to continue its training, or choose another --out"
             )
-        model_config = build_model_config(family, module, preset_or_file)
+        if init_dir is not None:
+            from ..models import model_class
+
+            model_config = model_class(family).config_from_folder(init_dir)
+        else:
+            model_config = build_model_config(family, module, preset_or_file)
     model_config = apply_overrides(model_config, model_over)
 
     train_config = TrainConfig()
@@ -246,6 +281,8 @@ def pretrain(
     tokenizer = shards.tokenizer()
     if tokenizer_dir is not None:
         check_tokenizer(shards, data_dir, load_tokenizer(tokenizer_dir), f"the tokenizer in {tokenizer_dir}")
+    if init_dir is not None:
+        check_tokenizer(shards, data_dir, load_tokenizer(init_dir), f"the tokenizer of the model in {init_dir}")
     if resume and (out / "tokenizer.json").is_file():
         check_tokenizer(shards, data_dir, load_tokenizer(out), f"the tokenizer of the model in {out}")
     if hasattr(shards, "check_tokenizer"):
@@ -264,6 +301,11 @@ def pretrain(
     try:
         seed_everything(train_config.seed)
         model, sampler = module.pretraining_setup(model_config, shards, tokenizer)
+        if init_dir is not None:
+            from ..utils import load_safetensors
+
+            model.load_weights(load_safetensors(init_dir / "model.safetensors"))
+            (logger.info if env.is_main else logger.debug)("starting from the weights of %s", init_dir)
         if env.is_main:
             out.mkdir(parents=True, exist_ok=True)
             save_json(train_config, out / TRAIN_CONFIG_FILE)  # config.json comes with each checkpoint
