@@ -317,3 +317,46 @@ def test_init_starts_from_the_folder_weights(bpe_shards, wordpiece_shards, tmp_p
     for k, (argv, msg) in enumerate(cases):
         rc, _, err = run_cli(capsys, "pretrain", *argv, "--out", str(tmp_path / f"bad{k}"), "--set", *sets)
         assert rc == 2 and msg in err and "Traceback" not in err and len(err.strip().splitlines()) == 1, err
+
+
+# -- evaluate lm: a model folder's own objective on other shards ------------------------------------------
+@pytest.mark.parametrize(
+    ("family", "shards_fixture", "sets"),
+    [
+        ("gpt", "bpe_shards", ["n_positions=32"]),
+        ("bert", "wordpiece_shards", ["max_seq_length=32", "max_position_embeddings=64"]),
+        ("elmo", "bpe_shards", ["seq_len=16"]),
+    ],
+)
+def test_evaluate_lm_gives_the_final_validation_of_pretraining(family, shards_fixture, sets, request, tmp_path,
+                                                                capsys):
+    from lmforge.train.pretrain import evaluate_lm
+
+    shards = request.getfixturevalue(shards_fixture)
+    out = tmp_path / family
+    r = pretrain(family, shards, out, "tiny", ["max_steps=3", "batch_size=2", "eval_batches=3", "device=cpu", *sets])
+    # the same rows, masks and weights as the run's last validation: the same numbers
+    val = evaluate_lm(out, shards, batches=3, batch_size=2)
+    assert val.keys() == r.val.keys()
+    assert all(abs(val[k] - r.val[k]) <= 1e-6 * max(1.0, abs(r.val[k])) for k in val), (val, r.val)
+    rc, stdout, err = run_cli(capsys, "evaluate", "lm", str(out), "--data", str(shards), "--batches", "3",
+                              "--batch-size", "2", "--split", "train")
+    got = json.loads(stdout)
+    assert rc == 0 and got["split"] == "train" and math.isfinite(got["loss"])
+    ppls = [k for k in got if k.endswith("ppl")]  # ppl (GPT, ELMo) or mlm_ppl (BERT with NSP)
+    assert ppls and all(math.isclose(got[k], math.exp(got[k[:-3] + "loss"]), rel_tol=1e-6) for k in ppls)
+
+
+def test_evaluate_lm_errors_are_one_line(bpe_shards, wordpiece_shards, tmp_path, capsys):
+    out = tmp_path / "gpt"
+    pretrain("gpt", bpe_shards, out, "tiny", ["max_steps=1", "batch_size=2", "eval_batches=1", "device=cpu",
+                                              "n_positions=32"])
+    for argv, msg in (
+        ([str(out), "--data", str(wordpiece_shards)], "the tokenizer of the model in"),
+        ([str(out), "--data", str(bpe_shards), "--set", "lr=1"], "model-config keys only"),
+        ([str(out), "--data", str(bpe_shards), "--set", "n_embd_typo=1"], "unknown --set key"),
+        ([str(tmp_path / "nope"), "--data", str(bpe_shards)], "is not a model folder"),
+        ([str(out), "--data", str(bpe_shards), "--batches", "0"], "must be >= 1"),
+    ):
+        rc, _, err = run_cli(capsys, "evaluate", "lm", *argv)
+        assert rc == 2 and msg in err and "Traceback" not in err and len(err.strip().splitlines()) == 1, err

@@ -1,5 +1,6 @@
 """``lmforge evaluate``: ``wic MODEL_DIR... [--max-pairs N] [--reference minilm]`` (the WordNet word-in-context
-table) and ``run RUN_DIR --test FILE [--out F]`` (a trained transfer run scored on another labelled file)."""
+table), ``run RUN_DIR --test FILE [--out F]`` (a trained transfer run scored on another labelled file) and
+``lm MODEL_DIR --data SHARDS`` (a pretrained model's own loss and perplexity on other text)."""
 
 from __future__ import annotations
 
@@ -7,7 +8,8 @@ from __future__ import annotations
 def register(sub) -> None:
     p = sub.add_parser(
         "evaluate",
-        help="evaluate word representations (wic: WordNet word-in-context) or a trained run on new labelled data",
+        help="evaluate word representations (wic), a trained run on new labelled data (run), or a pretrained "
+        "model's perplexity on new text (lm)",
     )
     tasks = p.add_subparsers(dest="task", metavar="TASK", required=True)
     w = tasks.add_parser(
@@ -32,6 +34,30 @@ def register(sub) -> None:
     r.add_argument("--test", required=True, help="labelled data file in the run's task format")
     r.add_argument("--out", default=None, help="also write one record per example (gold and prediction) as JSONL")
     r.set_defaults(func=run_run)
+    m = tasks.add_parser(
+        "lm",
+        help="a pretrained model's own loss and perplexity on other shards (e.g. your domain's text)",
+        description="Scores a bert / gpt / elmo model folder with its pretraining objective (GPT next token, ELMo "
+        "both directions, BERT masked LM + NSP) on seeded batches of shards made with the model's tokenizer, "
+        "exactly as pretraining validates. Prints one JSON line.",
+    )
+    m.add_argument("model_dir", help="lmforge model folder (bert, gpt or elmo)")
+    m.add_argument(
+        "--data", required=True, metavar="SHARDS", help="shards from `lmforge prepare --tokenizer MODEL_DIR`"
+    )
+    m.add_argument("--split", choices=["val", "train"], default="val", help="which split of the shards (default val)")
+    m.add_argument("--batches", type=int, default=50, help="seeded batches to average (default 50)")
+    m.add_argument("--batch-size", type=int, default=16, help="rows per batch (default 16)")
+    m.add_argument("--seed", type=int, default=0, help="seeds which rows (and BERT masks) are drawn")
+    m.add_argument(
+        "--set",
+        dest="overrides",
+        nargs="+",
+        default=[],
+        metavar="KEY=VALUE",
+        help="model-config keys of the sampler, e.g. next_sentence=false for single-sentence documents",
+    )
+    m.set_defaults(func=run_lm)
 
 
 def run_wic(args) -> int:
@@ -62,4 +88,22 @@ def run_run(args) -> int:
     if args.out:
         atomic_write_text(args.out, "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in records))
     print(json.dumps({"task": task, "family": run_.family, "n_test": len(data), **metrics}))
+    return 0
+
+
+def run_lm(args) -> int:
+    import json
+
+    from ..train.pretrain import evaluate_lm
+
+    val = evaluate_lm(
+        args.model_dir,
+        args.data,
+        split=args.split,
+        batches=args.batches,
+        batch_size=args.batch_size,
+        overrides=args.overrides,
+        seed=args.seed,
+    )
+    print(json.dumps({"model": str(args.model_dir), "data": str(args.data), "split": args.split, **val}))
     return 0

@@ -338,3 +338,60 @@ def pretrain(
         tokens_seen=result.tokens_seen,
         elapsed=result.elapsed,
     )
+
+
+def evaluate_lm(
+    model_dir: str | Path,
+    data_dir: str | Path,
+    split: str = "val",
+    batches: int = 50,
+    batch_size: int = 16,
+    overrides: list[str] | None = None,
+    seed: int = 0,
+    device: str = "auto",
+) -> dict[str, float]:
+    """The pretraining loss of a model folder on other shards: how well it models new text.
+
+    The family's own sampler and objective (GPT next-token, ELMo both directions, BERT MLM (+ NSP)) over
+    ``batches`` seeded batches of ``batch_size`` rows of ``split``, as the Trainer's validation does: with
+    the batch size, ``eval_batches`` and seed of a pretraining run, on its shards, it gives that run's
+    final validation metrics.
+
+    Args:
+        model_dir: a bert, gpt or elmo model folder; its tokenizer must have made the shards.
+        data_dir: shards written by ``lmforge prepare`` (with the model's tokenizer).
+        split: ``val`` or ``train`` (prepare with ``--val-fraction 0`` to score a whole corpus as train).
+        overrides: ``["key=value"]`` model-config fields of the sampler, e.g. ``next_sentence=false``.
+    Returns:
+        ``{"loss", "ppl", ...family metrics}`` as floats.
+    """
+    from ..models import model_class
+    from ..utils import load_safetensors
+
+    p = Path(model_dir)
+    if not (p / "config.json").is_file() or not (p / "model.safetensors").is_file():
+        raise CheckpointError(f"{p} is not a model folder (it needs config.json and model.safetensors)")
+    family = load_json(p / "config.json").get("model_type")
+    if family not in FAMILIES:
+        raise CheckpointError(f"{p} holds a '{family}' model; evaluate lm reads bert, gpt or elmo folders")
+    module = family_module(family)
+    if hasattr(module, "run_pretraining"):
+        raise LmforgeError(f"{family} has no language-model loss to score text with; use `lmforge evaluate wic`")
+    if split not in ("val", "train"):
+        raise LmforgeError(f"split must be 'val' or 'train', not {split!r}")
+    if batches < 1 or batch_size < 1:
+        raise LmforgeError(f"--batches and --batch-size must be >= 1, got {batches} and {batch_size}")
+    model_over, train_over = split_all_overrides(overrides, family_config_class(family, module))
+    if train_over:
+        raise ConfigError(f"evaluate lm takes model-config keys only, not {', '.join(sorted(train_over))}")
+    model_config = apply_overrides(model_class(family).config_from_folder(p), model_over)
+    shards = open_shards(data_dir)
+    check_tokenizer(shards, data_dir, load_tokenizer(p), f"the tokenizer of the model in {p}")
+    model, sampler = module.pretraining_setup(model_config, shards, shards.tokenizer())
+    model.load_weights(load_safetensors(p / "model.safetensors"))
+    config = TrainConfig(batch_size=batch_size, eval_batches=batches, seed=seed, device=device)
+    trainer = Trainer(model, sampler, config, p, progress=False, plot=False)
+    try:
+        return trainer.evaluate(split)
+    finally:
+        cleanup(trainer.env)

@@ -316,8 +316,8 @@ class Trainer:
 
     # -- evaluation ------------------------------------------------------------------------------
     @torch.no_grad()
-    def evaluate(self) -> dict[str, float]:
-        """Mean validation ``loss`` and model metrics over ``eval_batches`` fixed global batches (all ranks).
+    def evaluate(self, split: str = "val") -> dict[str, float]:
+        """Mean ``loss`` and model metrics over ``eval_batches`` fixed global batches of ``split`` (all ranks).
 
         Each eval batch holds ``batch_size * grad_accum * world_size`` rows, seeded
         ``[seed, 1, eval_batch, global_row]``; micro-batch means are averaged (equal weights).
@@ -337,7 +337,7 @@ class Trainer:
                 # the same way, so validation sees the same rows however the global batch is divided.
                 for m in range(cfg.grad_accum):
                     first_row = m * cfg.batch_size * env.world_size + env.rank * cfg.batch_size
-                    batch = self.sampler.batch(self._rngs("val", b, first_row), "val")
+                    batch = self.sampler.batch(self._rngs("val", b, first_row), split)
                     with self._autocast():
                         out = self.model(**self._to_device(batch))
                     if out.loss is None:
