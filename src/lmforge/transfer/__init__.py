@@ -1,7 +1,7 @@
 """Transfer learning: carry a pretrained body (any family) over to a labelled task.
 
-Three modes (``frozen``, ``features``, ``finetune``), four tasks (``classify``, ``pair``,
-``tokens``, ``qa``), their metrics, and learning curves.  See ``docs/transfer.md``.
+Three modes (``frozen``, ``features``, ``finetune``), five tasks (``classify``, ``pair``,
+``tokens``, ``qa``, ``choice``), their metrics, and learning curves.  See ``docs/transfer.md``.
 
 Python API::
 
