@@ -215,7 +215,7 @@ class InputFormat:
                 lb -= 1
         return la, lb
 
-    # -- the kinds of examples (choice: one encode_text pair per choice) ---------------------------------------------------------------
+    # -- the kinds of examples (choice: one encode_text pair per choice) --------------------------------
     def encode_text(self, text: str, text_pair: str | None = None) -> Encoding:
         """A sentence or a sentence pair, read as one vector (or two means for plain pairs).
 
