@@ -91,6 +91,13 @@ def register(sub) -> None:
         "(default: half the room after the question; 0 cuts the context instead)",
     )
     p.add_argument(
+        "--max-answer-tokens",
+        type=int,
+        default=30,
+        metavar="N",
+        help="qa: the longest answer span considered, in tokens (default 30)",
+    )
+    p.add_argument(
         "--both-orders",
         action="store_true",
         help="pair (BERT/GPT): read each pair as (a, b) and (b, a) and add the two read-outs, as GPT-1 did for "
@@ -118,6 +125,7 @@ def run(args) -> int:
         "cache_dir": args.cache_dir,
         "lm_weight": args.lm_weight,
         "doc_stride": args.doc_stride,
+        "max_answer_tokens": args.max_answer_tokens,
         "both_orders": args.both_orders,
     }
     metrics = run_transfer(

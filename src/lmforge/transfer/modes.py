@@ -149,6 +149,8 @@ class TransferConfig:
             raise ValueError("layer_lr_decay must be in (0, 1]")
         if not 0 <= self.warmup < 1:
             raise ValueError("warmup must be in [0, 1)")
+        if self.max_answer_tokens < 1:
+            raise ValueError("max_answer_tokens must be >= 1")
         if self.doc_stride is not None and self.doc_stride < 0:
             raise ValueError("doc_stride must be >= 0 (0 = no sliding window)")
 
