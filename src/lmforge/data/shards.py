@@ -194,52 +194,43 @@ class _SplitWriter:
 
     def take_last_document(self) -> tuple[np.ndarray, np.ndarray]:
         """Remove the last document; return its tokens (without BPE eot) and its sentence lengths."""
-        for f in self.files.values():
-            f.flush()
-        offsets = np.fromfile(self.paths["sentences"], dtype=np.int64)
-        docs = np.fromfile(self.paths["documents"], dtype=np.int64)
-        s0, s1 = int(docs[-2]), int(docs[-1])
-        t0, t1 = int(offsets[s0]), int(offsets[s1])
-        eot = 1 if self.eot_id is not None else 0
-        tokens = np.fromfile(self.paths["tokens"], dtype=self.dtype, count=t1 - t0 - eot,
-                             offset=t0 * self.dtype.itemsize)
-        lengths = np.diff(offsets[s0:s1 + 1])
-        lengths[-1] -= eot
-        for k, size in (("tokens", t0 * self.dtype.itemsize), ("sentences", (s0 + 1) * 8),
-                        ("documents", (len(docs) - 1) * 8)):
-            self.files[k].truncate(size)
-            self.files[k].seek(size)
-        self.n_tokens, self.n_sentences = t0, s0
-        self.n_documents -= 1
-        return tokens, lengths
+        docs = self._flushed("documents")
+        return self._cut_from(int(docs[-2]), docs)
 
     def take_last_sentences(self, k: int) -> tuple[np.ndarray, np.ndarray]:
         """Remove the last ``k`` sentences of the last document (which keeps the ones before them and
         still ends there); return their tokens and lengths. Reads only those ``k`` sentences."""
+        docs = self._flushed("documents")
+        s0 = int(docs[-1]) - k
+        if not int(docs[-2]) < s0 < int(docs[-1]):
+            raise ValueError(f"cannot take {k} sentences from a document of {int(docs[-1] - docs[-2])}")
+        out = self._cut_from(s0, docs)
+        self.doc_open = True  # the document now ends after sentence s0 - 1: end it again (BPE: a new eot)
+        self.close_open_document()
+        return out
+
+    def _flushed(self, key: str) -> np.ndarray:
         for f in self.files.values():
             f.flush()
-        offsets = np.fromfile(self.paths["sentences"], dtype=np.int64)
-        docs = np.fromfile(self.paths["documents"], dtype=np.int64)
+        return np.fromfile(self.paths[key], dtype=np.int64)
+
+    def _cut_from(self, s0: int, docs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Cut the files before sentence ``s0`` of the last document, dropping that document's end;
+        return the tokens (without BPE eot) and lengths of the sentences cut off."""
+        offsets = self._flushed("sentences")
         s1 = int(docs[-1])
-        s0 = s1 - k
-        if not int(docs[-2]) < s0 < s1:
-            raise ValueError(f"cannot take {k} sentences from a document of {s1 - int(docs[-2])}")
-        t0, t1 = int(offsets[s0]), int(offsets[s1])
+        t0, t1 = int(offsets[s0]), int(offsets[s1])  # t0: no eot inside a document
         eot = 1 if self.eot_id is not None else 0
         tokens = np.fromfile(self.paths["tokens"], dtype=self.dtype, count=t1 - t0 - eot,
                              offset=t0 * self.dtype.itemsize)
         lengths = np.diff(offsets[s0:s1 + 1])
         lengths[-1] -= eot
-        # the document now ends after sentence s0 - 1 (which ends at t0: no eot inside a document):
-        # cut the files there, then end the document again (BPE: with a new eot)
         for key, size in (("tokens", t0 * self.dtype.itemsize), ("sentences", (s0 + 1) * 8),
                           ("documents", (len(docs) - 1) * 8)):
             self.files[key].truncate(size)
             self.files[key].seek(size)
         self.n_tokens, self.n_sentences = t0, s0
         self.n_documents -= 1
-        self.doc_open = True
-        self.close_open_document()
         return tokens, lengths
 
     def counts(self) -> dict[str, int]:
