@@ -258,8 +258,8 @@ def test_embed_returns_token_layers():
     torch.testing.assert_close(alone.layers, out[0].layers, rtol=1e-5, atol=1e-6)
 
 
-def test_pretraining_setup_on_shards(wordpiece_shards_or_skip):
-    shards, tok = wordpiece_shards_or_skip
+def test_pretraining_setup_on_shards(wordpiece_shards_opened):
+    shards, tok = wordpiece_shards_opened
     cfg = ElmoConfig(**dict(PRESETS["tiny"], vocab_size=3, seq_len=16))
     model, sampler = pretraining_setup(cfg, shards, tok)
     assert model.config.vocab_size == tok.vocab_size
@@ -273,7 +273,7 @@ def test_pretraining_setup_on_shards(wordpiece_shards_or_skip):
 
 
 @pytest.fixture
-def wordpiece_shards_or_skip(request):
+def wordpiece_shards_opened(request):
     from lmforge.data.shards import Shards
 
     path = request.getfixturevalue("wordpiece_shards")
