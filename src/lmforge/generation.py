@@ -263,4 +263,62 @@ class TextStream:
         return out
 
 
-__all__ = ["generate", "next_token", "filter_logits", "StopStrings", "TextStream"]
+def generate_text(
+    model,
+    prompt: str,
+    max_new_tokens: int = 100,
+    temperature: float = 0.0,
+    top_k: int | None = None,
+    top_p: float | None = None,
+    stop: list[str] | None = None,
+    seed: int | None = None,
+    use_cache: bool = True,
+    on_text: Callable[[str], None] | None = None,
+) -> str:
+    """Continue ``prompt`` with a GPT and return the new text, handing each piece to ``on_text`` as it comes.
+
+    The one text path of ``lmforge generate`` and ``lmforge serve``: the prompt is encoded with the
+    model's tokenizer, tokens are decoded with a :class:`TextStream` (so a stop string is never shown),
+    and the model runs on the device its weights are on.
+
+    Args:
+        model: a GPT model with its tokenizer attached (``lmforge.load``).
+        prompt: the text to continue (not part of the result).
+        max_new_tokens, temperature, top_k, top_p, seed, use_cache: see :func:`generate`.
+        stop: stop when the generated text contains one of these (cut from the result).
+        on_text: called with each new piece of text as soon as it is safe to show.
+    Returns:
+        The generated text (the concatenation of the pieces).
+    """
+    tok = model.tokenizer
+    if tok is None:
+        raise LmforgeError("the model has no tokenizer files; generate needs tokenizer.json beside the model")
+    ids = tok.encode(prompt)
+    if not ids:
+        raise LmforgeError("the prompt is empty; give some text to continue")
+    device = next(model.parameters()).device
+    stream = TextStream(tok, stop)
+    pieces: list[str] = []
+
+    def emit(piece: str) -> None:
+        if piece:
+            pieces.append(piece)
+            if on_text is not None:
+                on_text(piece)
+
+    model.generate(
+        torch.tensor([ids], device=device),
+        max_new_tokens=max_new_tokens,
+        temperature=temperature,
+        top_k=top_k,
+        top_p=top_p,
+        stop_strings=stop,
+        seed=seed,
+        streamer=lambda new_ids: emit(stream.put(int(new_ids[0]))),
+        use_cache=use_cache,
+    )
+    emit(stream.end())
+    return "".join(pieces)
+
+
+__all__ = ["generate", "generate_text", "next_token", "filter_logits", "StopStrings", "TextStream"]

@@ -31,43 +31,37 @@ def run(args) -> int:
 
     from .. import load
     from ..errors import LmforgeError
-    from ..generation import TextStream
+    from ..generation import generate_text
 
     model = load(args.model_dir)
     if model.model_type != "gpt":
         raise LmforgeError(f"{args.model_dir} holds a '{model.model_type}' model; generate needs a GPT")
-    tok = model.tokenizer
-    if tok is None:
+    if model.tokenizer is None:
         raise LmforgeError(f"{args.model_dir} has no tokenizer files; generate needs tokenizer.json beside the model")
     device = args.device
     if device == "auto":
         device = "cuda" if torch.cuda.is_available() else "cpu"
     model.to(device)
-    ids = tok.encode(args.prompt)
-    if not ids:
-        raise LmforgeError("the prompt is empty; give some text with --prompt")
-    stream = TextStream(tok, args.stop)
     out = sys.stdout
     out.write(args.prompt)
     out.flush()
 
-    def show(new_ids: torch.Tensor) -> None:
-        piece = stream.put(int(new_ids[0]))
-        if piece:
-            out.write(piece)
-            out.flush()
+    def show(piece: str) -> None:
+        out.write(piece)
+        out.flush()
 
-    model.generate(
-        torch.tensor([ids], device=device),
+    generate_text(
+        model,
+        args.prompt,
         max_new_tokens=args.max_new_tokens,
         temperature=args.temperature,
         top_k=args.top_k,
         top_p=args.top_p,
-        stop_strings=args.stop,
+        stop=args.stop,
         seed=args.seed,
-        streamer=show,
         use_cache=not args.no_cache,
+        on_text=show,
     )
-    out.write(stream.end() + "\n")
+    out.write("\n")
     out.flush()
     return 0

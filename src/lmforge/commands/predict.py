@@ -31,9 +31,8 @@ def register(sub) -> None:
 
 
 def run(args) -> int:
-    from ..errors import DataError
     from ..transfer import load_run
-    from ..transfer.tasks import ChoiceExample, QAExample, TaskData, TextExample, TokensExample, load_task
+    from ..transfer.tasks import TaskData, example_from_fields, load_task
     from ..utils import atomic_write_text
 
     run_ = load_run(args.run_dir)
@@ -41,25 +40,8 @@ def run(args) -> int:
     if args.file:
         data = load_task(args.file, task, labelled=False)
     else:
-        if task == "pair" and args.text_pair is None:
-            raise DataError("this run is a pair task: give --text-pair as well")
-        if task == "qa" and args.text_pair is None:
-            raise DataError("this run answers questions: give the question as --text and the context as --text-pair")
-        if task == "choice" and len(args.choice or []) < 2:
-            raise DataError("this run picks one of several choices: give --text CONTEXT and two or more --choice")
-        if args.choice and task != "choice":
-            raise DataError(f"--choice is for a choice run; this run's task is {task}")
-        if task in ("classify", "pair"):
-            ex = TextExample(args.text, args.text_pair if task == "pair" else None)
-        elif task == "tokens":
-            words = args.text.split()
-            if not words:
-                raise DataError("--text has no words")
-            ex = TokensExample(words)
-        elif task == "choice":
-            ex = ChoiceExample(args.text, list(args.choice))
-        else:
-            ex = QAExample("q0", args.text, args.text_pair)
+        flags = {"text": "--text", "text_pair": "--text-pair", "choices": "--choice"}
+        ex = example_from_fields(task, args.text, args.text_pair, args.choice, flags)
         data = TaskData(task, [ex], list(run_.labels), "<command line>")
     preds = run_.predict(data, use_cache=False)
     lines = "".join(json.dumps(p, ensure_ascii=False) + "\n" for p in preds)

@@ -329,6 +329,48 @@ def load_task(path: str | Path, task: str, labelled: bool = True) -> TaskData:
     return load_squad(path, labelled)
 
 
+def example_from_fields(
+    task: str,
+    text: str,
+    text_pair: str | None = None,
+    choices: Sequence[str] | None = None,
+    names: dict[str, str] | None = None,
+):
+    """One unlabelled example of ``task`` from loose fields (``lmforge predict --text``, ``lmforge serve``).
+
+    Args:
+        task: the run's task. classify: ``text``; pair: ``text`` and ``text_pair``; tokens: ``text``
+            (words split on white space); qa: ``text`` is the question, ``text_pair`` the context;
+            choice: ``text`` is the context, ``choices`` two or more choices.
+        names: how the fields are called in messages (default: ``text``, ``text_pair``, ``choices``).
+    Raises:
+        DataError: a field the task needs is missing, or one it cannot use is given.
+    """
+    n = {"text": "text", "text_pair": "text_pair", "choices": "choices", **(names or {})}
+    if task == "pair" and text_pair is None:
+        raise DataError(f"this run is a pair task: give {n['text_pair']} as well")
+    if task == "qa" and text_pair is None:
+        raise DataError(
+            f"this run answers questions: give the question as {n['text']} and the context as {n['text_pair']}"
+        )
+    if task == "choice" and len(choices or []) < 2:
+        raise DataError(
+            f"this run picks one of several choices: give {n['text']} CONTEXT and two or more {n['choices']}"
+        )
+    if choices and task != "choice":
+        raise DataError(f"{n['choices']} is for a choice run; this run's task is {task}")
+    if task in ("classify", "pair"):
+        return TextExample(text, text_pair if task == "pair" else None)
+    if task == "tokens":
+        words = text.split()
+        if not words:
+            raise DataError(f"{n['text']} has no words")
+        return TokensExample(words)
+    if task == "choice":
+        return ChoiceExample(text, list(choices))
+    return QAExample("q0", text, text_pair)
+
+
 def check_labels(train: TaskData, test: TaskData) -> None:
     """Raise a DataError when ``test`` has a label or tag that ``train`` never shows."""
     if train.task != test.task:
