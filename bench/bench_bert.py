@@ -7,6 +7,7 @@ that the two compute the same loss.
 
     python bench/bench_bert.py                 # default: hidden 256, 4 layers, seq 128, batch 16
     python bench/bench_bert.py --steps 10      # shorter
+    python bench/bench_bert.py --onednn both   # once with lmforge's oneDNN linear on, once off
 
 What is measured:
 * training tokens/s: forward + backward + AdamW step, with dropout 0.1 as in pretraining;
@@ -30,8 +31,12 @@ import os
 import statistics
 import sys
 import time
+from pathlib import Path
 
 import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import onednn_setting  # noqa: E402
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
@@ -42,15 +47,15 @@ def measure_peak_gflops(n: int = 1024, reps: int = 30) -> float:
     Both of PyTorch's CPU GEMM back ends are tried (MKL via ``torch.mm``, oneDNN via the fused linear
     kernel): on AMD CPUs MKL runs well below oneDNN, and the machine's peak is what the best reaches.
     """
-    from lmforge.nn.transformer import _ONEDNN_LINEAR
-
+    # the machine's peak, whatever --onednn says for lmforge: MFUs stay comparable across the two settings
+    onednn = getattr(getattr(torch.ops, "mkldnn", None), "_linear_pointwise", None)
     best = 0.0
     # many short repetitions: on a shared machine the best one is the one nobody preempted
     for size in (n // 2 + n // 4, n):
         a, b = torch.randn(size, size), torch.randn(size, size)
         kernels = [lambda a=a, b=b: torch.mm(a, b)]
-        if _ONEDNN_LINEAR is not None:
-            kernels.append(lambda a=a, b=b: _ONEDNN_LINEAR(a, b, None, "none", [], ""))
+        if onednn is not None:
+            kernels.append(lambda a=a, b=b: onednn(a, b, None, "none", [], ""))
         for kernel in kernels:
             kernel()  # warm up
             for _ in range(reps):
@@ -121,17 +126,24 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--intermediate", type=int, default=1024)
     ap.add_argument("--vocab", type=int, default=8192)
     ap.add_argument("--lr", type=float, default=1e-3)
+    onednn_setting.add_flag(ap)
     args = ap.parse_args(argv)
+    rc = onednn_setting.apply(args.onednn, __file__, sys.argv[1:] if argv is None else argv)
+    if rc is not None:
+        return rc
 
     import transformers
 
+    # imported once --onednn has set LMFORGE_ONEDNN, which lmforge reads at import
     from lmforge.interop.bert import hf_config_dict, to_hf_state_dict
     from lmforge.models.bert import BertConfig, BertForPreTraining
+    from lmforge.nn.cpu_ops import onednn_enabled
 
     torch.set_num_threads(args.threads)
     transformers.logging.set_verbosity_error()
     B, T = args.batch, args.seq
-    print(f"torch {torch.__version__}, transformers {transformers.__version__}, {args.threads} threads")
+    print(f"torch {torch.__version__}, transformers {transformers.__version__}, {args.threads} threads; "
+          f"lmforge's oneDNN linear {'on' if onednn_enabled() else 'off'}")
     peak = measure_peak_gflops()
     print(f"measured fp32 matmul peak: {peak:.1f} GFLOP/s (re-measured at the end; the higher one is used)")
 

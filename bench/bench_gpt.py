@@ -11,7 +11,9 @@ noisy machine slows both alike.  Reported:
 - lmforge training under bf16 autocast against lmforge fp32.
 
 Times are medians over steps of wall-clock time and, on CPU, also of the process CPU time (steadier
-when other jobs share the cores).  Run: ``python bench/bench_gpt.py [--steps 10] [--threads N]``.
+when other jobs share the cores).  The matmul peak always includes oneDNN's kernel, so MFUs compare
+across ``--onednn`` settings.  Run: ``python bench/bench_gpt.py [--steps 10] [--threads N] [--onednn both]``
+(``--onednn both`` runs everything once with lmforge's oneDNN linear on and once with it off).
 """
 
 from __future__ import annotations
@@ -28,8 +30,9 @@ import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
+sys.path.insert(0, str(ROOT / "bench"))
 
-from lmforge.interop.gpt2 import import_hf  # noqa: E402
+import onednn_setting  # noqa: E402
 
 
 def sync(device: str) -> None:
@@ -99,7 +102,15 @@ def main() -> int:
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--skip", default="", help="comma list of sections to skip: train,infer,gen,bf16")
     ap.add_argument("--json", default=None, help="write the figures to this JSON file")
+    onednn_setting.add_flag(ap)
     args = ap.parse_args()
+    rc = onednn_setting.apply(args.onednn, __file__, sys.argv[1:], json_flag="--json")
+    if rc is not None:
+        return rc
+    # imported once --onednn has set LMFORGE_ONEDNN, which lmforge reads at import
+    from lmforge.interop.gpt2 import import_hf
+    from lmforge.nn.cpu_ops import onednn_enabled
+
     skip = set(filter(None, args.skip.split(",")))
 
     import transformers
@@ -138,8 +149,10 @@ def main() -> int:
         "transformers": transformers.__version__,
         "threads": torch.get_num_threads(),
         "device": dev if not dev.startswith("cuda") else torch.cuda.get_device_name(),
+        "onednn_linear": onednn_enabled(),
     }
-    print(f"torch {torch.__version__}, transformers {transformers.__version__}, {res['threads']} threads, {dev}")
+    print(f"torch {torch.__version__}, transformers {transformers.__version__}, {res['threads']} threads, {dev}; "
+          f"lmforge's oneDNN linear {'on' if res['onednn_linear'] else 'off'}")
 
     # -- same weights, same losses -------------------------------------------------------------------
     hf.train()

@@ -26,7 +26,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..errors import DataError, LmforgeError
-from ..nn.transformer import Dropout, Linear, TransformerBlock, init_weights, linear, padding_mask
+from ..nn.cpu_ops import Dropout, Linear, linear
+from ..nn.transformer import TransformerBlock, init_weights, padding_mask
 from .base import ModelOutput, PretrainedModel, TokenLayers
 
 logger = logging.getLogger(__name__)

@@ -15,14 +15,13 @@ from __future__ import annotations
 import dataclasses
 import logging
 import math
-import threading
 from collections.abc import Callable
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from ..errors import ConfigError, DataError, LmforgeError
+from ..nn.losses import causal_lm_loss, free_workspace, linear_cross_entropy, shift_labels
 from ..nn.transformer import KVCache, TransformerBlock, init_weights
 from .base import ModelOutput, PretrainedModel, TokenLayers
 
@@ -400,179 +399,6 @@ class GPTLMHeadModel(PretrainedModel):
         )
 
 
-def causal_lm_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-    """Mean next-token cross-entropy: position t predicts ``labels[:, t+1]``; -100 is ignored.
-
-    The labels are shifted rather than the logits, so the (B, T, V) logits are never copied.
-
-    Args:
-        logits: (B, T, V) scores.
-        labels: (B, T) targets aligned with the input.
-    Returns:
-        Scalar loss (fp32).
-    """
-    B, T, V = logits.shape
-    return F.cross_entropy(logits.reshape(B * T, V).float(), shift_labels(labels).reshape(B * T), ignore_index=-100)
-
-
-def shift_labels(labels: torch.Tensor) -> torch.Tensor:
-    """(B, T) labels aligned with the input -> (B, T) next-token targets (the last position gets -100)."""
-    return F.pad(labels[:, 1:], (0, 1), value=-100)
-
-
-_ONEDNN_LINEAR = getattr(getattr(torch.ops, "mkldnn", None), "_linear_pointwise", None)
-
-
-def _matmul_t(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    """``a @ b.T`` for 2-D tensors; on CPU through oneDNN, whose fp32 GEMM runs ~2x MKL's on AMD CPUs."""
-    if (
-        _ONEDNN_LINEAR is not None
-        and a.device.type == "cpu"
-        and a.dtype == b.dtype
-        and a.dtype in (torch.float32, torch.bfloat16)
-        and torch.backends.mkldnn.is_available()
-    ):
-        try:
-            return _ONEDNN_LINEAR(a, b, None, "none", [], "")
-        except RuntimeError:  # pragma: no cover - a build without the kernel
-            pass
-    return a @ b.t()
-
-
-_SOFTMAX_OUT = getattr(getattr(getattr(torch.ops, "aten", None), "_softmax", None), "out", None)
-
-
-def _softmax_(z: torch.Tensor) -> torch.Tensor:
-    """Softmax over the last dim of a contiguous fp32 ``z``, written over ``z`` (a new tensor would cost
-    its page faults again on every call: a few ms per 8 MB chunk, more than the softmax itself)."""
-    if _SOFTMAX_OUT is not None:
-        try:
-            return _SOFTMAX_OUT(z, -1, False, out=z)
-        except RuntimeError:  # pragma: no cover - a build that refuses the aliased out
-            pass
-    return torch.softmax(z, dim=-1)  # pragma: no cover
-
-
-_WORKSPACE = threading.local()  # per thread: name -> reusable scratch tensor
-
-
-def _workspace(rows: int, cols: int, dtype: torch.dtype, device: torch.device, name: str) -> torch.Tensor:
-    """A (rows, cols) scratch buffer ``name``, kept for later calls with the same width, dtype and device.
-
-    Reusing the buffer saves its page faults on every training step (on CPU a fresh 64 MB buffer costs
-    ~40 ms of faults, as much as a quarter of the LM head's step).  :func:`free_workspace` releases it.
-    """
-    bufs = _WORKSPACE.__dict__
-    buf = bufs.get(name)
-    if buf is None or buf.shape[0] < rows or buf.shape[1] != cols or buf.dtype != dtype or buf.device != device:
-        bufs.pop(name, None)
-        buf = bufs[name] = torch.empty(rows, cols, dtype=dtype, device=device)
-    return buf[:rows]
-
-
-def free_workspace() -> None:
-    """Release the scratch buffers :func:`linear_cross_entropy` keeps between calls (this thread's)."""
-    _WORKSPACE.__dict__.clear()
-
-
-class _LinearCrossEntropy(torch.autograd.Function):
-    """Mean cross-entropy of ``x @ weight.T`` against ``targets``, without a separate softmax pass.
-
-    Rows go in blocks of at most ``block_rows`` (all of them when the block's logits fit ``block_scores``),
-    and each block in cache-sized chunks of ``chunk_rows``: one matmul makes a chunk's logits, which are
-    turned in cache into the loss and the gradient (softmax - one-hot) / n and written once into the
-    block's gradient buffer; two more matmuls over the whole block give the gradients of ``x`` and
-    ``weight``.  The loss is a scalar, so those gradients are known in the forward pass and backward only
-    scales them.  Compared with ``F.cross_entropy(x @ weight.T)`` this skips the log-softmax output, the
-    zero-filled gradient of the NLL loss and the log-softmax backward: each a full pass over the (N, V)
-    logits.  Making the logits a chunk at a time also keeps the matmul's output in cache, which on CPU
-    makes it ~1.7x faster than one (N, V) matmul; under bf16 the chunk's fp32 copy stays in cache too.
-    """
-
-    @staticmethod
-    def forward(ctx, x, master_weight, targets, block_rows: int, chunk_rows: int, need_grad: bool):
-        # x (N, C) in the matmul dtype, master_weight (V, C) in its own dtype (fp32 under autocast), targets (N,)
-        weight = master_weight.to(x.dtype)  # one cast; the weight gradient is returned in master_weight's dtype
-        N = x.shape[0]
-        valid = targets != -100
-        safe = targets.clamp(min=0)
-        n_valid = int(valid.sum())
-        loss_sum = torch.zeros((), dtype=torch.float32, device=x.device)
-        grad_x = torch.empty_like(x) if need_grad else None
-        grad_w = None  # (V, C) fp32, summed over blocks
-        w_t = weight.t().contiguous() if need_grad else None  # (C, V) for grad_x = p @ W
-        for b in range(0, N, block_rows):
-            xb, tb, vb = x[b : b + block_rows], safe[b : b + block_rows, None], valid[b : b + block_rows]
-            p = _workspace(xb.shape[0], weight.shape[0], x.dtype, x.device, "grad") if need_grad else None  # (r, V)
-            lse = torch.empty(xb.shape[0], 1, dtype=torch.float32, device=x.device)  # log-sum-exp per row
-            target_score = torch.empty_like(lse)
-            for i in range(0, xb.shape[0], chunk_rows):  # a cache-sized chunk: all its passes stay in cache
-                zc = _matmul_t(xb[i : i + chunk_rows], weight)  # (c, V) logits, in the matmul dtype
-                tc = tb[i : i + chunk_rows]
-                zf = zc  # the softmax is always fp32: a bf16 chunk goes through a reused fp32 buffer
-                if zc.dtype != torch.float32:
-                    zf = _workspace(zc.shape[0], zc.shape[1], torch.float32, zc.device, "chunk").copy_(zc)
-                target_score[i : i + chunk_rows] = zf.gather(1, tc)
-                m = zf.amax(dim=-1, keepdim=True)
-                sm = _softmax_(zf)  # one fused kernel, in place
-                # log-sum-exp = m + log(sum exp(z - m)) = m - log(softmax at the max), which is >= 1/V
-                lse[i : i + chunk_rows] = m - sm.amax(dim=-1, keepdim=True).log()
-                if need_grad:
-                    sm.scatter_add_(1, tc, torch.full(tc.shape, -1.0, device=sm.device))  # softmax - one-hot
-                    ignored = (~vb[i : i + chunk_rows]).nonzero().squeeze(1)
-                    if ignored.numel():
-                        sm.index_fill_(0, ignored, 0.0)  # ignored rows give no gradient
-                    p[i : i + chunk_rows] = sm
-            loss_sum += ((lse - target_score).squeeze(1) * vb).sum()
-            if need_grad:
-                grad_x[b : b + block_rows] = _matmul_t(p, w_t)  # (r, C) = p @ W
-                gw = _matmul_t(xb.t(), p.t()).t().float()  # (V, C) = p.T @ x (this order is the fastest on CPU)
-                grad_w = gw if grad_w is None else grad_w.add_(gw)
-        if need_grad:
-            scale = 1.0 / max(n_valid, 1)
-            ctx.grads = (grad_x.mul_(scale), grad_w.mul_(scale).to(master_weight.dtype).contiguous())
-        else:
-            ctx.grads = None
-        return loss_sum / n_valid if n_valid else loss_sum * float("nan")
-
-    @staticmethod
-    def backward(ctx, grad_out):
-        if ctx.grads is None:
-            return None, None, None, None, None, None
-        grad_x, grad_w = ctx.grads
-        ctx.grads = None
-        return grad_x * grad_out, grad_w * grad_out, None, None, None, None
-
-
-def linear_cross_entropy(
-    x: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, block_scores: int = 1 << 26
-) -> torch.Tensor:
-    """``F.cross_entropy(x @ weight.T, targets, ignore_index=-100)`` with fewer passes over the logits.
-
-    Same value and gradients as the plain form (to float rounding).  At most ``block_scores`` logits
-    (default 64M, 256 MB in fp32) exist at a time, so a large vocabulary times a long batch stays bounded.
-    With gradients, the buffer of the logits' gradient is kept for the next call (no page faults on
-    every step); :func:`free_workspace` releases it.
-
-    Args:
-        x: (N, C) final hidden states.
-        weight: (V, C) output embedding.
-        targets: (N,) target ids, -100 = ignore.
-        block_scores: the most logits held at once.
-    Returns:
-        Scalar mean loss (fp32); NaN when every target is ignored (as ``F.cross_entropy``).
-    """
-    V = weight.shape[0]
-    block_rows = max(1, block_scores // V)
-    chunk_rows = max(8, (1 << 21) // V)  # ~8 MB of fp32 scores: the softmax passes stay in cache
-    need_grad = torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad)
-    if torch.is_autocast_enabled(x.device.type):  # matmuls in the autocast dtype, softmax in fp32
-        dt = torch.get_autocast_dtype(x.device.type)
-        with torch.autocast(x.device.type, enabled=False):
-            return _LinearCrossEntropy.apply(x.to(dt), weight, targets, block_rows, chunk_rows, need_grad)
-    return _LinearCrossEntropy.apply(x, weight, targets, block_rows, chunk_rows, need_grad)
-
-
 def _need_tokenizer(model: PretrainedModel):
     if model.tokenizer is None:
         raise LmforgeError("this model has no tokenizer attached; load it from a model folder with lmforge.load")
@@ -586,6 +412,7 @@ __all__ = [
     "DEFAULT_PRESET",
     "TRAIN_DEFAULTS",
     "pretraining_setup",
+    # the LM losses live in lmforge.nn.losses; re-exported because transfer imports them from here
     "causal_lm_loss",
     "linear_cross_entropy",
     "free_workspace",
