@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import logging
+import re
 import sys
 
 from . import __version__
@@ -27,6 +28,7 @@ COMMAND_MODULES = [
     "finetune",
     "predict",
     "hf",
+    "serve",
 ]
 
 
@@ -61,12 +63,54 @@ def main(argv: list[str] | None = None) -> int:
     try:
         rc = args.func(args)
     except LmforgeError as e:
-        print(f"lmforge {args.command}: error: {e}", file=sys.stderr)
-        return 2
+        return _fail(args.command, str(e))
     except KeyboardInterrupt:
         print(f"lmforge {args.command}: interrupted", file=sys.stderr)
         return 130
+    except OSError as e:
+        from .folders import os_error_line
+
+        return _fail(args.command, os_error_line(e, "write" if _writes(args) else "read"))
+    except MemoryError:
+        return _fail(args.command, "out of memory; use a smaller model, batch size or sequence length")
+    except RuntimeError as e:
+        line = out_of_memory_line(e)
+        if line is None:
+            raise
+        return _fail(args.command, line)
     return int(rc or 0)
+
+
+def _fail(command: str, message: str) -> int:
+    print(f"lmforge {command}: error: {message}", file=sys.stderr)
+    return 2
+
+
+def _writes(args) -> bool:
+    return any(getattr(args, name, None) for name in ("out", "out_dir", "model_dir")) and args.command not in (
+        "generate", "fill-mask"
+    )
+
+
+_ALLOC = re.compile(r"tried to allocate (\d+(?:\.\d+)?) ?(bytes|[KMGT]i?B)", re.IGNORECASE)
+
+
+def out_of_memory_line(e: BaseException) -> str | None:
+    """One line for torch's out-of-memory errors (CPU allocator or CUDA), naming the size; ``None`` otherwise."""
+    text = str(e)
+    oom = "out of memory" in text.lower() or "can't allocate memory" in text.lower()
+    if not oom and type(e).__name__ != "OutOfMemoryError":
+        return None
+    m = _ALLOC.search(text)
+    size = ""
+    if m:
+        value, unit = float(m.group(1)), m.group(2)
+        scale = {"bytes": 1, "kb": 2**10, "kib": 2**10, "mb": 2**20, "mib": 2**20, "gb": 2**30, "gib": 2**30,
+                 "tb": 2**40, "tib": 2**40}[unit.lower()]
+        size = f" (an allocation of {value * scale / 2**30:.1f} GiB failed)"
+    where = "GPU" if "cuda" in text.lower() or type(e).__name__ == "OutOfMemoryError" else "memory"
+    return (f"out of {where}{size}; use a smaller model, batch size or sequence length "
+            f"(e.g. --set batch_size=... n_positions=...)")
 
 
 if __name__ == "__main__":  # pragma: no cover

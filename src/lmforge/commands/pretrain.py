@@ -51,6 +51,12 @@ def register(sub) -> None:
         "--max-time", metavar="DURATION", help="time budget of this run, e.g. 90s, 15m, 1h; then save and stop"
     )
     p.add_argument("--resume", action="store_true", help="continue the training saved in MODEL_DIR/training_state")
+    p.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="start afresh in a MODEL_DIR that already holds a model (its model files and training state are "
+        "deleted), or write into a folder of another kind",
+    )
     p.add_argument("--tokenizer", metavar="DIR", help="check that this tokenizer made the shards")
     p.add_argument(
         "--init",
@@ -71,7 +77,62 @@ def format_metrics(val: dict[str, float]) -> str:
     return "\n".join(lines)
 
 
+def check_val_split(data_dir: str) -> None:
+    """Refuse shards without a validation split before training (pretraining ends with a validation)."""
+    import json
+    from pathlib import Path
+
+    from ..errors import DataError
+
+    try:
+        meta = json.loads((Path(data_dir) / "meta.json").read_text(encoding="utf-8"))
+        val_tokens = int(meta["splits"]["val"]["tokens"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return  # opening the shards gives the precise error
+    if val_tokens == 0:
+        raise DataError(
+            f"the shards in {data_dir} have no validation split (prepared with --val-fraction 0); pretraining "
+            f"needs one: run `lmforge prepare` again with e.g. --val-fraction 0.05"
+        )
+
+
+def check_configs(args, overrides: list[str]) -> None:
+    """Find config problems (unknown keys, bad values, presets) before the output folder is touched."""
+    from ..config import apply_overrides
+    from ..train import pretrain as driver
+    from ..train.config import TrainConfig
+
+    module = driver.family_module(args.family)
+    trainer_based = not hasattr(module, "run_pretraining")
+    model_over, train_over = driver.split_all_overrides(overrides, driver.family_config_class(args.family, module),
+                                                        trainer_based)
+    if not args.resume and args.init is None:
+        apply_overrides(driver.build_model_config(args.family, module, args.config), model_over)
+    if trainer_based:
+        apply_overrides(apply_overrides(TrainConfig(), dict(getattr(module, "TRAIN_DEFAULTS", {}))), train_over)
+
+
+def _clear_for_overwrite(out, kind: str | None) -> None:
+    """--overwrite: delete the files of the lmforge folder of ``kind`` at ``out`` (other files stay)."""
+    import shutil
+
+    from ..folders import _KNOWN, _entries
+
+    if kind in (None, "other", "demo"):
+        return
+    from fnmatch import fnmatch
+
+    for name in _entries(out):
+        if any(fnmatch(name, pat) for pat in _KNOWN[kind]):
+            target = out / name
+            shutil.rmtree(target) if target.is_dir() else target.unlink()
+
+
 def run(args) -> int:
+    from pathlib import Path
+
+    from ..folders import folder_kind, output_folder
+    from ..train.checkpoint import restore_model_config
     from ..train.config import parse_duration
     from ..train.pretrain import pretrain
 
@@ -79,17 +140,29 @@ def run(args) -> int:
     if args.max_steps is not None:
         overrides.append(f"max_steps={args.max_steps}")
     max_time = parse_duration(args.max_time) if args.max_time is not None else None
-    result = pretrain(
-        args.family,
-        args.data,
-        args.out,
-        preset_or_file=args.config,
-        overrides=overrides,
-        resume=args.resume,
-        max_time=max_time,
-        tokenizer_dir=args.tokenizer,
-        init=args.init,
-    )
+    if args.resume and args.overwrite:
+        from ..errors import LmforgeError
+
+        raise LmforgeError("--resume continues the run in --out and --overwrite starts afresh; give one of them")
+    check_configs(args, overrides)
+    check_val_split(args.data)
+    kind_before = folder_kind(args.out)
+    with output_folder(args.out, "model", args.overwrite, inputs=[args.data, args.init, args.tokenizer]) as out:
+        if args.overwrite and os.environ.get("RANK", "0") == "0":
+            _clear_for_overwrite(Path(out), kind_before)
+        if args.resume:
+            restore_model_config(out)
+        result = pretrain(
+            args.family,
+            args.data,
+            args.out,
+            preset_or_file=args.config,
+            overrides=overrides,
+            resume=args.resume,
+            max_time=max_time,
+            tokenizer_dir=args.tokenizer,
+            init=args.init,
+        )
     if os.environ.get("RANK", "0") != "0":
         return 0  # under torchrun only rank 0 reports
     head = f"{args.family} model written to {result.out_dir}"

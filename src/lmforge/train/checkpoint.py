@@ -137,6 +137,9 @@ def write_state_dir(out_dir: str | Path, files: dict[str, dict[str, torch.Tensor
     _cleanup_leftovers(out)
     tmp = Path(tempfile.mkdtemp(prefix=f"{STATE_DIR}.tmp-", dir=out))
     try:
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp, 0o777 & ~umask)  # mkdtemp makes 0700 folders; give the state the mode mkdir would
         hashes = {}
         for name, tensors in files.items():
             save_safetensors(tensors, tmp / name)  # temp file + fsync + rename inside tmp
@@ -189,6 +192,32 @@ def read_state_dir(out_dir: str | Path) -> tuple[Path, dict[str, Any], dict[str,
             raise CheckpointError(f"{f} is corrupt (checksum mismatch); delete {path} to start afresh")
         files[name] = load_safetensors(f)
     return path, state, files
+
+
+def restore_model_config(out_dir: str | Path) -> bool:
+    """Write ``OUT/config.json`` from the training state when a kill left the state but not the config.
+
+    The first checkpoint writes ``training_state/`` before the model folder's files; a kill between
+    the two leaves a folder whose state (with the model config in ``state.json``) is complete.
+    Returns:
+        True when ``config.json`` was written.
+    """
+    out = Path(out_dir)
+    if (out / "config.json").is_file():
+        return False
+    path = find_state_dir(out)
+    if path is None:
+        return False
+    try:
+        state = json.loads((path / "state.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return False
+    config = state.get("model_config") if isinstance(state, dict) else None
+    if not isinstance(config, dict) or "model_type" not in config:
+        return False
+    atomic_write_text(out / "config.json", json.dumps(config, indent=2, ensure_ascii=False) + "\n")
+    logger.warning("%s: restored config.json from the training state (the last save was interrupted)", out)
+    return True
 
 
 def remove_state_dir(out_dir: str | Path) -> None:

@@ -365,8 +365,45 @@ class Trainer:
         else:
             save_safetensors(self.model.state_dict(), self.out_dir / "model.safetensors")
 
+    def _nonfinite_parameter(self) -> str | None:
+        """The name of the first parameter holding NaN or infinity (over all ranks), or ``None``."""
+        bad = None
+        for name, p in self.model.named_parameters():
+            if p.is_floating_point() and not bool(torch.isfinite(p.detach()).all()):
+                bad = name
+                break
+        return bad if any_rank(bad is not None, self.env) else None
+
+    def _diverged(self, what: str) -> LmforgeError:
+        """The error for a run whose loss or weights became non-finite: how to resume with a lower lr."""
+        lower = f"{self.config.lr / 10:.3g}"
+        state = ckpt.find_state_dir(self.out_dir)
+        if state is not None:
+            try:
+                saved = int(json.loads((state / "state.json").read_text(encoding="utf-8"))["step"])
+            except (OSError, ValueError, KeyError, TypeError):
+                saved = None
+            at = f" (step {saved})" if saved is not None else ""
+            how = (f"the last finite checkpoint{at} in {self.out_dir} is kept: continue from it with a lower "
+                   f"learning rate by adding --resume --set lr={lower} to the same command")
+        else:
+            how = f"no checkpoint was saved yet: start again with a lower learning rate, e.g. --set lr={lower}"
+        return LmforgeError(
+            f"{what} at step {self.step}; nothing non-finite was saved; {how} "
+            f"(or raise warmup_steps, keep grad_clip on)"
+        )
+
     def save_checkpoint(self) -> None:
-        """Write ``training_state/`` atomically, then the model folder.  Collective: call on every rank."""
+        """Write ``training_state/`` atomically, then the model folder.  Collective: call on every rank.
+
+        Non-finite weights are never written: a NaN or infinity in any parameter raises a one-line
+        error instead, and the previous (finite) checkpoint stays in place.  The training state also
+        records the model config, so a kill after the first state but before the model folder's
+        ``config.json`` still leaves a folder that ``--resume`` continues.
+        """
+        bad = self._nonfinite_parameter()
+        if bad is not None:
+            raise self._diverged(f"the weights became non-finite ({bad} holds NaN or infinity)")
         self._flush_tokens()
         rngs = all_gather_objects(ckpt.rng_states(), self.env)
         if self.is_main:
@@ -383,6 +420,9 @@ class Trainer:
                 "param_names": self.param_names,
                 "train_config": to_dict(self.config),
             }
+            model_config = getattr(self.model, "config", None)
+            if dataclasses.is_dataclass(model_config) and getattr(self.model, "model_type", None):
+                state["model_config"] = {"model_type": self.model.model_type, **to_dict(model_config)}
             files = {
                 "model.safetensors": self.model.state_dict(),
                 "optimizer.safetensors": opt_tensors,
@@ -560,10 +600,7 @@ class Trainer:
         stats = all_reduce_sum(torch.cat([self._interval_loss.reshape(1), counts]), env)
         loss = float(stats[0].item()) / (self._interval_steps * env.world_size)
         if not math.isfinite(loss):
-            raise LmforgeError(
-                f"the training loss became {loss} at step {self.step}; lower lr, raise warmup_steps or keep "
-                f"grad_clip on, then start again or --resume from the last checkpoint"
-            )
+            raise self._diverged(f"the training loss became {loss}")
         dt = max(time.monotonic() - self._interval_t, 1e-9)
         tps = float(stats[2].item()) / dt  # over all ranks
         self.tokens_seen += int(stats[1].item())

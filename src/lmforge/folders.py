@@ -1,0 +1,435 @@
+"""What an output folder is, who is writing it, and whether a command may write there.
+
+Every folder lmforge writes is of one *kind*: ``model`` (``lmforge pretrain``, ``import-hf``), ``run``
+(``lmforge finetune --out``), ``shards`` (``prepare``), ``tokenizer`` (``tokenizer train``), ``export``
+(``export-hf``) or ``demo``.  The kind is recorded in a small marker file (:data:`MARKER`) and, for folders
+written before the marker existed, inferred from the files they hold (:func:`folder_kind`).
+
+A writing command calls :func:`output_folder` before any long work.  It refuses, in one line:
+
+- a path that is a file, or a folder of another kind, or a folder holding files lmforge did not write
+  (unless ``overwrite``);
+- a folder that is one of the command's own inputs (``finetune M --out M``), even with ``overwrite``;
+- a folder it cannot create or write into (the check writes the marker, so permissions, a read-only
+  or full filesystem are found before training starts, not after);
+- a folder another lmforge process is writing: the writer holds :data:`LOCK` (its pid and host).
+  A lock whose process is gone (same host, pid not running) is taken over with a warning.
+
+It also removes what killed runs leave behind: ``.NAME.XXXX.tmp`` files of interrupted atomic
+writes inside the folder, and ``.NAME.tmp-*`` / ``.NAME.old-*`` siblings of folders that are
+written beside their final place and renamed in (shards, exports).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import json
+import logging
+import os
+import shutil
+import socket
+import sys
+import tempfile
+import time
+from collections.abc import Iterable, Iterator
+from fnmatch import fnmatch
+from pathlib import Path
+
+from .errors import LmforgeError
+
+logger = logging.getLogger(__name__)
+
+MARKER = ".lmforge-folder.json"
+LOCK = ".lmforge.lock"
+
+KINDS = ("model", "run", "shards", "tokenizer", "export", "demo")
+_WORDS = {
+    "model": "a model folder",
+    "run": "a transfer run folder",
+    "shards": "a shard folder",
+    "tokenizer": "a tokenizer folder",
+    "export": "an HF export folder",
+    "demo": "a demo folder",
+}
+
+_TOKENIZER_FILES = ("tokenizer.json", "vocab.txt", "tokenizer_config.json", "special_tokens_map.json")
+# file-name patterns each kind may hold (anything else is a file lmforge did not write)
+_KNOWN: dict[str, tuple[str, ...]] = {
+    "model": (
+        "config.json", "model.safetensors", *_TOKENIZER_FILES, "train_config.json", "metrics.jsonl",
+        "training_curves.png", "vectors.txt", "training_summary.json", "training_state", "training_state.*",
+        "README.md", "plan.json",
+    ),
+    "run": ("config.json", "metrics.json", "predictions.jsonl", "*.safetensors", "*.png", "*.json", "*.jsonl",
+            "README.md"),
+    "shards": ("meta.json", "*.bin", "tokenizer"),
+    "tokenizer": _TOKENIZER_FILES,
+    "export": ("config.json", "model.safetensors", *_TOKENIZER_FILES, "generation_config.json", "vocab.json",
+               "merges.txt", "README.md"),
+    "demo": ("*",),
+}
+# lmforge's own bookkeeping and the leftovers of interrupted writes: never "foreign"
+_OWN = (MARKER, LOCK, ".*.tmp", ".*.tmp-*", ".*.old-*")
+
+
+def describe(kind: str) -> str:
+    """``"a model folder"`` for ``"model"`` and so on."""
+    return _WORDS.get(kind, f"a {kind} folder")
+
+
+def _entries(path: Path) -> list[str]:
+    try:
+        return sorted(e.name for e in os.scandir(path) if not any(fnmatch(e.name, pat) for pat in _OWN))
+    except FileNotFoundError:
+        return []
+
+
+def _read_json(path: Path) -> dict:
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def _marked_kind(path: Path) -> str | None:
+    kind = _read_json(path / MARKER).get("kind")
+    return kind if kind in KINDS else None
+
+
+def folder_kind(path: str | Path) -> str | None:
+    """The kind of folder at ``path``: one of :data:`KINDS`, ``None`` (absent or empty) or ``"other"``.
+
+    The marker decides when there is one; otherwise the files do: ``meta.json`` of shards, a
+    ``config.json`` with ``transfer`` (a run), ``architectures`` (an HF export) or an lmforge
+    ``model_type`` (a model), ``training_state/`` (a model whose first save was cut short), tokenizer
+    files alone (a tokenizer), ``demo_state.json`` (a demo).  ``"other"`` is a folder lmforge did not write.
+    """
+    p = Path(path)
+    if not p.is_dir():
+        return None
+    marked = _marked_kind(p)
+    if marked is not None:
+        return marked
+    names = set(_entries(p))
+    if not names:
+        return None
+    if _read_json(p / "meta.json").get("format") == "lmforge-shards":
+        return "shards"
+    if "demo_state.json" in names:
+        return "demo"
+    if "config.json" in names:
+        config = _read_json(p / "config.json")
+        from .models import MODEL_TYPES
+
+        if "transfer" in config:
+            return "run"
+        if "architectures" in config:
+            return "export"
+        if config.get("model_type") in MODEL_TYPES:
+            return "model"
+        return "other"
+    if "training_state" in names or "train_config.json" in names:
+        return "model"
+    if names <= set(_TOKENIZER_FILES) and names & {"tokenizer.json", "vocab.txt"}:
+        return "tokenizer"
+    return "other"
+
+
+def foreign_files(path: str | Path, kind: str) -> list[str]:
+    """Names in ``path`` that a folder of ``kind`` does not hold (files lmforge did not write there)."""
+    known = _KNOWN.get(kind, ())
+    return [n for n in _entries(Path(path)) if not any(fnmatch(n, pat) for pat in known)]
+
+
+def _names(items: list[str], n: int = 3) -> str:
+    return ", ".join(items[:n]) + (f" and {len(items) - n} more" if len(items) > n else "")
+
+
+def _same(a: Path, b: Path) -> bool:
+    try:
+        return a.resolve() == b.resolve()
+    except OSError:
+        return False
+
+
+def os_error_line(e: OSError, action: str = "write") -> str:
+    """One line for an OSError: what failed, on which path, why."""
+    where = e.filename if e.filename is not None else "?"
+    if e.errno == errno.ENOSPC:
+        return f"no space left on the device holding {where}; free some space or choose another folder"
+    if e.errno == errno.EDQUOT:
+        return f"disk quota exceeded writing {where}; free some space or choose another folder"
+    if e.errno in (errno.EACCES, errno.EPERM):
+        return f"permission denied: cannot {action} {where}; choose a folder you can write to"
+    if e.errno == errno.EROFS:
+        return f"read-only file system: cannot {action} {where}; choose a folder on a writable disk"
+    if e.errno == errno.ENOTDIR:
+        return f"cannot {action} {where}: a part of that path is a file, not a folder"
+    if e.errno == errno.ENOENT:
+        return f"no such file or folder: {where}"
+    reason = e.strerror or type(e).__name__
+    return f"cannot {action} {where}: {reason}"
+
+
+def check_output_dir(
+    path: str | Path,
+    kind: str,
+    overwrite: bool = False,
+    *,
+    inputs: Iterable[str | Path] = (),
+    existing: str = "replace",
+    option: str = "--out",
+) -> Path:
+    """Refuse to write a folder of ``kind`` at ``path`` when that would lose something; one-line errors.
+
+    Args:
+        path: the output folder.
+        kind: one of :data:`KINDS`.
+        overwrite: write even into a folder of another kind or holding other files.
+        inputs: folders the command reads; writing into one of them is refused whatever ``overwrite`` says.
+        existing: what a folder of the same kind means: ``"replace"`` (it is replaced, e.g. shards) or
+            ``"refuse"`` (it needs ``overwrite``, e.g. a model holding a training run).
+        option: how the folder was given, for the messages.
+    Returns:
+        ``path`` as a Path.  Nothing is created here; see :func:`output_folder`.
+    Raises:
+        LmforgeError: the refusal, saying what to do instead.
+    """
+    if kind not in KINDS:
+        raise ValueError(f"unknown folder kind {kind!r}")
+    p = Path(path)
+    for src in inputs:
+        if src is not None and _same(p, Path(src)):
+            raise LmforgeError(
+                f"{option} {p} is the folder this command reads; writing there would destroy it: "
+                f"choose another {option}"
+            )
+    if p.exists() and not p.is_dir():
+        raise LmforgeError(f"{option} {p} is a file, not a folder; choose a folder name")
+    found = folder_kind(p)
+    if found is None or overwrite:
+        return p
+    if found == "other":
+        raise LmforgeError(
+            f"{option} {p} holds files lmforge did not write ({_names(_entries(p))}); choose a new or empty "
+            f"folder, or pass --overwrite to write there anyway"
+        )
+    if found != kind:
+        raise LmforgeError(
+            f"{option} {p} is {describe(found)}, not {describe(kind)}; choose another folder, or pass --overwrite "
+            f"to replace it"
+        )
+    foreign = foreign_files(p, kind)
+    if foreign:
+        raise LmforgeError(
+            f"{option} {p} holds files lmforge did not write ({_names(foreign)}); choose a new or empty folder, "
+            f"or pass --overwrite to write there anyway"
+        )
+    if existing == "refuse":
+        raise LmforgeError(f"{option} {p} already holds {describe(kind)}; choose another folder, or pass --overwrite")
+    return p
+
+
+def write_marker(path: str | Path, kind: str) -> None:
+    """Record ``kind`` in ``path`` (created if need be); a failure is a one-line LmforgeError."""
+    from . import __version__
+    from .utils import atomic_write_text
+
+    p = Path(path)
+    try:
+        p.mkdir(parents=True, exist_ok=True)
+        if _marked_kind(p) != kind:
+            atomic_write_text(p / MARKER, json.dumps({"kind": kind, "lmforge": __version__}) + "\n")
+    except OSError as e:
+        raise LmforgeError(os_error_line(e)) from None
+
+
+def probe_writable(folder: str | Path) -> None:
+    """Create (parents included) and write a scratch file in ``folder``, or raise a one-line LmforgeError."""
+    p = Path(folder)
+    try:
+        p.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=".lmforge-probe.", suffix=".tmp", dir=p)
+        try:
+            os.write(fd, b"lmforge")
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+            os.unlink(tmp)
+    except OSError as e:
+        raise LmforgeError(os_error_line(e)) from None
+
+
+# -- one writer per folder ----------------------------------------------------------------------------
+def _main_process() -> bool:
+    """False on the non-zero ranks of a torchrun job (only rank 0 takes locks and writes markers)."""
+    return os.environ.get("RANK", "0") == "0"
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    except (OverflowError, ValueError):
+        return False
+    return True
+
+
+def lock_path(folder: str | Path, beside: bool = False) -> Path:
+    """Where the lock of ``folder`` lives: inside it, or (for folders renamed into place) beside it."""
+    p = Path(folder)
+    return p.parent / f".{p.name}.lock" if beside else p / LOCK
+
+
+def acquire_lock(folder: str | Path, beside: bool = False) -> Path:
+    """Take the writer lock of ``folder``; refuse (one line) when a live process holds it.
+
+    The lock file holds ``{"pid", "host", "since", "command"}`` and appears whole (it is written
+    beside and hard-linked into place), so a reader never sees half of it.
+    """
+    lock = lock_path(folder, beside)
+    try:
+        lock.parent.mkdir(parents=True, exist_ok=True)
+        info = {
+            "pid": os.getpid(),
+            "host": socket.gethostname(),
+            "since": time.strftime("%Y-%m-%d %H:%M:%S"),
+            "command": " ".join(["lmforge", *sys.argv[1:3]]),
+        }
+        fd, tmp = tempfile.mkstemp(prefix=f"{lock.name}.", suffix=".tmp", dir=lock.parent)
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(json.dumps(info) + "\n")
+        try:
+            for _ in range(3):
+                try:
+                    os.link(tmp, lock)
+                    return lock
+                except FileExistsError:
+                    holder = _read_json(lock)
+                    pid, host = holder.get("pid"), holder.get("host")
+                    stale = isinstance(pid, int) and host == info["host"] and not _pid_alive(pid)
+                    if not stale:
+                        who = f"pid {pid} on {host}" if pid else "another process"
+                        since = f" since {holder['since']}" if holder.get("since") else ""
+                        raise LmforgeError(
+                            f"{folder} is being written by another lmforge run ({who}{since}); wait for it to end, "
+                            f"or delete {lock} if that process is gone"
+                        ) from None
+                    logger.warning("%s: taking over the lock of pid %d, which is no longer running", folder, pid)
+                    with contextlib.suppress(FileNotFoundError):
+                        lock.unlink()
+            raise LmforgeError(f"could not take the lock {lock}; try again")
+        finally:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
+    except OSError as e:
+        raise LmforgeError(os_error_line(e)) from None
+
+
+def release_lock(lock: Path) -> None:
+    """Remove ``lock`` if this process still holds it."""
+    if _read_json(lock).get("pid") == os.getpid():
+        with contextlib.suppress(OSError):
+            lock.unlink()
+
+
+def remove_leftovers(folder: str | Path, beside: bool = False) -> list[Path]:
+    """Delete what interrupted writes left: ``.NAME.XXXX.tmp`` files in ``folder`` and, with ``beside``,
+    the ``.NAME.tmp-*`` / ``.NAME.old-*`` sibling folders.  Call it only while holding the lock."""
+    p = Path(folder)
+    gone: list[Path] = []
+    candidates: list[Path] = []
+    if p.is_dir():
+        candidates += [c for c in p.glob(".*.tmp") if c.is_file() and c.name != MARKER]
+    if beside and p.parent.is_dir():
+        candidates += [*p.parent.glob(f".{p.name}.tmp-*"), *p.parent.glob(f".{p.name}.old-*")]
+    for c in candidates:
+        try:
+            shutil.rmtree(c) if c.is_dir() and not c.is_symlink() else c.unlink()
+            gone.append(c)
+        except OSError:
+            continue
+    if gone:
+        logger.info("removed %d leftover(s) of an interrupted run: %s", len(gone), _names([g.name for g in gone]))
+    return gone
+
+
+@contextlib.contextmanager
+def output_folder(
+    path: str | Path,
+    kind: str,
+    overwrite: bool = False,
+    *,
+    inputs: Iterable[str | Path] = (),
+    existing: str = "replace",
+    beside: bool = False,
+    option: str = "--out",
+) -> Iterator[Path]:
+    """Check, lock and claim an output folder for the duration of a command.
+
+    Runs :func:`check_output_dir`, takes the writer lock, removes leftovers of interrupted runs and
+    proves the folder writable before the caller does any long work: for in-place folders by writing
+    the marker, for folders renamed into place (``beside=True``: shards, exports) by writing a scratch
+    file in the parent (the caller marks the new folder itself).  The lock is released on exit.
+    Under torchrun only rank 0 locks and writes.
+    """
+    p = check_output_dir(path, kind, overwrite, inputs=inputs, existing=existing, option=option)
+    if not _main_process():
+        yield p
+        return
+    if beside:
+        probe_writable(p.parent)
+    else:
+        try:
+            p.mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            raise LmforgeError(os_error_line(e, "create")) from None
+    lock = acquire_lock(p, beside)
+    try:
+        remove_leftovers(p, beside)
+        if not beside:
+            write_marker(p, kind)
+        yield p
+    finally:
+        release_lock(lock)
+
+
+# -- reading a model -----------------------------------------------------------------------------------
+def check_finite(tensors: dict, where: str | Path) -> None:
+    """Refuse weights holding NaN or infinity, naming the first such tensor."""
+    import torch
+
+    for name, t in tensors.items():
+        if isinstance(t, torch.Tensor) and t.is_floating_point() and not bool(torch.isfinite(t).all()):
+            raise LmforgeError(
+                f"{where} holds non-finite weights ({name} has NaN or infinity): the training diverged; resume "
+                f"from an earlier checkpoint with a lower learning rate, or retrain"
+            )
+
+
+def check_tokenizer_fits(config, tokenizer, where: str | Path) -> None:
+    """The tokenizer beside a model must be the one it was built for: same vocabulary size and special ids."""
+    vocab = getattr(config, "vocab_size", None)
+    if vocab is not None and tokenizer.vocab_size != vocab:
+        raise LmforgeError(
+            f"the tokenizer in {where} has {tokenizer.vocab_size} tokens but the model was built for {vocab}: "
+            f"it is not this model's tokenizer (was `tokenizer train --out` pointed at this folder?); put the "
+            f"model's own tokenizer back"
+        )
+    pairs = [
+        ("eos_token_id", getattr(tokenizer, "eot_id", None)),
+        ("bos_token_id", getattr(tokenizer, "eot_id", None)),
+        ("pad_token_id", getattr(tokenizer, "pad_id", None)),
+    ]
+    for field, tok_id in pairs:
+        want = getattr(config, field, None)
+        if want is not None and tok_id is not None and want != tok_id:
+            raise LmforgeError(
+                f"the tokenizer in {where} puts its special token at id {tok_id} but the model's {field} is "
+                f"{want}: it is not this model's tokenizer; put the model's own tokenizer back"
+            )
