@@ -16,17 +16,19 @@ from test_trainer import ToyConfig, ToyLM, ToySampler, events, make_trainer, one
 
 from lmforge.cli import main
 from lmforge.errors import ConfigError, DataError
+from lmforge.models import FAMILIES
 from lmforge.train import LRSchedule, TrainConfig, Trainer, parse_duration
-from lmforge.train.pretrain import FAMILIES, pretrain
+from lmforge.train.pretrain import pretrain
 from lmforge.train.trainer import param_groups
 
 
-# -- a fake family (contract 5) over the real shards and the real CausalWindowSampler ---------------------
+# -- a fake family over the real shards and the real CausalWindowSampler -----------------------------------
 def _toy_family() -> types.ModuleType:
     from lmforge.data.samplers import CausalWindowSampler
 
     mod = types.ModuleType("toy_family")
-    mod.CONFIG_CLASS = ToyConfig
+    mod.ToyConfig = ToyConfig
+    mod.ToyLM = ToyLM
     mod.PRESETS = {"tiny": dict(hidden_size=32, num_layers=2, dropout=0.1), "one": dict(num_layers=1)}
     mod.DEFAULT_PRESET = "tiny"
     mod.TRAIN_DEFAULTS = dict(lr=2e-3, batch_size=2, eval_batches=2, warmup_steps=1, log_every=1, eval_every=2,
@@ -46,7 +48,9 @@ def _toy_family() -> types.ModuleType:
 def toy_family(monkeypatch):
     """`lmforge pretrain gpt` runs the toy family (the CLI's family names are fixed)."""
     monkeypatch.setitem(sys.modules, "toy_family", _toy_family())
-    monkeypatch.setitem(FAMILIES, "gpt", "toy_family")
+    toy = dataclasses.replace(FAMILIES["gpt"], module="toy_family", model_class_name="ToyLM",
+                              config_class_name="ToyConfig")
+    monkeypatch.setitem(FAMILIES, "gpt", toy)
     return "gpt"
 
 

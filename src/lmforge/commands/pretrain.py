@@ -6,7 +6,9 @@ import argparse
 import math
 import os
 
-FAMILY_CHOICES = ("bert", "gpt", "elmo", "word2vec")
+from ..models import FAMILIES
+
+FAMILY_CHOICES = tuple(FAMILIES)
 
 EPILOG = """\
 examples:

@@ -1,4 +1,5 @@
-"""HF ``transformers`` <-> lmforge weight maps.  ``FAMILIES`` maps a model_type to its module.
+"""HF ``transformers`` <-> lmforge weight maps.  Which family maps to which module is the registry's
+(:attr:`lmforge.models.Family.hf_module` and ``hf_model_type``).
 
 Each module exposes ``export_hf(model, out_dir)`` (writes an HF folder with the tokenizer) and
 ``import_hf(hf_dir) -> model`` (reads ``config.json`` + ``model.safetensors`` of an HF folder).
@@ -11,20 +12,20 @@ from pathlib import Path
 
 from ..config import load_json
 from ..errors import CheckpointError
+from ..models import FAMILIES, load
 
-FAMILIES = {"bert": "lmforge.interop.bert", "gpt": "lmforge.interop.gpt2"}
 # HF config model_type -> lmforge family
-HF_TYPES = {"bert": "bert", "gpt2": "gpt"}
+HF_TYPES = {f.hf_model_type: f.name for f in FAMILIES.values() if f.hf_module is not None}
 
 
 def export_hf(model_dir: str | Path, out_dir: str | Path) -> Path:
     """Write an HF ``transformers`` folder for the lmforge BERT or GPT model at ``model_dir``."""
-    from .. import load
-
     model = load(model_dir)
-    if model.model_type not in FAMILIES:
-        raise CheckpointError(f"export-hf supports {', '.join(FAMILIES)} models, not '{model.model_type}'")
-    importlib.import_module(FAMILIES[model.model_type]).export_hf(model, Path(out_dir))
+    family = FAMILIES[model.model_type]
+    if family.hf_module is None:
+        exporters = [f.name for f in FAMILIES.values() if f.hf_module is not None]
+        raise CheckpointError(f"export-hf supports {', '.join(exporters)} models, not '{model.model_type}'")
+    importlib.import_module(family.hf_module).export_hf(model, Path(out_dir))
     return Path(out_dir)
 
 
@@ -35,7 +36,7 @@ def import_hf(hf_dir: str | Path, out_dir: str | Path | None = None):
     hf_type = data.get("model_type")
     if hf_type not in HF_TYPES:
         raise CheckpointError(f"{p} holds an HF '{hf_type}' model; import-hf reads {', '.join(HF_TYPES)}")
-    model = importlib.import_module(FAMILIES[HF_TYPES[hf_type]]).import_hf(p)
+    model = importlib.import_module(FAMILIES[HF_TYPES[hf_type]].hf_module).import_hf(p)
     if out_dir is not None:
         model.save_pretrained(out_dir)
     return model

@@ -1,9 +1,9 @@
 """The ``lmforge pretrain FAMILY`` driver: shards + family hooks + TrainConfig -> a model folder.
 
-Every family module (``lmforge/models/<family>.py``) offers ``PRESETS``, ``DEFAULT_PRESET``,
-``TRAIN_DEFAULTS`` and ``pretraining_setup(config, shards, tokenizer) -> (model, sampler)``; word2vec
-offers ``run_pretraining(shards, tokenizer, config, out_dir[, max_time=seconds])`` instead (it trains
-without the Trainer).  The config class is the module's ``CONFIG_CLASS`` or the family model's ``config_class``.
+Which families exist, and their config classes, presets and training defaults, come from the
+registry (:data:`lmforge.models.FAMILIES`).  Every Trainer-based family module offers
+``pretraining_setup(config, shards, tokenizer) -> (model, sampler)``; word2vec offers
+``run_pretraining(shards, tokenizer, config, out_dir)`` instead (gensim trains it in one pass).
 
 Order of work: every config problem is found before any data is read, the tokenizer is checked
 against the shards before any model is built, and ``train_config.json`` is written before the
@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
-import importlib
 import inspect
 import logging
 from pathlib import Path
@@ -22,6 +21,7 @@ from typing import Any
 
 from ..config import _field_types, apply_overrides, from_dict, load_json, parse_overrides, save_json, to_dict
 from ..errors import CheckpointError, ConfigError, DataError, LmforgeError
+from ..models import FAMILIES, get_family
 from ..utils import seed_everything
 from .checkpoint import STATE_DIR, find_state_dir
 from .config import TrainConfig, format_duration, parse_duration
@@ -30,12 +30,6 @@ from .trainer import Trainer
 
 logger = logging.getLogger(__name__)
 
-FAMILIES: dict[str, str] = {
-    "bert": "lmforge.models.bert",
-    "gpt": "lmforge.models.gpt",
-    "elmo": "lmforge.models.elmo",
-    "word2vec": "lmforge.models.word2vec",
-}
 TRAIN_CONFIG_FILE = "train_config.json"
 
 
@@ -65,29 +59,21 @@ class PretrainResult:
 
 
 def family_module(family: str):
-    """Import the family module named in :data:`FAMILIES`."""
-    if family not in FAMILIES:
-        raise ConfigError(f"unknown model family '{family}'; choose one of {', '.join(FAMILIES)}")
-    return importlib.import_module(FAMILIES[family])
+    """The family's module, as the registry names it (an unknown family is a ConfigError)."""
+    return get_family(family).import_module()
 
 
-def family_config_class(family: str, module) -> type:
-    """The family's config dataclass: ``module.CONFIG_CLASS`` or its model class's ``config_class``."""
-    cls = getattr(module, "CONFIG_CLASS", None)
-    if cls is None:
-        from ..models import MODEL_TYPES, model_class
-
-        if family not in MODEL_TYPES:
-            raise LmforgeError(f"family module {module.__name__} names no CONFIG_CLASS")
-        cls = model_class(family).config_class
-    return cls
+def family_config_class(family: str, module=None) -> type:
+    """The family's config dataclass, from the registry (``module`` is not used)."""
+    return get_family(family).config_class
 
 
 def build_model_config(family: str, module, preset_or_file: str | None):
-    """The family config from a preset name or a JSON file (unknown keys -> ConfigError)."""
-    cls = family_config_class(family, module)
-    presets: dict[str, dict] = getattr(module, "PRESETS", {})
-    choice = preset_or_file if preset_or_file is not None else getattr(module, "DEFAULT_PRESET", None)
+    """The family config from a preset name or a JSON file (unknown keys -> ConfigError); ``module`` is not used."""
+    fam = get_family(family)
+    cls = fam.config_class
+    presets = fam.presets
+    choice = preset_or_file if preset_or_file is not None else fam.default_preset
     if choice is None:
         return from_dict(cls, {})
     path = Path(choice)
@@ -213,7 +199,7 @@ def pretrain(
     """Pretrain a ``family`` model on the shards in ``data_dir`` and write the model folder ``out_dir``.
 
     Args:
-        family: ``bert``, ``gpt``, ``elmo`` or ``word2vec`` (a key of :data:`FAMILIES`).
+        family: ``bert``, ``gpt``, ``elmo`` or ``word2vec`` (a key of :data:`lmforge.models.FAMILIES`).
         data_dir: shards written by ``lmforge prepare``.
         out_dir: the model folder to write (config.json, model.safetensors, tokenizer, training_state/,
             train_config.json, metrics.jsonl, training_curves.png).
@@ -232,8 +218,8 @@ def pretrain(
     """
     out = Path(out_dir)
     module = family_module(family)
-    trainer_based = not hasattr(module, "run_pretraining")
-    model_cls = family_config_class(family, module)
+    trainer_based = get_family(family).trainer
+    model_cls = family_config_class(family)
     model_over, train_over = split_all_overrides(overrides, model_cls, trainer_based)
 
     # -- configs (no data read yet) --------------------------------------------------------------
@@ -255,9 +241,7 @@ def pretrain(
                 f"{out} already holds a model; pass --resume to continue its training, or choose another --out"
             )
         if init_dir is not None:
-            from ..models import model_class
-
-            model_config = model_class(family).config_from_folder(init_dir)
+            model_config = get_family(family).model_class.config_from_folder(init_dir)
         else:
             model_config = build_model_config(family, module, preset_or_file)
     model_config = apply_overrides(model_config, model_over)
@@ -269,7 +253,7 @@ def pretrain(
             saved["max_time"] = None  # a time budget belongs to one invocation
             train_config = from_dict(TrainConfig, saved)
         else:
-            train_config = apply_overrides(TrainConfig(), dict(getattr(module, "TRAIN_DEFAULTS", {})))
+            train_config = apply_overrides(TrainConfig(), get_family(family).train_defaults)
         train_config = apply_overrides(train_config, train_over)
         if max_time is not None:
             train_config = dataclasses.replace(train_config, max_time=parse_duration(max_time))
@@ -365,7 +349,6 @@ def evaluate_lm(
     Returns:
         ``{"loss", "ppl", ...family metrics}`` as floats.
     """
-    from ..models import model_class
     from ..utils import load_safetensors
 
     p = Path(model_dir)
@@ -375,16 +358,16 @@ def evaluate_lm(
     if family not in FAMILIES:
         raise CheckpointError(f"{p} holds a '{family}' model; evaluate lm reads bert, gpt or elmo folders")
     module = family_module(family)
-    if hasattr(module, "run_pretraining"):
+    if not get_family(family).trainer:
         raise LmforgeError(f"{family} has no language-model loss to score text with; use `lmforge evaluate wic`")
     if split not in ("val", "train"):
         raise LmforgeError(f"split must be 'val' or 'train', not {split!r}")
     if batches < 1 or batch_size < 1:
         raise LmforgeError(f"--batches and --batch-size must be >= 1, got {batches} and {batch_size}")
-    model_over, train_over = split_all_overrides(overrides, family_config_class(family, module))
+    model_over, train_over = split_all_overrides(overrides, family_config_class(family))
     if train_over:
         raise ConfigError(f"evaluate lm takes model-config keys only, not {', '.join(sorted(train_over))}")
-    model_config = apply_overrides(model_class(family).config_from_folder(p), model_over)
+    model_config = apply_overrides(get_family(family).model_class.config_from_folder(p), model_over)
     shards = open_shards(data_dir)
     check_tokenizer(shards, data_dir, load_tokenizer(p), f"the tokenizer of the model in {p}")
     model, sampler = module.pretraining_setup(model_config, shards, shards.tokenizer())

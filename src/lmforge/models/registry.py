@@ -1,0 +1,137 @@
+"""The model families: one entry per family, the one place every other module asks about them.
+
+A family's name is the ``model_type`` in its folders' ``config.json``.  Each :class:`Family` says
+where its code lives (config class, model class, presets), which tokenizer it pretrains on, how it
+is pretrained, and what it supports (HF interop, generation, fill-mask, transfer modes).  The
+family modules are imported only when a class is asked for, so ``import lmforge`` stays cheap.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+from ..config import load_json
+from ..errors import CheckpointError, ConfigError, LmforgeError
+
+
+@dataclasses.dataclass(frozen=True)
+class Family:
+    """What lmforge knows about one model family.
+
+    Attributes:
+        name: the family's ``model_type`` (``"bert"``...).
+        label: how reports name it (``"BERT"``).
+        module: import path of the module holding the config class, the model class, ``PRESETS``,
+            ``DEFAULT_PRESET`` and (Trainer-based families) ``TRAIN_DEFAULTS``.
+        model_class_name, config_class_name: the classes in ``module``.
+        tokenizer_kind: the tokenizer kind its pretraining needs (``"wordpiece"``, ``"bpe"``), None = any.
+        trainer: pretrained step by step by :class:`lmforge.train.Trainer`; False = trained by gensim in one
+            pass (word2vec).
+        hf_module: the :mod:`lmforge.interop` module mapping it to and from ``transformers`` (None = no HF
+            interop); ``hf_model_type`` the HF ``model_type`` that module reads and writes.
+        generates: has ``generate`` (``lmforge generate``).
+        fills_mask: has ``fill_mask`` (``lmforge fill-mask``).
+        transfer_modes: the transfer modes its body supports (``frozen``, ``features``, ``finetune``).
+    """
+
+    name: str
+    label: str
+    module: str
+    model_class_name: str
+    config_class_name: str
+    tokenizer_kind: str | None
+    trainer: bool
+    hf_module: str | None = None
+    hf_model_type: str | None = None
+    generates: bool = False
+    fills_mask: bool = False
+    transfer_modes: tuple[str, ...] = ()
+
+    def import_module(self) -> ModuleType:
+        return importlib.import_module(self.module)
+
+    @property
+    def model_class(self) -> type:
+        return getattr(self.import_module(), self.model_class_name)
+
+    @property
+    def config_class(self) -> type:
+        return getattr(self.import_module(), self.config_class_name)
+
+    @property
+    def presets(self) -> dict[str, dict[str, Any]]:
+        return dict(getattr(self.import_module(), "PRESETS", {}))
+
+    @property
+    def default_preset(self) -> str | None:
+        return getattr(self.import_module(), "DEFAULT_PRESET", None)
+
+    @property
+    def train_defaults(self) -> dict[str, Any]:
+        """``TrainConfig`` overrides of the family (empty for families trained without the Trainer)."""
+        return dict(getattr(self.import_module(), "TRAIN_DEFAULTS", {}))
+
+
+# the CLI lists the families in this order
+FAMILIES: dict[str, Family] = {
+    "bert": Family(
+        "bert", "BERT", "lmforge.models.bert", "BertForPreTraining", "BertConfig", "wordpiece", trainer=True,
+        hf_module="lmforge.interop.bert", hf_model_type="bert", fills_mask=True,
+        transfer_modes=("frozen", "features", "finetune"),
+    ),
+    "gpt": Family(
+        "gpt", "GPT", "lmforge.models.gpt", "GPTLMHeadModel", "GPTConfig", "bpe", trainer=True,
+        hf_module="lmforge.interop.gpt2", hf_model_type="gpt2", generates=True,
+        transfer_modes=("frozen", "features", "finetune"),
+    ),
+    "elmo": Family(
+        "elmo", "ELMo", "lmforge.models.elmo", "ElmoBiLM", "ElmoConfig", None, trainer=True,
+        transfer_modes=("frozen", "features"),
+    ),
+    "word2vec": Family(
+        "word2vec", "word2vec", "lmforge.models.word2vec", "Word2Vec", "Word2VecConfig", None, trainer=False,
+        transfer_modes=("features",),
+    ),
+}
+# the family names, for membership tests (``model_type in MODEL_TYPES``)
+MODEL_TYPES = FAMILIES
+
+
+def get_family(name: str | None, error: type[LmforgeError] = ConfigError) -> Family:
+    """The :class:`Family` called ``name``; an unknown name is ``error`` naming the known ones."""
+    if name not in FAMILIES:
+        raise error(f"unknown model family '{name}'; choose one of {', '.join(FAMILIES)}")
+    return FAMILIES[name]
+
+
+def model_class(model_type: str) -> type:
+    """The model class of ``model_type`` (e.g. ``"bert"``); unknown -> CheckpointError."""
+    if model_type not in FAMILIES:
+        raise CheckpointError(f"unknown model_type '{model_type}'; known: {', '.join(FAMILIES)}")
+    return FAMILIES[model_type].model_class
+
+
+def folder_family(path: str | Path) -> Family:
+    """The family of the model folder at ``path``, from its ``config.json`` (CheckpointError when it has none)."""
+    p = Path(path)
+    if not p.is_dir():
+        raise CheckpointError(f"model folder not found: {p}")
+    data = load_json(p / "config.json")
+    if "model_type" not in data:
+        raise CheckpointError(f"{p / 'config.json'} has no model_type; is this an lmforge model folder?")
+    if data["model_type"] not in FAMILIES:
+        raise CheckpointError(f"unknown model_type '{data['model_type']}'; known: {', '.join(FAMILIES)}")
+    return FAMILIES[data["model_type"]]
+
+
+def load(path: str | Path):
+    """Open any lmforge model folder; the family comes from ``config.json``'s ``model_type``.
+
+    Returns:
+        The model in eval mode, with its tokenizer attached as ``model.tokenizer``.
+    """
+    return folder_family(path).model_class.from_pretrained(Path(path))
