@@ -13,6 +13,8 @@ FAMILY_CHOICES = tuple(FAMILIES)
 EPILOG = """\
 examples:
   lmforge pretrain gpt --data shards/bpe --out models/gpt --config tiny --max-time 15m
+  lmforge pretrain gpt --data shards/bpe --out models/gpt --budget 15m
+  lmforge pretrain gpt --data shards/bpe --out models/gpt2 --plan models/gpt/plan.json
   lmforge pretrain bert --data shards/wp --out models/bert --set max_steps=2000 lr=3e-4 batch_size=16
   lmforge pretrain gpt --data shards/bpe --out models/gpt --resume --max-steps 4000
   lmforge pretrain bert --data shards/legal --out models/bert-legal --init models/bert --set lr=5e-5
@@ -52,6 +54,13 @@ def register(sub) -> None:
     p.add_argument(
         "--max-time", metavar="DURATION", help="time budget of this run, e.g. 90s, 15m, 1h; then save and stop"
     )
+    p.add_argument(
+        "--budget",
+        metavar="TIME|TOKENS",
+        help="plan the run from a budget, e.g. 15m, 1h or 20Mtok: a throughput probe picks the shape and the "
+        "number of steps (saved as OUT/plan.json), then exactly that many steps run (docs/training.md)",
+    )
+    p.add_argument("--plan", metavar="PLAN_JSON", help="replay a saved plan.json exactly (no probe)")
     p.add_argument("--resume", action="store_true", help="continue the training saved in MODEL_DIR/training_state")
     p.add_argument(
         "--overwrite",
@@ -148,13 +157,19 @@ def run(args) -> int:
         raise LmforgeError("--resume continues the run in --out and --overwrite starts afresh; give one of them")
     check_configs(args, overrides)
     check_val_split(args.data)
+    plan = None
+    if getattr(args, "budget", None) is not None or getattr(args, "plan", None) is not None:
+        from ..train.budget import plan_for_cli, run_plan
+
+        plan = plan_for_cli(args)
+        print(plan.describe(), flush=True)
     kind_before = folder_kind(args.out)
     with output_folder(args.out, "model", args.overwrite, inputs=[args.data, args.init, args.tokenizer]) as out:
         if args.overwrite and os.environ.get("RANK", "0") == "0":
             _clear_for_overwrite(Path(out), kind_before)
         if args.resume:
             restore_model_config(out)
-        result = pretrain(
+        result = run_plan(plan, args.data, args.out, tokenizer_dir=args.tokenizer) if plan else pretrain(
             args.family,
             args.data,
             args.out,

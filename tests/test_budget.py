@@ -1,0 +1,224 @@
+"""`lmforge pretrain FAMILY --budget 15m|20Mtok` and `--plan plan.json`: the budget parser, the planner's choice
+(with a fake throughput probe), the real probe, one-line errors, and a replay that gives the same weights."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from lmforge.cli import main
+from lmforge.data.shards import Shards
+from lmforge.errors import ConfigError
+from lmforge.train import budget as B
+
+# GPT shapes small enough for the test shards; the model keys apply to every candidate
+SMALL = {"n_positions": "32"}
+
+
+def run_cli(capsys, *argv) -> tuple[int, str, str]:
+    rc = main(["-q", *argv])
+    cap = capsys.readouterr()
+    return rc, cap.out, cap.err
+
+
+def one_line_error(rc: int, err: str, *words: str) -> None:
+    assert rc == 2, err
+    assert "Traceback" not in err and len(err.strip().splitlines()) == 1, err
+    for w in words:
+        assert w in err, (w, err)
+
+
+# -- the budget string --------------------------------------------------------------------------------------
+@pytest.mark.parametrize(("text", "kind", "value"), [
+    ("15m", "time", 900.0), ("1h30m", "time", 5400.0), ("90s", "time", 90.0), ("90", "time", 90.0),
+    ("20Mtok", "tokens", 20_000_000), ("500k tokens", "tokens", 500_000), ("1.5Btok", "tokens", 1_500_000_000),
+    ("4096tok", "tokens", 4096),
+])
+def test_parse_budget(text, kind, value):
+    b = B.parse_budget(text)
+    assert b.kind == kind
+    assert (b.seconds if kind == "time" else b.tokens) == value
+
+
+@pytest.mark.parametrize("text", ["soon", "15 minutes", "20M", "-5m", "0tok", ""])
+def test_bad_budget_is_a_config_error(text):
+    with pytest.raises(ConfigError) as e:
+        B.parse_budget(text)
+    assert "\n" not in str(e.value) and ("budget" in str(e.value) or "positive" in str(e.value))
+
+
+# -- the planner with a fake probe --------------------------------------------------------------------------
+class FakeProbe:
+    """Throughput inversely proportional to the parameters (``k / N`` tokens/s); records what it probed."""
+
+    def __init__(self, k: float, seconds: float = 2.0):
+        self.k, self.seconds, self.calls = k, seconds, []
+
+    def __call__(self, family, cand, train, shards, max_seconds):
+        self.calls.append(cand.name)
+        return B.ProbeResult(self.k / cand.params, 3, self.seconds)
+
+
+@pytest.fixture
+def unlimited_data(monkeypatch):
+    """The planner as if the shards were endless: only the compute-optimal rule chooses."""
+    monkeypatch.setattr(B, "MAX_EPOCHS", 1e12)
+    monkeypatch.setattr(B, "FULL_VALUE_EPOCHS", 1e12)
+
+
+def _expected_choice(cands, k, seconds, probe_seconds, train, probed):
+    train_s = (seconds - probe_seconds) * (1 - B.RESERVE)
+    best = None
+    for c in cands:
+        if c.name not in probed:
+            continue
+        steps = int(k / c.params * train_s / (c.tokens_per_step * B._eval_factor(train)))
+        r = steps * c.tokens_per_step / c.params / B.TOKENS_PER_PARAM
+        score = math.log(r) if r >= 1 else -B.UNDERTRAIN_WEIGHT * math.log(r)
+        if steps >= B.MIN_STEPS and (best is None or (round(score, 4), -c.params) < best[0]):
+            best = ((round(score, 4), -c.params), c.name, steps)
+    return best[1], best[2]
+
+
+def test_plan_is_deterministic_and_follows_the_rule(bpe_shards, unlimited_data):
+    shards = Shards.open(bpe_shards)
+    train = B._train_config("gpt", {})
+    cands = B.make_candidates("gpt", shards, train, None, SMALL)
+    assert [c.name for c in cands][:3] == ["tiny", "mini", "small"]  # smallest first
+    assert all(a.params < b.params for a, b in zip(cands, cands[1:]))
+    # 15 minutes at k / N tokens/s with k chosen so that 'mini' sees about 10 tokens per parameter: the
+    # compute-optimal rule with the cramming tilt prefers it to 'tiny' (far over 20 tokens/param)
+    mini = cands[1]
+    k = 10 * mini.params * mini.params / (900 * 0.9)
+    probe = FakeProbe(k)
+    plan = B.plan_budget("gpt", shards, "15m", model_overrides=SMALL, probe=probe)
+    again = B.plan_budget("gpt", shards, "15m", model_overrides=SMALL, probe=FakeProbe(k))
+    assert plan.to_json() == again.to_json()
+    # the probe stops at the first shape that is already under-trained: larger ones only more so
+    assert probe.calls == ["tiny", "mini"]
+    name, steps = _expected_choice(cands, k, 900.0, 2 * probe.seconds, train, probe.calls)
+    assert (plan.preset, plan.max_steps) == (name, steps) == ("mini", steps)
+    assert plan.tokens_per_param < B.TOKENS_PER_PARAM < plan.candidates[0]["tokens_per_param"]
+    assert plan.expected_tokens == int(steps * mini.tokens_per_step)
+    assert plan.params == mini.params and plan.seq_len == 32 and plan.batch_size == train.batch_size
+    # training hyper-parameters come from the family's defaults, the warm-up is capped at 10 % of the steps
+    assert plan.train["lr"] == train.lr and plan.train["beta2"] == train.beta2
+    assert plan.warmup_steps == min(train.warmup_steps, int(0.1 * steps)) == plan.train["warmup_steps"]
+    assert plan.train["max_steps"] == steps and plan.train["max_time"] is None
+    assert plan.model["n_embd"] == 128 and plan.model["n_positions"] == 32
+    assert plan.probe_tokens_per_s == pytest.approx(k / mini.params, abs=0.1)
+    assert "not probed" in plan.candidates[2]["note"]
+    text = plan.describe()
+    assert "'mini'" in text and f"{steps:,} steps" in text
+
+
+def test_twice_the_budget_buys_a_larger_shape(bpe_shards, unlimited_data):
+    shards = Shards.open(bpe_shards)
+    train = B._train_config("gpt", {})
+    cands = B.make_candidates("gpt", shards, train, None, SMALL)
+    mini = cands[1]
+    k = 10 * mini.params * mini.params / (900 * 0.9)
+    small_budget = B.plan_budget("gpt", shards, "15m", model_overrides=SMALL, probe=FakeProbe(k))
+    big_budget = B.plan_budget("gpt", shards, "16h", model_overrides=SMALL, probe=FakeProbe(k))
+    assert big_budget.params > small_budget.params
+
+
+def test_token_budget_needs_no_probe(bpe_shards, unlimited_data):
+    def no_probe(*a):
+        raise AssertionError("a token budget must not probe")
+
+    shards = Shards.open(bpe_shards)
+    train = B._train_config("gpt", {})
+    cands = {c.name: c for c in B.make_candidates("gpt", shards, train, None, SMALL)}
+    tokens = int(20 * cands["mini"].params)  # exactly Chinchilla's 20 tokens per parameter for 'mini'
+    plan = B.plan_budget("gpt", shards, f"{tokens}tok", model_overrides=SMALL, probe=no_probe)
+    assert plan.preset == "mini" and plan.max_steps == int(tokens / cands["mini"].tokens_per_step)
+    assert plan.probe_tokens_per_s is None and plan.expected_seconds is None and plan.budget_kind == "tokens"
+
+
+def test_small_data_caps_the_epochs_and_warns(bpe_shards):
+    shards = Shards.open(bpe_shards)
+    unique = shards.counts("train")["tokens"]
+    plan = B.plan_budget("gpt", shards, "500Mtok", preset_or_file="tiny", model_overrides=SMALL)
+    assert plan.epochs <= B.MAX_EPOCHS and plan.epochs > B.MAX_EPOCHS - 1
+    assert plan.max_steps == int(B.MAX_EPOCHS * unique / plan.tokens_per_step)
+    assert any("prepare more text" in w for w in plan.warnings)
+    assert plan.candidates == [c for c in plan.candidates if c["name"] == "tiny"]  # --config: one candidate
+
+
+def test_word2vec_budget_is_epochs(wordpiece_shards):
+    shards = Shards.open(wordpiece_shards)
+    unique = shards.counts("train")["tokens"]
+    plan = B.plan_budget("word2vec", shards, f"{3 * unique + 5}tok")
+    assert plan.model["epochs"] == 3 and plan.max_steps is None and plan.train == {}
+    with pytest.raises(ConfigError, match="too small for even one epoch"):
+        B.plan_budget("word2vec", shards, f"{unique - 1}tok")
+
+
+def test_budget_too_small_for_one_step(bpe_shards):
+    shards = Shards.open(bpe_shards)
+    with pytest.raises(ConfigError, match="too small for even one step") as e:
+        B.plan_budget("gpt", shards, "100tok", preset_or_file="tiny", model_overrides=SMALL)
+    assert "\n" not in str(e.value)
+    with pytest.raises(ConfigError, match="too small for even one step"):  # 1 s at 1 token/s
+        B.plan_budget("gpt", shards, "1s", preset_or_file="tiny", model_overrides=SMALL,
+                      probe=lambda *a: B.ProbeResult(1.0, 2, 0.01))
+
+
+# -- the real probe -----------------------------------------------------------------------------------------
+def test_real_probe_times_a_few_steps_without_touching_the_run_rng(bpe_shards):
+    shards = Shards.open(bpe_shards)
+    train = B._train_config("gpt", {"batch_size": "2", "device": "cpu"})
+    cand = B.make_candidates("gpt", shards, train, "tiny", SMALL)[0]
+    torch.manual_seed(123)
+    before = torch.rand(3)
+    torch.manual_seed(123)
+    res = B.measure_throughput("gpt", cand, train, shards, max_seconds=5.0)
+    assert torch.equal(torch.rand(3), before)  # the probe forks the RNG: the run after it is unchanged
+    assert res.tokens_per_s > 0 and B.PROBE_STEPS[0] <= res.steps <= B.PROBE_STEPS[1] and res.seconds > 0
+
+
+# -- the CLI: plan, train the fixed steps, replay ---------------------------------------------------------------
+def test_budget_run_and_plan_replay_give_the_same_weights(bpe_shards, tmp_path, capsys):
+    a, b = tmp_path / "a", tmp_path / "b"
+    sets = ["--set", "n_positions=32", "batch_size=4", "eval_batches=2", "device=cpu"]
+    rc, out, err = run_cli(capsys, "pretrain", "gpt", "--data", str(bpe_shards), "--out", str(a),
+                           "--config", "tiny", "--budget", "1500tok", *sets)
+    assert rc == 0, err
+    plan = json.loads((a / "plan.json").read_text())
+    assert plan["preset"] == "tiny" and plan["max_steps"] == 1500 // 128 and plan["budget"] == "1500tok"
+    assert "budget 1500tok (tokens) -> gpt 'tiny'" in out and f"after {plan['max_steps']} steps" in out
+    train_cfg = json.loads((a / "train_config.json").read_text())
+    assert train_cfg["max_steps"] == plan["max_steps"] and train_cfg["max_time"] is None
+
+    rc, out, err = run_cli(capsys, "pretrain", "gpt", "--data", str(bpe_shards), "--out", str(b),
+                           "--plan", str(a / "plan.json"))
+    assert rc == 0, err
+    wa, wb = load_file(a / "model.safetensors"), load_file(b / "model.safetensors")
+    assert wa.keys() == wb.keys() and all(torch.equal(wa[k], wb[k]) for k in wa)  # bit for bit
+    assert json.loads((b / "plan.json").read_text()) == plan
+
+
+def test_cli_errors_are_one_line(bpe_shards, tmp_path, capsys):
+    data, out = str(bpe_shards), str(tmp_path / "m")
+    base = ["pretrain", "gpt", "--data", data, "--out", out]
+    rc, _, err = run_cli(capsys, *base, "--budget", "soon")
+    one_line_error(rc, err, "bad budget", "15m", "20Mtok")
+    rc, _, err = run_cli(capsys, *base, "--budget", "10tok", "--config", "tiny")
+    one_line_error(rc, err, "too small for even one step")
+    rc, _, err = run_cli(capsys, *base, "--budget", "15m", "--max-steps", "10")
+    one_line_error(rc, err, "--max-steps")
+    rc, _, err = run_cli(capsys, *base, "--budget", "15m", "--set", "max_steps=10")
+    one_line_error(rc, err, "max_steps")
+    rc, _, err = run_cli(capsys, *base, "--plan", str(tmp_path / "nope.json"))
+    one_line_error(rc, err, "plan file not found")
+    (tmp_path / "bad.json").write_text("{}")
+    rc, _, err = run_cli(capsys, *base, "--plan", str(tmp_path / "bad.json"))
+    one_line_error(rc, err, "not an lmforge budget plan")
+    rc, _, err = run_cli(capsys, *base, "--plan", str(tmp_path / "bad.json"), "--config", "tiny")
+    one_line_error(rc, err, "--plan replays")
+    assert not (tmp_path / "m" / "model.safetensors").exists()
