@@ -1,4 +1,4 @@
-"""Session-scoped fixtures shared by every test file (contract 8 of the brief).
+"""Session-scoped fixtures shared by every test file.
 
 - ``tiny_corpus``: path to a small real-text file in BERT layout (one sentence per line, a blank
   line between documents), ~400 lines / ~40 documents drawn deterministically from the built-in

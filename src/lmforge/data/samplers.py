@@ -1,4 +1,4 @@
-"""Samplers: turn token shards into training batches, one row per random generator (contract 3).
+"""Samplers: turn token shards into training batches, one row per random generator.
 
 ``sampler.batch(rngs, split)`` draws row ``i`` only from ``rngs[i]``, so a batch is a pure function
 of the generators' seeds: resuming a run or sharding it over ranks reproduces the same rows.

@@ -1,8 +1,9 @@
-"""What every lmforge model family shares: the model folder contract and the output type.
+"""What every lmforge model family shares: the model folder, the output types and the body interface.
 
 A model folder holds ``config.json`` (with ``model_type``), ``model.safetensors``, the tokenizer
 files and, after pretraining, ``training_state/``.  ``Model(config)`` never needs weights;
 :meth:`PretrainedModel.from_pretrained` is the separate loading step, and reads safetensors only.
+:class:`TransferBody` is what transfer, ``embed`` and the evaluations use of a model, whatever its family.
 """
 
 from __future__ import annotations
@@ -10,7 +11,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Protocol, runtime_checkable
 
 import torch
 from torch import nn
@@ -56,6 +57,46 @@ class TokenLayers:
     offsets: list[tuple[int, int]]
     layers: torch.Tensor
     layer_names: list[str]
+
+
+@runtime_checkable
+class TransferBody(Protocol):
+    """The interface every family's model offers to transfer (heads on top of a pretrained body), to
+    ``lmforge embed`` and to the evaluations; ``tests/test_body_interface.py`` checks it for each family.
+
+    Attributes:
+        model_type: the family name (``"bert"``...).
+        tokenizer: the attached :class:`lmforge.tokenization.Tokenizer` (None until loaded or attached).
+        hidden_size: the width C of every layer :meth:`hidden_states` returns.
+    """
+
+    model_type: str
+    tokenizer: Any
+
+    @property
+    def hidden_size(self) -> int: ...
+
+    def hidden_states(
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor | None = None,
+        token_type_ids: torch.Tensor | None = None,
+    ) -> list[torch.Tensor]:
+        """Every layer's (B, T, C) representation, lowest (the token embedding) first.
+
+        ``attention_mask`` (B, T) is 1 for real tokens, 0 for padding; families without segments ignore
+        ``token_type_ids``.  The module's train/eval mode is left as it is.
+        """
+        ...
+
+    def transfer_layers(self) -> list[nn.Module]:
+        """The body as consecutive parts from the bottom (embeddings first): what gradual unfreezing and
+        layer-wise learning rates walk through."""
+        ...
+
+    def embed(self, texts: list[str]) -> list[TokenLayers]:
+        """Every layer's vector of every token of each text (uses ``self.tokenizer``)."""
+        ...
 
 
 class PretrainedModel(nn.Module):
@@ -121,17 +162,12 @@ class PretrainedModel(nn.Module):
             raise CheckpointError(f"model folder not found: {p}")
         config = cls.config_from_folder(p)
         model = cls(config)
-        from ..folders import check_finite, check_tokenizer_fits
-
-        state = load_safetensors(p / "model.safetensors")
-        check_finite(state, p / "model.safetensors")
-        model.load_weights(state)
+        model.load_weights(load_safetensors(p / "model.safetensors"))
         model.eval()
         if load_tokenizer and (p / "tokenizer.json").is_file():
             from ..tokenization import Tokenizer
 
             model.tokenizer = Tokenizer.load(p)
-            check_tokenizer_fits(config, model.tokenizer, p)
         return model
 
     def num_parameters(self, trainable_only: bool = False) -> int:

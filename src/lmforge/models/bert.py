@@ -350,7 +350,7 @@ class BertForPreTraining(PretrainedModel):
             metrics["nsp_acc"] = (nsp_scores.detach().argmax(-1) == next_sentence_label).float().mean()
         return BertPreTrainingOutput(loss=loss, logits=logits, metrics=metrics, nsp_logits=nsp_logits)
 
-    # -- transfer body interface (contract 7) -------------------------------------------------------
+    # -- the body interface (models.base.TransferBody) ----------------------------------------------
     @property
     def hidden_size(self) -> int:
         return self.config.hidden_size
@@ -380,7 +380,7 @@ class BertForPreTraining(PretrainedModel):
         """The tanh-pooled ``[CLS]`` vector, (B, C)."""
         return self.bert.pooler(self.bert(input_ids, attention_mask, token_type_ids))
 
-    # -- inference helpers (contract 6) --------------------------------------------------------------
+    # -- embed (TransferBody) and fill-mask --------------------------------------------------------
     def _need_tokenizer(self):
         if self.tokenizer is None:
             raise LmforgeError("this BERT model has no tokenizer attached; load it with lmforge.load(MODEL_DIR)")
@@ -479,7 +479,7 @@ class BertForPreTraining(PretrainedModel):
         ]
 
 
-# -- lmforge pretrain bert (contract 5) ------------------------------------------------------------------
+# -- lmforge pretrain bert ------------------------------------------------------------------------------
 def pretraining_setup(config: BertConfig, shards, tokenizer):
     """Build the model and its MLM+NSP sampler for ``lmforge pretrain bert``.
 

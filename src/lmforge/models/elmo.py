@@ -287,7 +287,7 @@ class ElmoBiLM(PretrainedModel):
             logits = torch.stack([_gather_time(logits[0], inverse), _gather_time(logits[1], inverse)])
         return ModelOutput(loss=loss, logits=logits, metrics=metrics)
 
-    # -- feature-based use (contract 7) ---------------------------------------------------------
+    # -- the body interface (models.base.TransferBody) -------------------------------------------
     def hidden_states(
         self,
         input_ids: torch.Tensor,
@@ -325,7 +325,7 @@ class ElmoBiLM(PretrainedModel):
 
     @torch.no_grad()
     def embed(self, texts: list[str], batch_size: int = 32) -> list[TokenLayers]:
-        """Contextual vectors of every token of every text (contract 6).
+        """Contextual vectors of every token of every text.
 
         Returns:
             One :class:`TokenLayers` per text with layers (num_layers + 1, n_tokens, 2P).
@@ -358,7 +358,7 @@ class ElmoBiLM(PretrainedModel):
 
 
 def pretraining_setup(config: ElmoConfig, shards, tokenizer) -> tuple[ElmoBiLM, object]:
-    """Build the biLM and its sampler for ``lmforge pretrain elmo`` (contract 5).
+    """Build the biLM and its sampler for ``lmforge pretrain elmo``.
 
     Args:
         config: the ELMo config; its ``vocab_size`` is replaced by the tokenizer's.

@@ -97,7 +97,7 @@ class GPTConfig:
         return self.n_inner if self.n_inner is not None else 4 * self.n_embd
 
 
-# -- contract 5: hooks for `lmforge pretrain gpt` ------------------------------------------------------
+# -- hooks for `lmforge pretrain gpt` -----------------------------------------------------------------
 # vocab_size, bos/eos ids come from the tokenizer in pretraining_setup.
 PRESETS: dict[str, dict] = {
     "tiny": dict(n_positions=128, n_embd=64, n_layer=2, n_head=2),  # tests and smoke runs
@@ -292,7 +292,7 @@ class GPTLMHeadModel(PretrainedModel):
                 loss = causal_lm_loss(logits, labels)
         return ModelOutput(loss=loss, logits=logits, hidden_states=tuple(states) if states is not None else None)
 
-    # -- contract 7: the transfer body interface ---------------------------------------------------------
+    # -- the body interface (models.base.TransferBody) ------------------------------------------------
     def hidden_states(
         self,
         input_ids: torch.Tensor,
@@ -311,7 +311,7 @@ class GPTLMHeadModel(PretrainedModel):
         parts.append(nn.ModuleList([self.h[-1], self.ln_f]))
         return parts
 
-    # -- contract 6: embed ---------------------------------------------------------------------------
+    # embed (also part of TransferBody)
     @torch.no_grad()
     def embed(self, texts: list[str]) -> list[TokenLayers]:
         """Contextual vectors of every token of each text, all layers (uses ``self.tokenizer``).

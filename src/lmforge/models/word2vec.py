@@ -204,7 +204,7 @@ class Word2Vec(PretrainedModel):
 
     @torch.no_grad()
     def embed(self, texts: list[str]) -> list[TokenLayers]:
-        """Static vectors of every token (contract 6), one layer.
+        """Static vectors of every token, one layer.
 
         A word split into several pieces gets the mean of its pieces' vectors on every one of its
         pieces (see :func:`word_index`), so a word's vector never depends on its sentence.

@@ -71,7 +71,7 @@ def learning_curve(
     """Score each mode at each training-set size over several seeds.
 
     Args:
-        model: a model folder or a loaded body (contract 7, with ``.tokenizer``).
+        model: a model folder or a loaded body (a ``TransferBody``, with ``.tokenizer``).
         task: ``classify``, ``pair``, ``tokens``, ``qa`` or ``choice``.
         train: the pool that the training sets are drawn from; test: scored in full.
         sizes: training-set sizes (sizes larger than the pool are skipped, with a warning).

@@ -105,7 +105,7 @@ class InputFormat:
 
     Args:
         family: ``"bert"``, ``"gpt"``, ``"elmo"`` or ``"word2vec"`` (model_type).
-        tokenizer: the body's attached tokenizer (contract 1: ``encode_with_offsets``, special ids).
+        tokenizer: the body's attached tokenizer (``encode_with_offsets``, special ids).
         max_len: the most positions an encoding may have, specials included.
         pool: ``"cls"``, ``"last"``, ``"mean"`` or ``"tokens"`` (every token, for a BiLSTM head).
         gpt: for GPT, the input transformation object of ``gpt_inputs`` (adds start/delim/extract).

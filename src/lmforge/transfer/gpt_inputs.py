@@ -289,7 +289,7 @@ class GPTForTask(nn.Module):
         self.train(was)
         return logits if self.regression else logits.argmax(-1)
 
-    # transfer body interface (contract 7) passes through to the GPT
+    # the body interface (TransferBody) passes through to the GPT
     def hidden_states(self, input_ids, attention_mask=None, token_type_ids=None) -> list[torch.Tensor]:
         return self.gpt.hidden_states(input_ids, attention_mask, token_type_ids)
 

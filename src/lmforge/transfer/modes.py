@@ -204,7 +204,7 @@ def check_supported(family: str, cfg: TransferConfig) -> None:
 
 # -- the model: body + what to read + head -------------------------------------------------------------
 class TransferModel(nn.Module):
-    """A body (contract 7) and a :class:`TaskHead`, joined by an :class:`InputFormat`.
+    """A body (:class:`lmforge.models.base.TransferBody`) and a :class:`TaskHead`, joined by an :class:`InputFormat`.
 
     Args:
         body: the pretrained model (``hidden_states``, ``transfer_layers``, ``hidden_size``, ``tokenizer``).
@@ -983,7 +983,7 @@ def run_transfer(
     """Carry a pretrained body over to a labelled task and measure it.
 
     Args:
-        model: a model folder (any family) or a loaded body offering contract 7 with ``.tokenizer``.
+        model: a model folder (any family) or a loaded body (a ``TransferBody``) with ``.tokenizer``.
         task: ``classify``, ``pair``, ``tokens``, ``qa`` or ``choice``.
         train, test: data files (see :mod:`lmforge.transfer.tasks`) or loaded :class:`TaskData`.
         mode: ``frozen``, ``features`` or ``finetune``.
