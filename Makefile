@@ -30,6 +30,9 @@ setup-test: $(BIN)/python
 	# The corpus-rebuild test reads WordNet and the KJV from Debian packages (root only; CI is root).
 	@if command -v apt-get >/dev/null 2>&1 && [ "$$(id -u)" = 0 ] && ! dpkg -s wordnet-base bible-kjv >/dev/null 2>&1; then \
 		apt-get update -qq && apt-get install -y -qq wordnet-base bible-kjv >/dev/null; fi
+	# The playground's browser tests drive Debian's chromium through playwright (never `playwright install`).
+	@if command -v apt-get >/dev/null 2>&1 && [ "$$(id -u)" = 0 ] && ! dpkg -s chromium >/dev/null 2>&1; then \
+		apt-get update -qq && apt-get install -y -qq chromium >/dev/null; fi
 
 demo: setup
 	$(BIN)/lmforge demo

@@ -70,7 +70,10 @@ def main(argv: list[str] | None = None) -> int:
     except OSError as e:
         from .folders import os_error_line
 
-        return _fail(args.command, os_error_line(e, "write" if _writes(args) else "read"))
+        out = _output_of(args)
+        if e.filename is None and out is not None:  # e.g. a write() that hit a full disk names no file
+            e = OSError(e.errno, e.strerror, out)
+        return _fail(args.command, os_error_line(e, "write" if out is not None else "read"))
     except MemoryError:
         return _fail(args.command, "out of memory; use a smaller model, batch size or sequence length")
     except RuntimeError as e:
@@ -86,10 +89,13 @@ def _fail(command: str, message: str) -> int:
     return 2
 
 
-def _writes(args) -> bool:
-    return any(getattr(args, name, None) for name in ("out", "out_dir", "model_dir")) and args.command not in (
-        "generate", "fill-mask"
-    )
+def _output_of(args) -> str | None:
+    """The folder or file a command writes, if any (for messages about OS errors that name no path)."""
+    if args.command == "import-hf":
+        return args.model_dir
+    if args.command == "demo":
+        return args.out or "the demo folder"
+    return getattr(args, "out", None) or getattr(args, "out_dir", None)
 
 
 _ALLOC = re.compile(r"tried to allocate (\d+(?:\.\d+)?) ?(bytes|[KMGT]i?B)", re.IGNORECASE)

@@ -1,0 +1,161 @@
+"""What ``lmforge serve`` holds: the model folders, fine-tuned runs and training folders it was given.
+
+Each folder becomes an :class:`Entry` named after the folder (``name-2`` etc. when two folders share a
+name).  A model folder (``config.json`` with ``model_type``) is opened with :func:`lmforge.load`, a run
+folder (``config.json`` with ``transfer``) with :func:`lmforge.transfer.load_run`; a folder that holds
+only ``metrics.jsonl`` / ``train_config.json`` (a pretraining that has not saved a checkpoint yet)
+serves its training curves.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+from pathlib import Path
+from typing import Any
+
+from ..config import load_json
+from ..errors import CheckpointError
+
+logger = logging.getLogger(__name__)
+
+METRICS_FILE = "metrics.jsonl"
+# what each family can do over HTTP (besides training curves)
+FAMILY_SUPPORTS = {
+    "bert": ("embed", "fill-mask"),
+    "gpt": ("embed", "generate"),
+    "elmo": ("embed",),
+    "word2vec": ("embed",),
+}
+
+
+@dataclasses.dataclass
+class Entry:
+    """One served folder.
+
+    Attributes:
+        name: how requests name it (``"model": name``).
+        path: the folder.
+        kind: ``model`` (a pretrained model folder), ``run`` (a fine-tuned run) or ``training``
+            (curves only: a pretraining that has not written its model yet).
+        family: ``bert``, ``gpt``, ``elmo``, ``word2vec`` (a run: its body's family), or None.
+        obj: the loaded model or :class:`~lmforge.transfer.TransferRun` (None for ``training``).
+        supports: the operations it serves: ``embed``, ``fill-mask``, ``generate``, ``predict``, ``curves``.
+    """
+
+    name: str
+    path: Path
+    kind: str
+    family: str | None
+    obj: Any
+    supports: tuple[str, ...]
+
+    def describe(self) -> dict[str, Any]:
+        """The entry as ``/v1/models`` lists it."""
+        d: dict[str, Any] = {
+            "name": self.name,
+            "path": str(self.path),
+            "kind": self.kind,
+            "family": self.family,
+            "supports": list(self.supports),
+        }
+        if self.kind == "model":
+            d["parameters"] = int(self.obj.num_parameters())
+        if self.kind == "run":
+            run = self.obj
+            d["parameters"] = int(sum(q.numel() for q in run.model.parameters()))
+            d.update(task=run.cfg.task, mode=run.cfg.mode, labels=list(run.labels), model_dir=run.model_dir)
+        return d
+
+
+def _has_curves(p: Path) -> bool:
+    return (p / METRICS_FILE).is_file()
+
+
+def open_entry(path: str | Path, name: str) -> Entry:
+    """Open one folder as an :class:`Entry` (a CheckpointError with one line when it is none of the kinds)."""
+    p = Path(path)
+    if not p.is_dir():
+        raise CheckpointError(
+            f"{p} is not a folder; give model folders, runs from `lmforge finetune`, or model folders being pretrained"
+        )
+    curves = ("curves",) if _has_curves(p) or (p / "train_config.json").is_file() else ()
+    cfg_path = p / "config.json"
+    if cfg_path.is_file() and (p / "head.safetensors").is_file():
+        from ..transfer import load_run
+
+        run = load_run(p)
+        return Entry(name, p, "run", run.family, run, ("predict",) + curves)
+    if cfg_path.is_file() and (p / "model.safetensors").is_file():
+        data = load_json(cfg_path)
+        if "model_type" in data:
+            from .. import load
+
+            model = load(p)
+            ops = FAMILY_SUPPORTS.get(model.model_type, ()) if model.tokenizer is not None else ()
+            if model.tokenizer is None:
+                logger.warning("%s has no tokenizer files: it serves no text operation", p)
+            return Entry(name, p, "model", model.model_type, model, tuple(ops) + curves)
+    if curves:
+        family = None
+        if cfg_path.is_file():
+            family = load_json(cfg_path).get("model_type")
+        return Entry(name, p, "training", family, None, curves)
+    raise CheckpointError(
+        f"{p} is not a model folder, a run from `lmforge finetune`, or a folder being pretrained "
+        f"(it has no config.json with model.safetensors or head.safetensors, and no {METRICS_FILE})"
+    )
+
+
+def open_entries(paths: list[str | Path]) -> dict[str, Entry]:
+    """Open every folder; names are the folder names, made unique with ``-2``, ``-3``, ..."""
+    if not paths:
+        raise CheckpointError("give at least one model folder or run to serve")
+    entries: dict[str, Entry] = {}
+    for path in paths:
+        base = Path(path).resolve().name or "model"
+        name, k = base, 2
+        while name in entries:
+            name, k = f"{base}-{k}", k + 1
+        entry = open_entry(path, name)
+        entries[name] = entry
+        logger.info("serving %s as '%s' (%s%s)", path, name, entry.kind, f", {entry.family}" if entry.family else "")
+    return entries
+
+
+def read_curves(path: Path, after: int = 0) -> dict[str, Any]:
+    """The events of ``path/metrics.jsonl`` as the playground draws them.
+
+    Args:
+        path: the model folder.
+        after: skip the first ``after`` lines (a poller passes the ``lines`` it already has).
+    Returns:
+        ``{"lines": lines read so far, "events": [{"step", "split", "loss", "metrics"}...]}``; a last line
+        still being written is left for the next poll.
+    """
+    f = path / METRICS_FILE
+    if not f.is_file():
+        return {"lines": 0, "events": []}
+    text = f.read_text(encoding="utf-8", errors="replace")
+    lines = text.split("\n")
+    complete = lines[:-1]  # the part after the last newline may be half written
+    events = []
+    for line in complete[after:]:
+        if not line.strip():
+            continue
+        try:
+            ev = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        if not isinstance(ev, dict) or "step" not in ev:
+            continue
+        events.append(
+            {
+                "step": ev.get("step"),
+                "split": ev.get("split", "train"),
+                "loss": ev.get("loss"),
+                "metrics": ev.get("metrics") or {},
+            }
+        )
+    return {"lines": len(complete), "events": events}
