@@ -181,6 +181,7 @@ def check_output_dir(
     inputs: Iterable[str | Path] = (),
     existing: str = "replace",
     option: str = "--out",
+    hint: str | None = "pass --overwrite to write there anyway",
 ) -> Path:
     """Refuse to write a folder of ``kind`` at ``path`` when that would lose something; one-line errors.
 
@@ -192,6 +193,7 @@ def check_output_dir(
         existing: what a folder of the same kind means: ``"replace"`` (it is replaced, e.g. shards) or
             ``"refuse"`` (it needs ``overwrite``, e.g. a model holding a training run).
         option: how the folder was given, for the messages.
+        hint: what ``overwrite`` is called and does, for the messages (``None``: the command has none).
     Returns:
         ``path`` as a Path.  Nothing is created here; see :func:`output_folder`.
     Raises:
@@ -211,24 +213,21 @@ def check_output_dir(
     found = folder_kind(p)
     if found is None or overwrite:
         return p
+    tail = f", or {hint}" if hint else ""
     if found == "other":
         raise LmforgeError(
             f"{option} {p} holds files lmforge did not write ({_names(_entries(p))}); choose a new or empty "
-            f"folder, or pass --overwrite to write there anyway"
+            f"folder{tail}"
         )
     if found != kind:
-        raise LmforgeError(
-            f"{option} {p} is {describe(found)}, not {describe(kind)}; choose another folder, or pass --overwrite "
-            f"to replace it"
-        )
+        raise LmforgeError(f"{option} {p} is {describe(found)}, not {describe(kind)}; choose another folder{tail}")
     foreign = foreign_files(p, kind)
     if foreign:
         raise LmforgeError(
-            f"{option} {p} holds files lmforge did not write ({_names(foreign)}); choose a new or empty folder, "
-            f"or pass --overwrite to write there anyway"
+            f"{option} {p} holds files lmforge did not write ({_names(foreign)}); choose a new or empty folder{tail}"
         )
     if existing == "refuse":
-        raise LmforgeError(f"{option} {p} already holds {describe(kind)}; choose another folder, or pass --overwrite")
+        raise LmforgeError(f"{option} {p} already holds {describe(kind)}; choose another folder{tail}")
     return p
 
 
@@ -369,6 +368,7 @@ def output_folder(
     existing: str = "replace",
     beside: bool = False,
     option: str = "--out",
+    hint: str | None = "pass --overwrite to write there anyway",
 ) -> Iterator[Path]:
     """Check, lock and claim an output folder for the duration of a command.
 
@@ -378,10 +378,11 @@ def output_folder(
     file in the parent (the caller marks the new folder itself).  The lock is released on exit.
     Under torchrun only rank 0 locks and writes.
     """
-    p = check_output_dir(path, kind, overwrite, inputs=inputs, existing=existing, option=option)
+    p = check_output_dir(path, kind, overwrite, inputs=inputs, existing=existing, option=option, hint=hint)
     if not _main_process():
         yield p
         return
+    created = not p.exists()
     if beside:
         probe_writable(p.parent)
     else:
@@ -390,13 +391,53 @@ def output_folder(
         except OSError as e:
             raise LmforgeError(os_error_line(e, "create")) from None
     lock = acquire_lock(p, beside)
+    failed = False
     try:
         remove_leftovers(p, beside)
         if not beside:
             write_marker(p, kind)
         yield p
+    except BaseException:
+        failed = True
+        raise
     finally:
         release_lock(lock)
+        if failed and created and not beside and not _entries(p):  # a failed command leaves no empty folder
+            with contextlib.suppress(OSError):
+                (p / MARKER).unlink()
+                p.rmdir()
+
+
+@contextlib.contextmanager
+def staged_folder(path: str | Path, kind: str) -> Iterator[Path]:
+    """Yield a fresh hidden folder beside ``path``; on success mark it and rename it into place.
+
+    Whatever was at ``path`` is replaced only once the new folder is complete (the old one is moved
+    aside, then deleted); a failure or a kill leaves ``path`` as it was, plus a ``.NAME.tmp-*``
+    folder that the next run removes.  Hold the lock (``output_folder(..., beside=True)``) around it.
+    """
+    p = Path(path)
+    try:
+        tmp = Path(tempfile.mkdtemp(prefix=f".{p.name}.tmp-", dir=p.parent))
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp, 0o777 & ~umask)
+    except OSError as e:
+        raise LmforgeError(os_error_line(e)) from None
+    try:
+        yield tmp
+        write_marker(tmp, kind)
+        old = None
+        if p.exists():
+            old = Path(tempfile.mkdtemp(prefix=f".{p.name}.old-", dir=p.parent))
+            os.rmdir(old)
+            os.replace(p, old)
+        os.replace(tmp, p)
+        if old is not None:
+            shutil.rmtree(old, ignore_errors=True)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
 
 
 # -- reading a model -----------------------------------------------------------------------------------
@@ -433,3 +474,27 @@ def check_tokenizer_fits(config, tokenizer, where: str | Path) -> None:
                 f"the tokenizer in {where} puts its special token at id {tok_id} but the model's {field} is "
                 f"{want}: it is not this model's tokenizer; put the model's own tokenizer back"
             )
+
+
+def check_model_folder(path: str | Path) -> None:
+    """Refuse a model folder whose weights are not finite or whose tokenizer does not fit its config.
+
+    For commands that read weights without :func:`lmforge.load` (which checks the same).  A folder
+    with no ``config.json`` or weights is left to the caller's own message.
+    """
+    p = Path(path)
+    weights = p / "model.safetensors"
+    if not (p / "config.json").is_file() or not weights.is_file():
+        return
+    from .utils import load_safetensors
+
+    check_finite(load_safetensors(weights), weights)
+    if (p / "tokenizer.json").is_file():
+        from .config import load_json
+        from .tokenization import Tokenizer
+
+        class _Config:  # the fields check_tokenizer_fits reads
+            def __init__(self, data: dict):
+                self.__dict__.update({k: v for k, v in data.items() if k.endswith("_id") or k == "vocab_size"})
+
+        check_tokenizer_fits(_Config(load_json(p / "config.json")), Tokenizer.load(p), p)

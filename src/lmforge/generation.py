@@ -9,6 +9,7 @@ stop string must not be shown).
 from __future__ import annotations
 
 import logging
+import math
 from collections.abc import Callable
 
 import torch
@@ -130,12 +131,7 @@ def generate(
     """
     if input_ids.dim() != 2 or input_ids.shape[1] == 0:
         raise LmforgeError("generate needs a (batch, length) tensor of prompt ids with at least one token")
-    if max_new_tokens < 0:
-        raise LmforgeError(f"max_new_tokens must be >= 0, got {max_new_tokens}")
-    if temperature < 0:
-        raise LmforgeError(f"temperature must be >= 0, got {temperature}")
-    if top_p is not None and not 0.0 < top_p <= 1.0:
-        raise LmforgeError(f"top_p must be in (0, 1], got {top_p}")
+    check_generation_args(max_new_tokens, temperature, top_k, top_p)
     n_pos = model.config.n_positions
     B, T0 = input_ids.shape
     device = input_ids.device
@@ -160,8 +156,9 @@ def generate(
     all_logits = []
     for _ in range(max_new_tokens):
         if seq.shape[1] - start >= n_pos:  # window full: re-prefill the last n_pos // 2 tokens
+            if start == 0:  # said once per call, not at every new window
+                logger.info("generate: context reached n_positions=%d; continuing over a sliding window", n_pos)
             start = seq.shape[1] - max(1, n_pos // 2)
-            logger.info("generate: context reached n_positions=%d; continuing over a sliding window", n_pos)
             if cache is not None:
                 cache = KVCache(len(model.h))
         fed = cache.length if cache is not None else 0
@@ -263,6 +260,20 @@ class TextStream:
         return out
 
 
+def check_generation_args(
+    max_new_tokens: int, temperature: float, top_k: int | None = None, top_p: float | None = None
+) -> None:
+    """Refuse sampling settings that make no sense, in one line, before any text is produced."""
+    if max_new_tokens < 0:
+        raise LmforgeError(f"max_new_tokens must be >= 0, got {max_new_tokens}")
+    if not math.isfinite(temperature) or temperature < 0:
+        raise LmforgeError(f"temperature must be >= 0 (0 = greedy), got {temperature}")
+    if top_k is not None and top_k < 0:
+        raise LmforgeError(f"top_k must be >= 1 (or 0 for no limit), got {top_k}")
+    if top_p is not None and not 0.0 < top_p <= 1.0:
+        raise LmforgeError(f"top_p must be in (0, 1], got {top_p}")
+
+
 def generate_text(
     model,
     prompt: str,
@@ -321,4 +332,6 @@ def generate_text(
     return "".join(pieces)
 
 
-__all__ = ["generate", "generate_text", "next_token", "filter_logits", "StopStrings", "TextStream"]
+__all__ = [
+    "generate", "generate_text", "check_generation_args", "next_token", "filter_logits", "StopStrings", "TextStream"
+]

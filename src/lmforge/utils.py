@@ -7,6 +7,7 @@ import hashlib
 import logging
 import os
 import random
+import re
 import tempfile
 from pathlib import Path
 
@@ -43,6 +44,12 @@ def atomic_path(path: str | Path):
             os.fsync(f.fileno())
         os.replace(tmp_path, path)
         _fsync_dir(path.parent)
+    except OSError as e:
+        with contextlib.suppress(OSError):
+            tmp_path.unlink()
+        if e.filename is None or e.filename == str(tmp_path):  # name the file the user knows, not the temp
+            raise OSError(e.errno, e.strerror, str(path)) from None
+        raise
     except BaseException:
         with contextlib.suppress(OSError):
             tmp_path.unlink()
@@ -71,8 +78,17 @@ def save_safetensors(tensors: dict, path: str | Path, metadata: dict[str, str] |
             flat[k] = v.clone()
         else:
             seen[ptr] = k
+    from safetensors import SafetensorError
+
     with atomic_path(path) as tmp:
-        save_file({k: v.cpu() for k, v in flat.items()}, str(tmp), metadata=metadata)
+        try:
+            save_file({k: v.cpu() for k, v in flat.items()}, str(tmp), metadata=metadata)
+        except SafetensorError as e:  # an I/O error inside safetensors (disk full...): make it the OSError it is
+            m = re.search(r"os error (\d+)", str(e))
+            if m is None:
+                raise
+            code = int(m.group(1))
+            raise OSError(code, os.strerror(code), str(path)) from None
 
 
 def load_safetensors(path: str | Path) -> dict:

@@ -61,9 +61,13 @@ def run(args) -> int:
     levels = [lg.level for lg in chatty]
     for lg in chatty:
         lg.setLevel(logging.WARNING)
+    from ..folders import output_folder
+
+    out = args.out or ("lmforge-demo-quick" if args.quick else "lmforge-demo")
     try:
-        result = run_demo(args.out, quick=args.quick, budget=args.budget, progress=progress,
-                          show_bars=False if quiet else None, on_step=on_step, on_done=on_done, force=args.force)
+        with output_folder(out, "demo", hint=None):
+            result = run_demo(args.out, quick=args.quick, budget=args.budget, progress=progress,
+                              show_bars=False if quiet else None, on_step=on_step, on_done=on_done, force=args.force)
     finally:
         for lg, level in zip(chatty, levels):
             lg.setLevel(level)

@@ -31,6 +31,8 @@ def run(args) -> int:
     from ..evaluate import load_models
     from ..evaluate.polysemy import format_polysemy, polysemy_table
 
+    if not args.word.strip():
+        raise LmforgeError('--word is empty; give the word to compare, e.g. --word python')
     model_dirs = [i for i in args.items if _is_model_dir(i)]
     sentences = [i for i in args.items if not _is_model_dir(i)]
     if len(sentences) < 2:

@@ -94,8 +94,10 @@ def run_run(args) -> int:
 def run_lm(args) -> int:
     import json
 
+    from ..folders import check_model_folder
     from ..train.pretrain import evaluate_lm
 
+    check_model_folder(args.model_dir)
     val = evaluate_lm(
         args.model_dir,
         args.data,

@@ -29,7 +29,9 @@ def register(sub) -> None:
         help="frozen: body fixed, head trains; features: cached vectors + small classifier; "
         "finetune: everything trains (default)",
     )
-    p.add_argument("--out", required=True, help="run folder to write")
+    p.add_argument("--out", required=True, help="run folder to write (checked before training: never the model folder)")
+    p.add_argument("--overwrite", action="store_true",
+                   help="write into a folder of another kind or holding other files anyway (never into MODEL_DIR)")
     p.add_argument(
         "--freeze-layers",
         type=int,
@@ -108,6 +110,7 @@ def register(sub) -> None:
 
 
 def run(args) -> int:
+    from ..folders import check_model_folder, output_folder
     from ..transfer import run_transfer
 
     options = {
@@ -128,9 +131,11 @@ def run(args) -> int:
         "max_answer_tokens": args.max_answer_tokens,
         "both_orders": args.both_orders,
     }
-    metrics = run_transfer(
-        args.model_dir, args.task, args.train, args.test, mode=args.mode, out_dir=args.out, **options
-    )
+    with output_folder(args.out, "run", args.overwrite, inputs=[args.model_dir]):
+        check_model_folder(args.model_dir)
+        metrics = run_transfer(
+            args.model_dir, args.task, args.train, args.test, mode=args.mode, out_dir=args.out, **options
+        )
     shown = {k: v for k, v in metrics.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
     print(json.dumps({"task": metrics["task"], "mode": metrics["mode"], "family": metrics["family"], **shown}))
     print(f"wrote {args.out}/metrics.json, predictions.jsonl, config.json and the weights")

@@ -4,12 +4,17 @@ from __future__ import annotations
 
 import sys
 
+#: the most tokens one `lmforge generate` adds (more is capped, with a message)
+MAX_NEW_TOKENS = 4096
+
 
 def register(sub) -> None:
     p = sub.add_parser("generate", help="continue a prompt with a GPT model (tokens stream as they come)")
     p.add_argument("model_dir", help="GPT model folder (from `lmforge pretrain gpt` or `lmforge import-hf`)")
     p.add_argument("--prompt", required=True, help="text to continue")
-    p.add_argument("--max-new-tokens", type=int, default=100, help="tokens to add at most (default 100)")
+    p.add_argument(
+        "--max-new-tokens", type=int, default=100, help=f"tokens to add at most (default 100, at most {MAX_NEW_TOKENS})"
+    )
     p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default); > 0 samples")
     p.add_argument("--top-k", type=int, default=None, help="sample only from the k most likely tokens")
     p.add_argument("--top-p", type=float, default=None, help="sample only from the nucleus of this probability")
@@ -31,8 +36,14 @@ def run(args) -> int:
 
     from .. import load
     from ..errors import LmforgeError
-    from ..generation import generate_text
+    from ..generation import check_generation_args, generate_text
 
+    check_generation_args(args.max_new_tokens, args.temperature, args.top_k, args.top_p)
+    max_new = args.max_new_tokens
+    if max_new > MAX_NEW_TOKENS:
+        print(f"lmforge generate: --max-new-tokens {max_new} is capped at {MAX_NEW_TOKENS} (a longer text takes "
+              f"many minutes on a CPU); generate again from the end for more", file=sys.stderr)
+        max_new = MAX_NEW_TOKENS
     model = load(args.model_dir)
     if model.model_type != "gpt":
         raise LmforgeError(f"{args.model_dir} holds a '{model.model_type}' model; generate needs a GPT")
@@ -53,7 +64,7 @@ def run(args) -> int:
     generate_text(
         model,
         args.prompt,
-        max_new_tokens=args.max_new_tokens,
+        max_new_tokens=max_new,
         temperature=args.temperature,
         top_k=args.top_k,
         top_p=args.top_p,

@@ -6,25 +6,40 @@ from __future__ import annotations
 def register(sub) -> None:
     p = sub.add_parser("export-hf", help="write a BERT/GPT model folder as an HF transformers folder")
     p.add_argument("model_dir", help="lmforge model folder (BERT or GPT)")
-    p.add_argument("out_dir", help="folder to write (config.json, model.safetensors, tokenizer)")
+    p.add_argument("out_dir", help="folder to write (config.json, model.safetensors, tokenizer); an earlier export "
+                   "there is replaced once the new one is complete")
+    p.add_argument("--overwrite", action="store_true",
+                   help="replace a folder of another kind or holding other files (its old content is deleted)")
     p.set_defaults(func=run_export)
     q = sub.add_parser("import-hf", help="read an HF BERT/GPT-2 folder into an lmforge model folder")
     q.add_argument("hf_dir", help="HF folder with config.json and model.safetensors")
-    q.add_argument("model_dir", help="lmforge model folder to write")
+    q.add_argument("model_dir", help="lmforge model folder to write (a new one: it appears complete or not at all)")
+    q.add_argument("--overwrite", action="store_true",
+                   help="replace an existing model folder or other folder (its old content is deleted)")
     q.set_defaults(func=run_import)
+
+_REPLACE = "pass --overwrite to replace it (its old content is deleted)"
 
 
 def run_export(args) -> int:
+    from ..folders import output_folder, staged_folder
     from ..interop import export_hf
 
-    out = export_hf(args.model_dir, args.out_dir)
+    with output_folder(args.out_dir, "export", args.overwrite, inputs=[args.model_dir], beside=True,
+                       option="OUT_DIR", hint=_REPLACE) as out:
+        with staged_folder(out, "export") as tmp:
+            export_hf(args.model_dir, tmp)
     print(f"wrote HF folder {out}")
     return 0
 
 
 def run_import(args) -> int:
+    from ..folders import output_folder, staged_folder
     from ..interop import import_hf
 
-    model = import_hf(args.hf_dir, args.model_dir)
+    with output_folder(args.model_dir, "model", args.overwrite, inputs=[args.hf_dir], existing="refuse", beside=True,
+                       option="MODEL_DIR", hint=_REPLACE) as out:
+        with staged_folder(out, "model") as tmp:
+            model = import_hf(args.hf_dir, tmp)
     print(f"imported {model.model_type} ({model.num_parameters() / 1e6:.1f}M parameters) into {args.model_dir}")
     return 0

@@ -31,10 +31,15 @@ def register(sub) -> None:
 
 
 def run(args) -> int:
+    from ..errors import DataError
     from ..transfer import load_run
     from ..transfer.tasks import TaskData, example_from_fields, load_task
     from ..utils import atomic_write_text
 
+    given = [("--text", args.text), ("--text-pair", args.text_pair), *(("--choice", c) for c in args.choice or [])]
+    for flag, value in given:
+        if value is not None and not value.strip():
+            raise DataError(f"{flag} is empty; give the text to predict on")
     run_ = load_run(args.run_dir)
     task = run_.cfg.task
     if args.file:

@@ -26,7 +26,8 @@ def register(sub) -> None:
     p.add_argument("--tokenizer", required=True, metavar="DIR", help="tokenizer folder (lmforge tokenizer train)")
     p.add_argument("--out", required=True, metavar="DIR", help="shard folder to write (replaces an old shard folder)")
     p.add_argument("--val-fraction", type=float, default=0.05, metavar="F",
-                   help="share of documents held out for validation (default 0.05; at least one document)")
+                   help="share of documents held out for validation (default 0.05; at least one document). 0 makes "
+                        "shards for `evaluate lm --split train` only: pretraining refuses shards without a val split")
     p.add_argument("--encoding-errors", choices=["strict", "replace"], default="strict",
                    help="strict: stop at bytes that are not UTF-8 (naming file and line); replace: use U+FFFD")
     p.add_argument("--layout", choices=["auto", "lines", "paragraphs"], default="auto",
@@ -43,15 +44,25 @@ def run(args) -> int:
 
     from ..data.corpus import check_file
     from ..data.shards import prepare, uncompressed_size
+    from ..errors import DataError
+    from ..folders import output_folder, write_marker
 
+    if not 0 <= args.val_fraction < 1:
+        raise DataError(f"--val-fraction must be in [0, 1), not {args.val_fraction}")
     total = sum(uncompressed_size(check_file(f)) for f in args.files)
-    with tqdm(total=total, unit="B", unit_scale=True, desc="prepare", file=sys.stderr,
-              disable=True if args.quiet else None, dynamic_ncols=True, leave=False) as bar:
-        meta = prepare(
-            args.files, args.tokenizer, args.out, val_fraction=args.val_fraction,
-            encoding_errors=args.encoding_errors, layout=args.layout, workers=args.workers, progress=bar.update,
-        )
+    # the shards are written beside --out and renamed into place: lock and check writability there
+    with output_folder(args.out, "shards", inputs=[args.tokenizer], beside=True, hint=None) as out:
+        with tqdm(total=total, unit="B", unit_scale=True, desc="prepare", file=sys.stderr,
+                  disable=True if args.quiet else None, dynamic_ncols=True, leave=False) as bar:
+            meta = prepare(
+                args.files, args.tokenizer, args.out, val_fraction=args.val_fraction,
+                encoding_errors=args.encoding_errors, layout=args.layout, workers=args.workers, progress=bar.update,
+            )
+        write_marker(out, "shards")
     print(format_summary(Path(args.out), meta))
+    if meta["splits"]["val"]["tokens"] == 0:
+        print("note: no validation split (--val-fraction 0): these shards can be scored with `lmforge evaluate lm "
+              "--split train` but not pretrained on", file=sys.stderr)
     return 0
 
 

@@ -30,7 +30,9 @@ def register(sub) -> None:
                         "bpe: GPT byte-level BPE with <|endoftext|>")
     t.add_argument("--vocab-size", type=int, required=True, metavar="N",
                    help="target vocabulary size incl. special tokens (the result may be smaller on a small corpus)")
-    t.add_argument("--out", required=True, metavar="DIR", help="folder to write")
+    t.add_argument("--out", required=True, metavar="DIR", help="folder to write (a tokenizer folder there is replaced)")
+    t.add_argument("--overwrite", action="store_true",
+                   help="write into a folder of another kind (e.g. a model's) or holding other files anyway")
     case = t.add_mutually_exclusive_group()
     case.add_argument("--no-lowercase", dest="lowercase", action="store_false", default=None,
                       help="keep case and accents (WordPiece lower-cases and strips accents by default)")
@@ -53,14 +55,16 @@ def register(sub) -> None:
 def run_train(args) -> int:
     import sys
 
+    from ..folders import output_folder
     from ..tokenization import Tokenizer
 
-    tok = Tokenizer.train(
-        args.files, kind=args.kind, vocab_size=args.vocab_size, lowercase=args.lowercase,
-        min_frequency=args.min_frequency, layout=args.layout, encoding_errors=args.encoding_errors,
-        show_progress=sys.stderr.isatty(),
-    )
-    out = tok.save(args.out)
+    with output_folder(args.out, "tokenizer", args.overwrite) as out:
+        tok = Tokenizer.train(
+            args.files, kind=args.kind, vocab_size=args.vocab_size, lowercase=args.lowercase,
+            min_frequency=args.min_frequency, layout=args.layout, encoding_errors=args.encoding_errors,
+            show_progress=sys.stderr.isatty(),
+        )
+        out = tok.save(out)
     print(f"trained {tok.kind} tokenizer: final vocabulary size {tok.vocab_size} (asked for {args.vocab_size}), "
           f"lowercase={tok.lowercase}, hash {tok.hash[:12]}")
     print(f"saved to {out}")

@@ -133,9 +133,31 @@ def check_file(path: str | Path) -> Path:
             head = f.read(8192)
     except OSError as e:
         raise DataError(f"cannot read {p}: {e}") from None
+    utf16 = _utf16_name(head)
+    if utf16:
+        raise DataError(f"{p} is {utf16} text, not UTF-8; convert it first, e.g. iconv -f {utf16.split()[0]} "
+                        f"-t UTF-8 {p} > {p.stem}.utf8{p.suffix}")
     if b"\x00" in head:
         raise DataError(f"{p} looks like a binary file (it contains NUL bytes); pass plain UTF-8 text or .gz")
     return p
+
+
+def _utf16_name(head: bytes) -> str | None:
+    """"UTF-16 (little-endian, with BOM)" and the like when ``head`` is UTF-16/32 text, else None."""
+    for bom, name in ((b"\xff\xfe\x00\x00", "UTF-32 (little-endian, with BOM)"),
+                      (b"\x00\x00\xfe\xff", "UTF-32 (big-endian, with BOM)"),
+                      (b"\xff\xfe", "UTF-16 (little-endian, with BOM)"),
+                      (b"\xfe\xff", "UTF-16 (big-endian, with BOM)")):
+        if head.startswith(bom):
+            return name
+    n = len(head) // 2 * 2
+    if n >= 8:  # text of mostly ASCII characters: every other byte is NUL
+        even, odd = head[0:n:2].count(0), head[1:n:2].count(0)
+        if odd > 0.9 * n / 2 and even == 0:
+            return "UTF-16 (little-endian, no BOM)"
+        if even > 0.9 * n / 2 and odd == 0:
+            return "UTF-16 (big-endian, no BOM)"
+    return None
 
 
 def _open_binary(p: Path):
