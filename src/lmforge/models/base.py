@@ -162,12 +162,17 @@ class PretrainedModel(nn.Module):
             raise CheckpointError(f"model folder not found: {p}")
         config = cls.config_from_folder(p)
         model = cls(config)
-        model.load_weights(load_safetensors(p / "model.safetensors"))
+        from ..folders import check_finite, check_tokenizer_fits
+
+        state = load_safetensors(p / "model.safetensors")
+        check_finite(state, p / "model.safetensors")
+        model.load_weights(state)
         model.eval()
         if load_tokenizer and (p / "tokenizer.json").is_file():
             from ..tokenization import Tokenizer
 
             model.tokenizer = Tokenizer.load(p)
+            check_tokenizer_fits(config, model.tokenizer, p)
         return model
 
     def num_parameters(self, trainable_only: bool = False) -> int:
