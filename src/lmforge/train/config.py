@@ -7,6 +7,7 @@ shift its defaults with their ``TRAIN_DEFAULTS`` dict; users with ``--set key=va
 from __future__ import annotations
 
 import dataclasses
+import math
 import re
 
 from ..errors import ConfigError
@@ -121,6 +122,8 @@ class TrainConfig:
         need(self.max_time is None or self.max_time > 0, f"max_time must be positive, got {self.max_time}")
         need(self.batch_size >= 1, f"batch_size must be >= 1, got {self.batch_size}")
         need(self.grad_accum >= 1, f"grad_accum must be >= 1, got {self.grad_accum}")
+        for name in ("lr", "min_lr_ratio", "weight_decay", "beta1", "beta2", "eps", "grad_clip"):
+            need(math.isfinite(getattr(self, name)), f"{name} must be a finite number, got {getattr(self, name)}")
         need(self.lr > 0, f"lr must be > 0, got {self.lr}")
         need(0.0 <= self.min_lr_ratio <= 1.0, f"min_lr_ratio must be in [0, 1], got {self.min_lr_ratio}")
         need(self.warmup_steps >= 0, f"warmup_steps must be >= 0, got {self.warmup_steps}")
