@@ -34,12 +34,13 @@ def atomic_path(path: str | Path):
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     os.close(fd)
     tmp_path = Path(tmp)
-    # mkstemp makes 0600 files; give the result the mode a plain open() would have.
     umask = os.umask(0)
     os.umask(umask)
-    os.chmod(tmp_path, 0o666 & ~umask)
     try:
         yield tmp_path
+        # mkstemp makes 0600 files (and a writer may have replaced the file: safetensors does); give the
+        # result the mode a plain open() would have.
+        os.chmod(tmp_path, 0o666 & ~umask)
         with open(tmp_path, "rb+") as f:
             os.fsync(f.fileno())
         os.replace(tmp_path, path)

@@ -93,7 +93,9 @@ def run_run(args) -> int:
 
 def run_lm(args) -> int:
     import json
+    import math
 
+    from ..errors import LmforgeError
     from ..folders import check_model_folder
     from ..train.pretrain import evaluate_lm
 
@@ -107,5 +109,10 @@ def run_lm(args) -> int:
         overrides=args.overrides,
         seed=args.seed,
     )
+    if not math.isfinite(val.get("loss", 0.0)):
+        raise LmforgeError(
+            f"{args.model_dir} gives a non-finite loss ({val['loss']}) on {args.data}: its weights are unusable; "
+            f"resume its training from an earlier checkpoint with a lower learning rate"
+        )
     print(json.dumps({"model": str(args.model_dir), "data": str(args.data), "split": args.split, **val}))
     return 0

@@ -261,6 +261,10 @@ class Trainer:
         self.out_dir.mkdir(parents=True, exist_ok=True)
         with open(self.out_dir / METRICS_FILE, "a", encoding="utf-8") as f:
             f.write(json.dumps(event) + "\n")
+        if self.config.log == "tensorboard":  # the same event as TensorBoard scalars, beside metrics.jsonl
+            from .tblog import log_event
+
+            log_event(self.out_dir, event)
 
     def _flush_tokens(self) -> None:
         t = torch.tensor([float(self._pending_tokens)], dtype=torch.float64, device=self.device)
@@ -374,9 +378,28 @@ class Trainer:
                 break
         return bad if any_rank(bad is not None, self.env) else None
 
+    @torch.no_grad()
+    def _loss_is_finite(self) -> bool:
+        """Whether the current weights give a finite loss on the next step's first micro-batch (all ranks).
+
+        Weights can be finite yet already unusable (attention scores that overflow): such a state
+        must not become the checkpoint a ``--resume`` starts from.  One forward in eval mode, on a
+        forked RNG, so the training run itself is unchanged.
+        """
+        was_training = self.model.training
+        self.model.eval()
+        devices = [self.device] if self.device.type == "cuda" else []
+        with torch.random.fork_rng(devices=devices):
+            batch = self.sampler.batch(self._rngs("train", self.step, self.env.rank * self.config.batch_size), "train")
+            with self._autocast():
+                loss = getattr(self.model(**self._to_device(batch)), "loss", None)
+        self.model.train(was_training)
+        ok = loss is None or bool(torch.isfinite(loss.detach().float()).all())
+        return not any_rank(not ok, self.env)
+
     def _diverged(self, what: str) -> LmforgeError:
         """The error for a run whose loss or weights became non-finite: how to resume with a lower lr."""
-        lower = f"{self.config.lr / 10:.3g}"
+        lower = f"{self.config.lr / 10:g}"
         state = ckpt.find_state_dir(self.out_dir)
         if state is not None:
             try:
@@ -396,14 +419,17 @@ class Trainer:
     def save_checkpoint(self) -> None:
         """Write ``training_state/`` atomically, then the model folder.  Collective: call on every rank.
 
-        Non-finite weights are never written: a NaN or infinity in any parameter raises a one-line
-        error instead, and the previous (finite) checkpoint stays in place.  The training state also
+        Non-finite weights are never written: a NaN or infinity in any parameter, or weights whose
+        loss on the next batch is not finite, raise a one-line error instead, and the previous
+        (finite) checkpoint stays in place.  The training state also
         records the model config, so a kill after the first state but before the model folder's
         ``config.json`` still leaves a folder that ``--resume`` continues.
         """
         bad = self._nonfinite_parameter()
         if bad is not None:
             raise self._diverged(f"the weights became non-finite ({bad} holds NaN or infinity)")
+        if not self._loss_is_finite():
+            raise self._diverged("the weights give a non-finite loss")
         self._flush_tokens()
         rngs = all_gather_objects(ckpt.rng_states(), self.env)
         if self.is_main:
@@ -581,6 +607,10 @@ class Trainer:
                 cfg.max_steps,
                 self.out_dir,
             )
+        if self.is_main and self.config.log == "tensorboard":
+            from .tblog import close
+
+            close(self.out_dir)
         if self.is_main and self.plot:
             self._plot()
         return TrainResult(
