@@ -59,10 +59,10 @@ _KNOWN: dict[str, tuple[str, ...]] = {
     "model": (
         "config.json", "model.safetensors", *_TOKENIZER_FILES, "train_config.json", "metrics.jsonl",
         "training_curves.png", "vectors.txt", "training_summary.json", "training_state", "training_state.*",
-        "README.md", "plan.json",
+        "README.md", "plan.json", "events.out.tfevents.*",
     ),
     "run": ("config.json", "metrics.json", "predictions.jsonl", "*.safetensors", "*.png", "*.json", "*.jsonl",
-            "README.md"),
+            "README.md", "events.out.tfevents.*"),
     "shards": ("meta.json", "*.bin", "tokenizer"),
     "tokenizer": _TOKENIZER_FILES,
     "export": ("config.json", "model.safetensors", *_TOKENIZER_FILES, "generation_config.json", "vocab.json",

@@ -106,6 +106,12 @@ def register(sub) -> None:
         "similarity, so the order of the two texts does not matter",
     )
     p.add_argument("--cache-dir", default=None, help="features mode: vector cache (default ~/.cache/lmforge/features)")
+    p.add_argument(
+        "--log",
+        choices=["jsonl", "tensorboard"],
+        default="jsonl",
+        help="tensorboard: also write TensorBoard event files into --out (train/loss per epoch, test metrics)",
+    )
     p.set_defaults(func=run)
 
 
@@ -133,9 +139,17 @@ def run(args) -> int:
     }
     with output_folder(args.out, "run", args.overwrite, inputs=[args.model_dir]):
         check_model_folder(args.model_dir)
+        progress = None
+        if args.log == "tensorboard":
+            from ..train.tblog import EpochLog
+
+            progress = EpochLog(args.out)
         metrics = run_transfer(
-            args.model_dir, args.task, args.train, args.test, mode=args.mode, out_dir=args.out, **options
+            args.model_dir, args.task, args.train, args.test, mode=args.mode, out_dir=args.out, progress=progress,
+            **options,
         )
+        if progress is not None:
+            progress.finish(metrics)
     shown = {k: v for k, v in metrics.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
     print(json.dumps({"task": metrics["task"], "mode": metrics["mode"], "family": metrics["family"], **shown}))
     print(f"wrote {args.out}/metrics.json, predictions.jsonl, config.json and the weights")

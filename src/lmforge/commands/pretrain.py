@@ -75,6 +75,13 @@ def register(sub) -> None:
         help="continue pretraining this model folder (same family) on new shards: domain-adaptive pretraining; "
         "its config and weights are the start, its tokenizer must have made the shards",
     )
+    p.add_argument(
+        "--log",
+        choices=["jsonl", "tensorboard"],
+        default=None,
+        help="jsonl: metrics.jsonl and training_curves.png (default); tensorboard: also TensorBoard event files "
+        "beside them (bert, gpt, elmo; same as --set log=tensorboard)",
+    )
     p.set_defaults(func=run)
 
 
@@ -150,6 +157,12 @@ def run(args) -> int:
     overrides = list(args.overrides)
     if args.max_steps is not None:
         overrides.append(f"max_steps={args.max_steps}")
+    if args.log is not None:
+        if args.family == "word2vec":
+            from ..errors import LmforgeError
+
+            raise LmforgeError("word2vec trains in one gensim pass, no training curve: --log is for bert, gpt, elmo")
+        overrides.append(f"log={args.log}")
     max_time = parse_duration(args.max_time) if args.max_time is not None else None
     if args.resume and args.overwrite:
         from ..errors import LmforgeError

@@ -86,6 +86,7 @@ class TrainConfig:
         save_every: write a checkpoint every N steps (0 = only at the end).
         seed: seeds the data order (every row's RNG), dropout and the model's initialisation.
         device: ``auto`` (CUDA when available), ``cpu``, ``cuda`` or ``cuda:N``.
+        log: ``jsonl`` (metrics.jsonl and the PNG) or ``tensorboard`` (also TensorBoard event files beside them).
     """
 
     max_steps: int = 1000
@@ -109,6 +110,7 @@ class TrainConfig:
     save_every: int = 200
     seed: int = 0
     device: str = "auto"
+    log: str = "jsonl"
 
     def __post_init__(self) -> None:
         if isinstance(self.max_time, str):
@@ -142,6 +144,7 @@ class TrainConfig:
             self.device in ("auto", "cpu", "cuda") or re.fullmatch(r"cuda:\d+", self.device) is not None,
             f"device must be auto, cpu, cuda or cuda:N, got {self.device!r}",
         )
+        need(self.log in ("jsonl", "tensorboard"), f"log must be jsonl or tensorboard, got {self.log!r}")
 
     @property
     def horizon(self) -> int:
