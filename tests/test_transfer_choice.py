@@ -11,7 +11,9 @@ from test_transfer_core import NEG, POS, make_body, one_thread, toy_tokenizer  #
 
 from lmforge.cli import main
 from lmforge.errors import DataError
-from lmforge.transfer import load_run, modes
+from lmforge.transfer import load_run
+from lmforge.transfer import run as modes
+from lmforge.transfer.config import TransferConfig
 from lmforge.transfer.tasks import ChoiceExample, TaskData, load_task
 
 FILL = ["the", "movie", "a", "plot", "and", "it", "story", "really"]
@@ -72,7 +74,7 @@ def test_choice_files_and_their_errors(tmp_path):
 def test_choice_learns_and_scores_every_choice(toy_tok, tmp_path, family, mode, kw):
     train = load_task(write(choice_rows(96, 1), tmp_path / "train.jsonl"), "choice")
     test = load_task(write(choice_rows(48, 2), tmp_path / "test.jsonl"), "choice")
-    cfg = modes.TransferConfig(task="choice", mode=mode, cache_dir=str(tmp_path / "c"), **kw)
+    cfg = TransferConfig(task="choice", mode=mode, cache_dir=str(tmp_path / "c"), **kw)
     run = modes.TransferRun(make_body(toy_tok, family), cfg, [])
     run.fit(train)
     m, recs = run.evaluate(test)

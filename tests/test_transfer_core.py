@@ -190,7 +190,9 @@ import logging  # noqa: E402
 import pytest  # noqa: E402
 
 from lmforge.errors import DataError, LmforgeError  # noqa: E402
-from lmforge.transfer import modes  # noqa: E402
+from lmforge.transfer import run as modes  # noqa: E402
+from lmforge.transfer.config import TransferConfig  # noqa: E402
+from lmforge.transfer.specs import SPECS  # noqa: E402
 from lmforge.transfer.tasks import load_task  # noqa: E402
 
 
@@ -214,7 +216,12 @@ def cls_files(tmp_path_factory):
     return write_jsonl(sentiment_rows(96, 1), d / "train.jsonl"), write_jsonl(sentiment_rows(48, 2), d / "test.jsonl")
 
 
-SETTINGS = {"frozen": dict(epochs=30, lr=1e-2), "features": dict(epochs=40), "finetune": dict(epochs=15, lr=3e-3)}
+# fixed epochs on all 96 examples (val_fraction 0): these test that each mode learns, not the model selection
+SETTINGS = {
+    "frozen": dict(epochs=30, lr=1e-2, val_fraction=0.0),
+    "features": dict(epochs=40),
+    "finetune": dict(epochs=15, lr=3e-3, val_fraction=0.0),
+}
 
 
 @pytest.mark.parametrize("mode", ["frozen", "features", "finetune"])
@@ -271,11 +278,11 @@ def test_freeze_layers_keeps_lowest_layers(toy_tok, cls_files):
 
 def test_layer_lr_decay_groups(toy_tok):
     body = make_body(toy_tok)
-    cfg = modes.TransferConfig(mode="finetune", lr=1.0, layer_lr_decay=0.5)
+    cfg = TransferConfig(mode="finetune", lr=1.0, layer_lr_decay=0.5)
     run = modes.TransferRun(body, cfg, ["neg", "pos"])
     run.build()
-    run._freeze()
-    lrs = {g["name"]: g["lr"] for g in run._param_groups()}
+    run.freeze()
+    lrs = {g["name"].removesuffix(".no_decay"): g["lr"] for g in run.param_groups(1.0)}
     assert lrs == {"head": 1.0, "body.0": 0.25, "body.1": 0.5, "body.2": 1.0}
 
 
@@ -323,6 +330,7 @@ def test_word2vec_like_bilstm_and_support_matrix(toy_tok, cls_files, tmp_path):
         head_hidden=16,
         epochs=10,
         lr=1e-2,
+        val_fraction=0.0,
         cache_dir=str(tmp_path),
     )
     assert m["accuracy"] >= 0.85
@@ -338,7 +346,7 @@ def test_pair_task_plain_and_bert(toy_tok, tmp_path):
     te = write_jsonl(pair_rows(64, 6), tmp_path / "te.jsonl")
     # ELMo-like: two means combined as [a, b, |a-b|, a*b]
     run = modes.TransferRun(
-        make_body(toy_tok, family="elmo"), modes.TransferConfig(task="pair", mode="features"), ["neg", "pos"]
+        make_body(toy_tok, family="elmo"), TransferConfig(task="pair", mode="features"), ["neg", "pos"]
     )
     assert run.pair_rows and run.build().head.out.in_features == 4 * 32
     m = modes.run_transfer(
@@ -360,7 +368,7 @@ def test_token_task(toy_tok, tmp_path):
 
 
 def test_token_labels_first_subtoken_only(toy_tok):
-    run = modes.TransferRun(make_body(toy_tok), modes.TransferConfig(task="tokens"), ["B-PER", "I-PER", "O"])
+    run = modes.TransferRun(make_body(toy_tok), TransferConfig(task="tokens"), ["B-PER", "I-PER", "O"])
     from lmforge.transfer.tasks import TokensExample
 
     ex = TokensExample(["alice", "smithsmith", "paris"], ["B-PER", "I-PER", "O"])
@@ -370,7 +378,9 @@ def test_token_labels_first_subtoken_only(toy_tok):
     # [CLS] alice smithsmith(n pieces) paris [SEP]: rows at the first piece of each word
     assert enc.input_ids[0] == toy_tok.cls_id and enc.rows == [1, 2, 2 + n_pieces]
     assert len(enc.input_ids) == 2 + n_pieces + len(toy_tok.encode("paris")) + 1
-    y = modes._targets("tokens", [ex], [enc], run.label_index)
+    enc.example = 0
+    data = modes.TaskData("tokens", [ex], run.labels)
+    y = SPECS["tokens"].batch(SPECS["tokens"].prepare(data, [enc], run.fmt, run.label_index), [[0]])
     assert y.tolist() == [[0, 1, 2]]  # one label per word; the other pieces are no row, so no label
 
 

@@ -294,7 +294,7 @@ def test_gpt_three_modes_and_reload(bpe_tokenizer, cls_files, tmp_path):
     assert m["accuracy"] >= 0.75  # finetune, the last one
     # GPT-1's auxiliary LM loss: the same run with lm_weight adds it (the training loss grows by it)
     kw = dict(mode="finetune", epochs=1, lr=2e-3, max_len=32)
-    plain = run_transfer(tiny_gpt(bpe_tokenizer), "classify", *cls_files, **kw)
+    plain = run_transfer(tiny_gpt(bpe_tokenizer), "classify", *cls_files, lm_weight=0.0, **kw)
     aux = run_transfer(tiny_gpt(bpe_tokenizer), "classify", *cls_files, lm_weight=0.5, **kw)
     assert aux["train_loss"] > plain["train_loss"] + 0.5 * 3.0  # an untrained LM loss is about ln(V) > 6
     with pytest.raises(LmforgeError, match="GPT in --mode finetune only"):
@@ -353,7 +353,7 @@ def test_gpt_pair_in_both_orders(bpe_tokenizer, tmp_path):
     # the head reads the sum of the extract states of start a delim b extract and start b delim a extract
     enc = run.fmt.encode_text(saved[0]["text"], saved[0]["text_pair"])
     with torch.no_grad():
-        blocks, _ = run._body_blocks([enc])
+        blocks, _ = run.body_blocks([enc])
         top = [run.body.hidden_states(torch.tensor([e.input_ids]))[-1][0, -1] for e in (enc, enc.twin)]
     assert enc.twin.input_ids != enc.input_ids
     assert torch.allclose(blocks[0, 0, -1], top[0] + top[1], atol=1e-5)
@@ -373,7 +373,10 @@ def test_elmo_frozen_features_scalar_mix(wordpiece_tokenizer, cls_files, tmp_pat
     body = tiny_elmo(wordpiece_tokenizer)
     m = run_transfer(body, "classify", *cls_files, mode="frozen", epochs=3, max_len=32)
     assert len(m["layer_weights"]) == 3 and abs(sum(m["layer_weights"]) - 1) < 1e-3 and "gamma" in m
-    m = run_transfer(body, "classify", *cls_files, mode="features", epochs=20, max_len=32, cache_dir=str(tmp_path))
+    m = run_transfer(body, "classify", *cls_files, mode="features", max_len=32, cache_dir=str(tmp_path))
+    assert m["choices"]["layer"] in (0, 1, 2) and set(m["choices"]["cv_accuracy_by_layer"]) == {0, 1, 2}
+    m = run_transfer(body, "classify", *cls_files, mode="features", layer="mix", epochs=20, max_len=32,
+                     cache_dir=str(tmp_path))
     assert len(m["layer_weights"]) == 3
     with pytest.raises(LmforgeError, match="elmo models support --mode frozen / features, not finetune"):
         run_transfer(body, "classify", *cls_files, mode="finetune")
@@ -418,7 +421,7 @@ def test_gpt_qa_reads_long_contexts_in_windows(bpe_tokenizer, tmp_path):
     test = who_wrote_it(tmp_path / "test.json", 32, rng, 20)
     # start + question + delim + extract leave about 12 context tokens per input of 20: every answer lies
     # past the first window, so the answer is found only by reading the later windows
-    from lmforge.transfer.modes import TransferConfig, TransferRun
+    from lmforge.transfer import TransferConfig, TransferRun
     from lmforge.transfer.tasks import load_task
 
     data = load_task(test, "qa")
@@ -427,7 +430,8 @@ def test_gpt_qa_reads_long_contexts_in_windows(bpe_tokenizer, tmp_path):
     first = {e.example: e for e in reversed(encs)}  # each question's first window
     assert all(run.fmt.qa_target(first[i], *ex.answers[0][::-1]) is None for i, ex in enumerate(data.examples))
     m = run_transfer(
-        tiny_gpt(bpe_tokenizer), "qa", train, test, mode="finetune", epochs=10, lr=5e-3, max_len=20, seed=0
+        tiny_gpt(bpe_tokenizer), "qa", train, test, mode="finetune", epochs=10, lr=5e-3, max_len=20, seed=0,
+        val_fraction=0.0,
     )
     assert m["exact_match"] >= 0.8, m
 

@@ -13,11 +13,19 @@ Python API::
 from __future__ import annotations
 
 from .curve import learning_curve
-from .modes import MODES, SUPPORTED, TransferConfig, TransferRun, load_run, run_transfer
+from .batching import RowStore
+from .config import MODES, SUPPORTED, TransferConfig, check_supported
+from .run import TransferRun, load_body, load_run, run_transfer
+from .specs import SPECS, TaskSpec
 from .tasks import TASKS, TaskData, load_task
 
 __all__ = [
     "MODES",
+    "RowStore",
+    "SPECS",
+    "TaskSpec",
+    "check_supported",
+    "load_body",
     "SUPPORTED",
     "TASKS",
     "TaskData",

@@ -25,7 +25,8 @@ from pathlib import Path
 
 from ..errors import LmforgeError
 from ..utils import atomic_write_text
-from .modes import SUPPORTED, run_transfer, scratch_defaults
+from .config import SUPPORTED
+from .run import run_transfer
 from .tasks import TaskData
 
 logger = logging.getLogger(__name__)
@@ -105,7 +106,7 @@ def compare(
             name = "scratch" if scratch else mode
             out = Path(out_dir) / f"{Path(md).name}-{name}" if out_dir else None
             per_mode = {k: v for k, v in (mode_options or {}).get(name, {}).items() if v is not None}
-            opts = {**(scratch_defaults(fam) if scratch else {}), **options, **per_mode}
+            opts = {**options, **per_mode}
             m = run_transfer(md, task, train, test, mode=mode, from_scratch=scratch, seed=seed, out_dir=out, **opts)
             row = {**m, "model": str(md), "family": fam, "mode": name}
             rows.append(row)

@@ -13,6 +13,7 @@ optimizer steps (more epochs for small ``n``); all modes get the same rule.
 from __future__ import annotations
 
 import copy
+import dataclasses
 import json
 import logging
 import math
@@ -26,20 +27,19 @@ from torch import nn
 
 from ..errors import LmforgeError
 from ..utils import atomic_write_text
-from .modes import SUPPORTED, TransferConfig, TransferRun, _RowStore, check_supported, scratch_defaults
-from .tasks import TaskData, check_labels, is_bio, load_task
+from .config import SUPPORTED, TransferConfig, check_supported
+from .run import TransferRun, load_body
+from .specs import SPECS
+from .tasks import TaskData, check_labels, load_task
 
 logger = logging.getLogger(__name__)
 
 CURVE_MODES = ("scratch", "frozen", "features", "finetune")
-MAIN_METRIC = {"classify": "accuracy", "pair": "accuracy", "tokens": "entity_f1", "qa": "f1", "choice": "accuracy"}
 
 
 def main_metric(data: TaskData) -> str:
     """The headline score of a task: accuracy, entity F1 (BIO tags), token accuracy (plain tags) or QA F1."""
-    if data.task == "tokens" and not is_bio(data.labels):
-        return "token_accuracy"
-    return MAIN_METRIC[data.task]
+    return SPECS[data.task].main_metric(data.labels)
 
 
 def _copy_body(body: nn.Module) -> nn.Module:
@@ -86,9 +86,7 @@ def learning_curve(
         ``{"task", "metric", "family", "sizes", "modes", "runs": [{"mode", "n", "seed", "score", ...}],
         "summary": {mode: {n: {"mean", "std", "scores"}}}}``.
     """
-    from .modes import _load_body
-
-    body, model_dir = _load_body(model)
+    body, model_dir = load_body(model)
     family = getattr(body, "model_type", None)
     if family not in SUPPORTED:
         raise LmforgeError(f"unknown model family '{family}'")
@@ -114,12 +112,13 @@ def learning_curve(
     def config(mode: str, n: int, seed: int) -> TransferConfig:
         real = "finetune" if mode == "scratch" else mode
         per_mode = {k: v for k, v in mode_options.get(mode, {}).items() if v is not None}
-        opts = {**(scratch_defaults(family) if mode == "scratch" else {}), **options, **per_mode}
+        opts = {**options, **per_mode}
         cfg = TransferConfig(task=task, mode=real, seed=seed, from_scratch=mode == "scratch", **opts)
-        steps_per_epoch = math.ceil(n / cfg.batch_size)
-        epochs = max(cfg.n_epochs, math.ceil(min_steps / steps_per_epoch))
-        opts["epochs"] = epochs
-        return TransferConfig(task=task, mode=real, seed=seed, from_scratch=mode == "scratch", **opts)
+        if "epochs" not in opts:  # a small training set still gets at least min_steps steps
+            steps_per_epoch = math.ceil(n * (1 - cfg.val_fraction) / cfg.batch_size)
+            epochs = max(cfg.resolved(family).epochs, math.ceil(min_steps / max(1, steps_per_epoch)))
+            cfg = dataclasses.replace(cfg, epochs=epochs)
+        return cfg
 
     for mode in modes:  # fail before any training when a mode does not fit the family
         check_supported(family, config(mode, usable[0], seeds[0]))
@@ -128,9 +127,8 @@ def learning_curve(
     stores = {}
     if "features" in modes:
         frun = TransferRun(body, config("features", usable[0], seeds[0]), pool.labels, model_dir)
-        frun.build()
-        stores["pool"] = _RowStore(*frun.cached_features(pool, frun.encode(pool)))
-        stores["test"] = _RowStore(*frun.cached_features(test_d, frun.encode(test_d)))
+        stores["pool"] = frun.features(pool)
+        stores["test"] = frun.features(test_d)
 
     runs = []
     t_start = time.time()
@@ -143,21 +141,23 @@ def learning_curve(
                 logger.info("n=%d seed=%d: the draw has no example of %s", n, seed, sorted(missing))
             for mode in modes:
                 cfg = config(mode, n, seed)
-                b = body if mode in ("frozen", "features") else _copy_body(body)
+                b = body if mode == "features" else _copy_body(body)  # frozen GPT trains its task-token rows
                 run = TransferRun(b, cfg, pool.labels, model_dir)
                 t0 = time.time()
                 if mode == "features":
-                    run.fit(sub, store=stores["pool"].subset(idx))
+                    facts = run.fit(sub, store=stores["pool"].subset(idx))
                     scores, _ = run.evaluate(test_d, store=stores["test"])
                 else:
-                    run.fit(sub)
+                    facts = run.fit(sub)
                     scores, _ = run.evaluate(test_d)
                 rec = {
                     "mode": mode,
                     "n": n,
                     "seed": seed,
                     "score": round(scores[metric], 6),
-                    "epochs": cfg.n_epochs,
+                    "val_score": facts["val_score"],
+                    "epochs": cfg.epochs,
+                    "choices": facts["choices"],
                     "seconds": round(time.time() - t0, 2),
                     **{k: round(v, 6) for k, v in scores.items()},
                 }

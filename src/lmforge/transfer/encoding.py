@@ -31,7 +31,7 @@ logger = logging.getLogger(__name__)
 
 # How each family reads a whole sentence (or pair) by default.
 DEFAULT_POOL = {"bert": "cls", "gpt": "last", "elmo": "mean", "word2vec": "mean"}
-POOLS = ("cls", "last", "mean", "tokens")
+POOLS = ("cls", "pooler", "last", "mean", "tokens")  # pooler: read at [CLS], through BERT's tanh pooler
 
 
 @dataclasses.dataclass
@@ -134,8 +134,8 @@ class InputFormat:
         self.pool = pool or DEFAULT_POOL.get(family, "mean")
         if self.pool not in POOLS:
             raise LmforgeError(f"unknown pooling '{self.pool}'; choose one of {', '.join(POOLS)}")
-        if self.pool == "cls" and family != "bert":
-            raise LmforgeError(f"--pool cls needs a [CLS] token (BERT); the {family} model has none: use mean")
+        if self.pool in ("cls", "pooler") and family != "bert":
+            raise LmforgeError(f"--pool {self.pool} needs a [CLS] token (BERT); the {family} model has none: use mean")
         if self.pool == "last" and family != "gpt":
             raise LmforgeError(f"--pool last reads GPT's extract token; for {family} use mean")
         self.gpt = gpt
@@ -234,7 +234,7 @@ class InputFormat:
         b = b[:lb] if b is not None else None
         ids, types, seg, a_pos, b_pos = self._assemble(a, b)
         enc = Encoding(ids, types, seg)
-        if self.pool == "cls":
+        if self.pool in ("cls", "pooler"):
             enc.rows = [0]
         elif self.pool == "last":
             enc.rows = [len(ids) - 1]

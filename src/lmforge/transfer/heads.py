@@ -102,12 +102,12 @@ class TaskHead(nn.Module):
     def gamma(self) -> float | None:
         return None if self.scalar_mix is None else float(self.scalar_mix.gamma.detach())
 
-    def forward(self, blocks: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-        """Args:
+    def readout(self, blocks: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        """What the output layer reads: (B, D) for sentence tasks, (B, n, D) per row otherwise.
+
+        Args:
             blocks: (B, n, L, C) body vectors.
             mask: (B, n) 1 for real rows, 0 for padding rows.
-        Returns:
-            (B, K) for classify/pair/choice, (B, n, K) for tokens, (B, n, 2) for qa.
         """
         x = (blocks - self.feat_mean) / self.feat_std  # (B, n, L, C)
         if self.scalar_mix is not None:
@@ -121,13 +121,19 @@ class TaskHead(nn.Module):
             y, _ = self.lstm(packed)
             x, _ = nn.utils.rnn.pad_packed_sequence(y, batch_first=True, total_length=blocks.shape[1])  # (B, n, 2H)
             if self.task in SENTENCE_TASKS:
-                x = x.masked_fill(m == 0, float("-inf")).max(dim=1).values  # (B, 2H)
-                return self.out(self.drop(x))
+                return x.masked_fill(m == 0, float("-inf")).max(dim=1).values  # (B, 2H)
         if self.task in SENTENCE_TASKS:
             if self.pair_rows:
                 a, b = x[:, 0], x[:, 1]  # (B, C) each
-                x = torch.cat([a, b, (a - b).abs(), a * b], dim=-1)  # (B, 4C)
-            else:
-                x = x[:, 0]  # (B, C)
-            return self.out(self.drop(x))
-        return self.out(self.drop(x))  # (B, n, K) or (B, n, 2)
+                return torch.cat([a, b, (a - b).abs(), a * b], dim=-1)  # (B, 4C)
+            return x[:, 0]  # (B, C)
+        return x  # (B, n, C)
+
+    def forward(self, blocks: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        """Args:
+            blocks: (B, n, L, C) body vectors.
+            mask: (B, n) 1 for real rows, 0 for padding rows.
+        Returns:
+            (B, K) for classify/pair/choice, (B, n, K) for tokens, (B, n, 2) for qa.
+        """
+        return self.out(self.drop(self.readout(blocks, mask)))

@@ -1,0 +1,275 @@
+"""The settings of one transfer run, their defaults, and which family supports which mode.
+
+Defaults depend on the mode and on whether the body is pretrained (see :meth:`TransferConfig.resolved`):
+
+| run | lr | epochs (at most) | warm-up | layer-wise lr decay | early-stopping patience |
+|---|---|---|---|---|---|
+| ``finetune``, pretrained body | 1e-4 | 20 | 0.1 | 0.9 | 3 epochs |
+| ``finetune --from-scratch`` | 1e-3 | 40 | 0.1 | none | 5 epochs |
+| ``frozen`` (the head alone) | 3e-3 | 60 | 0.05 | n/a | 5 epochs |
+| ``features`` with a torch head (mlp / bilstm / qa / choice) | 1e-2 | 100 | 0.05 | n/a | 8 epochs |
+
+``features`` with the default ``logreg`` classifier on a sentence or tagging task is not trained by
+steps at all: scikit-learn's ``LogisticRegression`` on standardised vectors, its strength and the layer
+chosen by cross-validation on the training data (see :mod:`lmforge.transfer.features`).
+
+Every run that trains by steps holds out ``val_fraction`` of its training examples, scores them after
+each epoch, keeps the best state and stops after ``patience`` epochs without improvement.  ``lr_grid``
+tries several peak learning rates and keeps the one that scores best on the same validation split:
+the from-scratch baseline and the pretrained run get the same number of trials.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+
+from ..errors import ConfigError, LmforgeError
+from ..models.registry import FAMILIES
+from .encoding import DEFAULT_POOL, POOLS
+from .heads import CLASSIFIERS
+from .specs import SPECS
+
+logger = logging.getLogger(__name__)
+
+MODES = ("frozen", "features", "finetune")
+# family -> the modes its body supports (the family registry owns this fact)
+SUPPORTED: dict[str, tuple[str, ...]] = {name: fam.transfer_modes for name, fam in FAMILIES.items()}
+# Tasks a family cannot serve: a static word vector cannot locate an answer span.
+UNSUPPORTED_TASKS = {"word2vec": ("qa",)}
+
+
+@dataclasses.dataclass(frozen=True)
+class Recipe:
+    """Resolved training settings of one run (what the run actually uses)."""
+
+    lr: float
+    epochs: int
+    warmup: float
+    layer_lr_decay: float | None
+    patience: int
+    lm_weight: float
+
+
+# (lr, epochs, warmup, layer_lr_decay, patience)
+_RECIPES = {
+    "finetune": (1e-4, 20, 0.1, 0.9, 3),
+    "scratch": (1e-3, 40, 0.1, None, 5),
+    "frozen": (3e-3, 60, 0.05, None, 5),
+    "features": (1e-2, 100, 0.05, None, 8),
+}
+# A bag of word vectors trained from zero learns at an embedding-bag rate (fastText uses 0.1-1.0).
+_SCRATCH_BY_FAMILY = {"word2vec": (1e-2, 20, 0.1, None, 5)}
+
+
+@dataclasses.dataclass
+class TransferConfig:
+    """The settings of one transfer run (saved in the run's ``config.json``).
+
+    Attributes:
+        task: ``classify``, ``pair``, ``tokens``, ``qa`` or ``choice``.
+        mode: ``frozen``, ``features`` or ``finetune``.
+        epochs: the most passes over the training data (default: see the module table).
+        lr: peak learning rate of AdamW (default: see the module table).
+        lr_grid: try each of these peak learning rates and keep the best on the validation split
+            (overrides ``lr``).
+        batch_size: examples per step (also per body pass when extracting features).
+        max_len: most positions per input, special tokens included (longer inputs are cut).
+        seed: seeds the validation split, the head's init, dropout and the order of examples.
+        classifier: ``linear`` (dropout + Linear), ``logreg``, ``mlp`` or ``bilstm``; default ``logreg``
+            in features mode, else ``linear``.
+        freeze_layers: finetune only: keep embeddings and the lowest K layers fixed (None = none).
+        layer_lr_decay: finetune only: multiply the learning rate by this per layer going down
+            (default 0.9 for a pretrained body, none from scratch; 1 turns it off).
+        pool: how a sentence is read: ``cls`` (BERT's top ``[CLS]``), ``pooler`` (BERT's NSP-trained tanh
+            pooler on ``[CLS]``), ``last`` (GPT's extract token), ``mean``, or ``tokens`` (every token, for
+            the ``bilstm`` head); default: ``mean`` in features mode (it measures best there), else BERT
+            ``cls``, GPT ``last``, ELMo / word2vec ``mean``.
+        layer: which layer the head reads: an index into the body's hidden states (0 = embeddings,
+            negative from the top), ``"mix"`` (all layers mixed by a learned ScalarMix) or ``"auto"``
+            (features + logreg: the layer that cross-validates best). Default: ``auto`` for features +
+            logreg, else ``mix`` for ELMo and the top layer for the others.
+        layer_mix: the older switch for ``layer="mix"`` (True) / the top layer (False).
+        dropout: dropout of the head.
+        head_hidden: hidden width of the ``mlp`` head, LSTM size per direction of the ``bilstm`` head.
+        weight_decay: AdamW weight decay.
+        warmup: fraction of the steps with a linear warm-up; then linear decay to zero (default by mode).
+        val_fraction: fraction of the training examples held out to choose the epoch, the learning rate
+            and (features) the classifier's strength; 0 trains on everything for ``epochs`` epochs.
+        patience: stop after this many epochs without a better validation score (default by mode).
+        cv_folds: features + logreg: cross-validation folds over the training data.
+        from_scratch: re-initialise the body from its config (finetune: the no-pretraining baseline).
+        lm_weight: GPT finetune: weight of GPT-1's auxiliary language-modelling loss on the task's own
+            input sequences (``loss = task_loss + lm_weight * lm_loss``); default 0.5 as in the paper,
+            0 turns it off.
+        max_answer_tokens: QA: the longest answer span considered.
+        doc_stride: QA: a context longer than fits is read in windows starting this many tokens apart
+            (default: half the room after the question); 0 cuts it instead.
+        both_orders: pair: read each pair in both orders and add the two read-outs (GPT-1's similarity).
+        device: ``auto`` (CUDA when available), ``cpu`` or ``cuda``.
+        bf16: run the body under bfloat16 autocast.
+        cache_dir: where features mode caches vectors (default ``~/.cache/lmforge/features``).
+    """
+
+    task: str = "classify"
+    mode: str = "finetune"
+    epochs: int | None = None
+    lr: float | None = None
+    lr_grid: list[float] | None = None
+    batch_size: int = 32
+    max_len: int = 128
+    seed: int = 0
+    classifier: str | None = None
+    freeze_layers: int | None = None
+    layer_lr_decay: float | None = None
+    pool: str | None = None
+    layer: int | str | None = None
+    layer_mix: bool | None = None
+    dropout: float = 0.1
+    head_hidden: int = 128
+    weight_decay: float = 0.01
+    warmup: float | None = None
+    val_fraction: float = 0.2
+    patience: int | None = None
+    cv_folds: int = 5
+    from_scratch: bool = False
+    lm_weight: float | None = None
+    max_answer_tokens: int = 30
+    doc_stride: int | None = None
+    both_orders: bool = False
+    device: str = "auto"
+    bf16: bool = False
+    cache_dir: str | None = None
+
+    def __post_init__(self) -> None:
+        def need(ok: bool, msg: str) -> None:
+            if not ok:
+                raise ConfigError(f"invalid transfer settings: {msg}")
+
+        need(self.task in SPECS, f"task must be one of {', '.join(SPECS)}, got {self.task!r}")
+        need(self.mode in MODES, f"mode must be one of {', '.join(MODES)}, got {self.mode!r}")
+        need(
+            self.classifier is None or self.classifier in CLASSIFIERS,
+            f"classifier must be one of {', '.join(CLASSIFIERS)}, got {self.classifier!r}",
+        )
+        need(self.pool is None or self.pool in POOLS, f"pool must be one of {', '.join(POOLS)}, got {self.pool!r}")
+        need(self.epochs is None or self.epochs >= 1, "epochs must be >= 1")
+        need(self.lr is None or 0 < self.lr < float("inf"), "lr must be a finite number > 0")
+        if self.lr_grid is not None:
+            self.lr_grid = [float(x) for x in self.lr_grid]
+            need(bool(self.lr_grid) and all(0 < x < float("inf") for x in self.lr_grid), "lr_grid must hold lrs > 0")
+        need(self.batch_size >= 1 and self.max_len >= 8, "batch_size must be >= 1 and max_len >= 8")
+        need(self.freeze_layers is None or self.freeze_layers >= 0, "freeze_layers must be >= 0")
+        need(self.layer_lr_decay is None or 0 < self.layer_lr_decay <= 1, "layer_lr_decay must be in (0, 1]")
+        need(self.warmup is None or 0 <= self.warmup < 1, "warmup must be in [0, 1)")
+        need(0 <= self.val_fraction < 1, "val_fraction must be in [0, 1)")
+        need(self.patience is None or self.patience >= 1, "patience must be >= 1")
+        need(self.cv_folds >= 2, "cv_folds must be >= 2")
+        need(self.max_answer_tokens >= 1, "max_answer_tokens must be >= 1")
+        need(self.doc_stride is None or self.doc_stride >= 0, "doc_stride must be >= 0 (0 = no sliding window)")
+        need(self.lm_weight is None or self.lm_weight >= 0, f"lm_weight must be >= 0, got {self.lm_weight}")
+        need(self.device in ("auto", "cpu", "cuda"), f"device must be auto, cpu or cuda, got {self.device!r}")
+        if isinstance(self.layer, str) and self.layer not in ("mix", "auto"):
+            try:
+                self.layer = int(self.layer)
+            except ValueError:
+                need(False, f"layer must be an index, 'mix' or 'auto', got {self.layer!r}")
+
+    @property
+    def head_classifier(self) -> str:
+        return self.classifier or ("logreg" if self.mode == "features" else "linear")
+
+    def _explicit_layer(self) -> int | str | None:
+        if self.layer is not None:
+            return self.layer
+        if self.layer_mix is not None:
+            return "mix" if self.layer_mix else -1
+        return None
+
+    @property
+    def uses_sklearn(self) -> bool:
+        """features + logreg on a task whose rows are independent examples (and no learned layer mix):
+        scikit-learn fits the head."""
+        return (
+            self.mode == "features"
+            and self.head_classifier == "logreg"
+            and SPECS[self.task].sklearn
+            and self._explicit_layer() != "mix"
+        )
+
+    def layer_choice(self, family: str) -> int | str:
+        """What the head reads: an index, ``"mix"`` or ``"auto"`` (see the ``layer`` attribute)."""
+        explicit = self._explicit_layer()
+        if explicit is not None:
+            return explicit
+        if self.uses_sklearn:
+            return "auto"
+        return "mix" if family == "elmo" else -1
+
+    def pool_choice(self, family: str) -> str | None:
+        """The sentence read-out (None for token-level tasks)."""
+        if not SPECS[self.task].sentence:
+            return None
+        if self.head_classifier == "bilstm":
+            return "tokens"
+        if self.pool is not None:
+            return self.pool
+        if (self.mode == "features" and not self.both_orders) or family in ("elmo", "word2vec"):
+            return "mean"
+        return DEFAULT_POOL[family]
+
+    def resolved(self, family: str) -> Recipe:
+        """The learning rate, epochs, warm-up, layer decay, patience and LM weight this run uses."""
+        if self.mode == "finetune" and self.from_scratch:
+            base = _SCRATCH_BY_FAMILY.get(family, _RECIPES["scratch"])
+        else:
+            base = _RECIPES[self.mode]
+        lr, epochs, warmup, decay, patience = base
+        if self.mode == "finetune" and self.layer_lr_decay is not None:
+            decay = None if self.layer_lr_decay == 1 else self.layer_lr_decay
+        if self.mode != "finetune":
+            decay = None
+        lm = self.lm_weight if self.lm_weight is not None else (0.5 if family == "gpt" and self.mode == "finetune" else 0.0)
+        return Recipe(
+            lr=self.lr if self.lr is not None else lr,
+            epochs=self.epochs if self.epochs is not None else epochs,
+            warmup=self.warmup if self.warmup is not None else warmup,
+            layer_lr_decay=decay,
+            patience=self.patience if self.patience is not None else patience,
+            lm_weight=lm,
+        )
+
+
+def check_supported(family: str | None, cfg: TransferConfig) -> None:
+    """Raise a one-line LmforgeError when ``family`` cannot run ``cfg``'s mode / task / options."""
+    if family not in SUPPORTED:
+        raise LmforgeError(f"unknown model family '{family}'; transfer supports {', '.join(SUPPORTED)}")
+    if cfg.mode not in SUPPORTED[family] and not (cfg.mode == "finetune" and cfg.from_scratch):
+        raise LmforgeError(
+            f"{family} models support --mode {' / '.join(SUPPORTED[family])}, not {cfg.mode} "
+            f"(see docs/transfer.md for which family supports which mode)"
+        )
+    if cfg.task in UNSUPPORTED_TASKS.get(family, ()):
+        raise LmforgeError(f"{family} models cannot do --task {cfg.task}: static word vectors cannot locate a span")
+    if cfg.from_scratch and cfg.mode != "finetune":
+        raise LmforgeError("--from-scratch trains the whole randomly initialised body: use it with --mode finetune")
+    if cfg.mode != "finetune" and (cfg.freeze_layers is not None or cfg.layer_lr_decay is not None):
+        raise LmforgeError("--freeze-layers and --layer-lr-decay apply to --mode finetune only")
+    if cfg.lm_weight and (family != "gpt" or cfg.mode != "finetune"):
+        raise LmforgeError("--lm-weight (the auxiliary LM loss) applies to GPT in --mode finetune only")
+    if cfg.both_orders and cfg.task != "pair":
+        raise LmforgeError(f"--both-orders reads a pair in both orders: it serves --task pair, not {cfg.task}")
+    if cfg.head_classifier == "bilstm" and cfg.task == "qa":
+        raise LmforgeError("the bilstm classifier serves classify / pair / tokens, not qa")
+    pool = cfg.pool_choice(family)
+    if pool == "pooler" and family != "bert":
+        raise LmforgeError(f"--pool pooler reads BERT's NSP-trained pooler; the {family} model has none")
+    if pool == "tokens" and cfg.head_classifier != "bilstm":
+        raise LmforgeError("--pool tokens feeds every token vector to a BiLSTM: use it with --classifier bilstm")
+    layer = cfg.layer_choice(family)
+    if layer == "auto" and not cfg.uses_sklearn:
+        raise LmforgeError("--layer auto (chosen by cross-validation) serves --mode features with the logreg classifier")
+    if pool == "pooler" and layer not in (-1, "auto"):
+        raise LmforgeError("--pool pooler reads the top layer through BERT's pooler: leave --layer unset")
+    if cfg.classifier in ("logreg", "mlp") and cfg.mode != "features":
+        logger.info("classifier %s in %s mode: the head is that classifier on top of the body", cfg.classifier, cfg.mode)

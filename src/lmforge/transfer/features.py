@@ -1,0 +1,164 @@
+"""Features mode: vectors computed once and cached, and the classifier a careful practitioner fits on them.
+
+**The cache.**  The body runs once over a split; every layer's read-out vectors are stored as
+safetensors under ``cache_dir``, keyed by the sha256 of the model weights, of the examples and of the
+settings that shape the vectors (family, task, max_len, pooling, windows, tokenizer).  A second run
+with the same model, data and settings reads the file instead of running the body.
+
+**The classifier** (``logreg``, the default, on sentence and tagging tasks) is scikit-learn's
+``LogisticRegression`` on standardised vectors: each layer's vectors are standardised per channel, the
+L2 strength ``C`` is chosen from a log grid and the layer from all of the body's layers, both by
+stratified (sentences) or grouped (tagging: all words of a sentence in one fold) k-fold
+cross-validation on the training data; the best pair is refitted on all of it.  The fitted model is
+folded into the run's :class:`~lmforge.transfer.heads.TaskHead` (its standardisation buffers and its
+linear layer), so prediction, saving and export treat it like any other head.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from ..errors import CheckpointError
+from ..utils import load_safetensors, save_safetensors
+from .batching import RowStore
+
+logger = logging.getLogger(__name__)
+
+CACHE_FORMAT = 3  # bump when what the cache stores changes (3: every layer, choices grouped per question)
+C_GRID = np.logspace(-5, 1, 13)  # L2 strengths tried (inverse regularisation), half a decade apart
+C_GRID_LARGE = np.logspace(-4, 1, 6)  # a coarser grid when there are many rows (tagging)
+LARGE_ROWS = 5000
+
+
+def cache_dir(cfg) -> Path:
+    return Path(cfg.cache_dir) if cfg.cache_dir else Path.home() / ".cache" / "lmforge" / "features"
+
+
+def cache_key(weights_hash: str, data_hash: str, settings: dict) -> str:
+    h = hashlib.sha256()
+    h.update(weights_hash.encode())
+    h.update(data_hash.encode())
+    h.update(json.dumps({"format": CACHE_FORMAT, **settings}, sort_keys=True).encode())
+    return h.hexdigest()[:32]
+
+
+def load_or_compute(path: Path, owners: torch.Tensor, compute, meta: dict[str, str]) -> RowStore:
+    """The cached store at ``path`` when it fits ``owners``; else ``compute()`` (vectors, lengths), saved."""
+    if path.is_file():
+        try:
+            t = load_safetensors(path)
+            if "owners" in t and torch.equal(t["owners"], owners):
+                logger.info("features: reusing cached vectors %s (%d inputs)", path, len(owners))
+                return RowStore(t["vectors"], t["lengths"], t["owners"])
+        except CheckpointError:
+            pass
+        logger.warning("features: cache file %s is unreadable or stale; recomputing it", path)
+    t0 = time.time()
+    vectors, lengths = compute()
+    save_safetensors({"vectors": vectors, "lengths": lengths, "owners": owners}, path, metadata=meta)
+    logger.info("features: ran the body over %d inputs in %.1fs; cached to %s", len(owners), time.time() - t0, path)
+    return RowStore(vectors, lengths, owners)
+
+
+def _folds(y: np.ndarray, groups: np.ndarray, n_folds: int, seed: int, grouped: bool):
+    from sklearn.model_selection import GroupKFold, StratifiedKFold
+
+    if grouped:
+        n = min(n_folds, len(np.unique(groups)))
+        return list(GroupKFold(n_splits=n).split(np.zeros(len(y)), y, groups))
+    counts = np.bincount(y)
+    n = int(min(n_folds, counts[counts > 0].min())) if len(counts) else 0
+    if n < 2:
+        return None
+    return list(StratifiedKFold(n_splits=n, shuffle=True, random_state=seed).split(np.zeros(len(y)), y))
+
+
+def fit_logreg(
+    X_by_layer: dict[int, np.ndarray], y: np.ndarray, groups: np.ndarray, n_folds: int, seed: int, grouped: bool
+) -> dict:
+    """Choose a layer and ``C`` by cross-validation, refit on everything.
+
+    Args:
+        X_by_layer: the read-out vectors (N, D) of each candidate layer.
+        y: (N,) class ids; groups: (N,) the example each row belongs to.
+        grouped: keep all rows of an example in one fold (tagging) instead of stratifying by class.
+
+    Returns:
+        ``{"layer", "C", "cv_accuracy", "mean" (D,), "scale" (D,), "coef" (K', D), "intercept" (K',),
+        "classes", "per_layer"}``; with two classes ``coef`` has one row (the second class's logit).
+    """
+    from sklearn.exceptions import ConvergenceWarning
+    from sklearn.linear_model import LogisticRegression, LogisticRegressionCV
+    from sklearn.preprocessing import StandardScaler
+
+    import warnings
+
+    classes = np.unique(y)
+    folds = _folds(y, groups, n_folds, seed, grouped) if len(classes) > 1 else None
+    grid = C_GRID_LARGE if len(y) > LARGE_ROWS else C_GRID
+    per_layer: dict[int, tuple[float, float]] = {}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ConvergenceWarning)
+        if folds is not None:
+            for layer, X in X_by_layer.items():
+                Xs = StandardScaler().fit_transform(X)
+                cv = LogisticRegressionCV(Cs=grid, cv=folds, max_iter=1000, scoring="accuracy", n_jobs=None)
+                cv.fit(Xs, y)
+                scores = np.mean(cv.scores_[classes[-1]] if isinstance(cv.scores_, dict) else cv.scores_, axis=0)
+                best = int(np.argmax(scores))
+                per_layer[layer] = (float(scores[best]), float(grid[best]))
+            # the best mean CV accuracy; ties go to the higher layer
+            layer = max(per_layer, key=lambda k: (round(per_layer[k][0], 9), k))
+            cv_acc, C = per_layer[layer]
+        else:  # one class, or too few examples of a class to cross-validate: a moderate default
+            layer, cv_acc, C = max(X_by_layer), float("nan"), 1e-2
+        scaler = StandardScaler().fit(X_by_layer[layer])
+        clf = LogisticRegression(C=C, max_iter=2000)
+        if len(classes) > 1:
+            clf.fit(scaler.transform(X_by_layer[layer]), y)
+    if len(classes) > 1:
+        coef, intercept = clf.coef_, clf.intercept_
+    else:
+        coef, intercept = np.zeros((1, X_by_layer[layer].shape[1])), np.zeros(1)
+    return {
+        "layer": int(layer),
+        "C": float(C),
+        "cv_accuracy": cv_acc,
+        "mean": scaler.mean_,
+        "scale": scaler.scale_,
+        "coef": coef,
+        "intercept": intercept,
+        "classes": classes,
+        "per_layer": {int(k): round(v[0], 4) for k, v in per_layer.items()},
+    }
+
+
+@torch.no_grad()
+def fold_into_linear(linear: torch.nn.Linear, fit: dict, num_outputs: int) -> None:
+    """Write a fitted (scaler, logistic regression) into ``linear`` so that ``linear(x)`` gives its logits.
+
+    Classes absent from the training rows get a logit of -1e4 (never predicted).
+    """
+    coef = torch.as_tensor(fit["coef"], dtype=torch.float64)  # (K', D)
+    b = torch.as_tensor(fit["intercept"], dtype=torch.float64)
+    mean = torch.as_tensor(fit["mean"], dtype=torch.float64)
+    scale = torch.as_tensor(fit["scale"], dtype=torch.float64)
+    classes = [int(c) for c in fit["classes"]]
+    W = torch.zeros(num_outputs, coef.shape[1], dtype=torch.float64)
+    bias = torch.full((num_outputs,), -1e4, dtype=torch.float64)
+    if len(classes) == 2 and coef.shape[0] == 1:  # binary: sklearn gives the second class's logit
+        rows = {classes[0]: (torch.zeros_like(coef[0]), torch.zeros(())), classes[1]: (coef[0], b[0])}
+    else:
+        rows = {c: (coef[i], b[i]) for i, c in enumerate(classes)}
+    for c, (w, bb) in rows.items():
+        W[c] = w / scale
+        bias[c] = bb - (w * mean / scale).sum()
+    linear.weight.copy_(W.to(linear.weight.dtype))
+    linear.bias.copy_(bias.to(linear.bias.dtype))

@@ -1,0 +1,132 @@
+"""The training loop of a transfer run that trains by steps (every mode but features + logreg).
+
+One trial trains the head (and the body in finetune mode) with AdamW under the linear warm-up /
+linear decay of :class:`lmforge.train.schedule.LRSchedule`, scores the validation split after every
+epoch with the task's main metric, keeps the best state and stops after ``patience`` epochs without
+improvement.  :func:`fit_trials` runs one trial per learning rate of the grid from the same initial
+state and keeps the trial that scored best on validation.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from collections.abc import Callable
+
+import numpy as np
+import torch
+
+from ..train.schedule import LRSchedule
+
+logger = logging.getLogger(__name__)
+
+
+def _snapshot(module: torch.nn.Module) -> dict[str, torch.Tensor]:
+    return {k: v.detach().clone() for k, v in module.state_dict().items()}
+
+
+def train_trial(run, plan, lr: float, progress: Callable[[str], None] | None = None) -> dict:
+    """Train once at peak learning rate ``lr``; return the trial's facts and its best state.
+
+    Args:
+        run: the :class:`~lmforge.transfer.run.TransferRun` (model built, body frozen as its mode says).
+        plan: the run's :class:`~lmforge.transfer.run.FitPlan` (training encodings, targets, units,
+            stored vectors, validation split).
+        lr: peak learning rate of the top layer and the head.
+    """
+    cfg, recipe, spec, model = run.cfg, run.recipe, run.spec, run.model
+    groups = run.param_groups(lr)
+    params = [p for g in groups for p in g["params"]]
+    opt = torch.optim.AdamW(groups, lr=lr, weight_decay=cfg.weight_decay)
+    steps_per_epoch = math.ceil(len(plan.units) / cfg.batch_size)
+    total = steps_per_epoch * recipe.epochs
+    schedule = LRSchedule(int(recipe.warmup * total), total, kind="linear", min_lr_ratio=0.0)
+    base = [g["lr"] for g in opt.param_groups]
+    rng = np.random.default_rng(cfg.seed)
+    torch.manual_seed(cfg.seed)  # dropout: every trial draws the same masks
+    best = {"score": -math.inf, "epoch": 0, "state": None}
+    history: list[dict] = []
+    step = 0
+    t0 = time.time()
+    for epoch in range(1, recipe.epochs + 1):
+        run.train_mode()
+        order = rng.permutation(len(plan.units))
+        ep_loss, ep_n = 0.0, 0
+        for k in range(0, len(order), cfg.batch_size):
+            b_units = [plan.units[u] for u in order[k : k + cfg.batch_size].tolist()]
+            idx = [i for u in b_units for i in u]
+            b_encs = [plan.encs[i] for i in idx]
+            y = spec.batch(plan.targets, b_units).to(run.device)
+            with run.autocast():
+                if plan.store is not None:
+                    blocks, mask = plan.store.batch(idx)
+                    blocks, mask = blocks.to(run.device), mask.to(run.device)
+                else:
+                    blocks, mask = run.body_blocks(b_encs, grad=run.body_needs_grad)
+                logits = model.head(blocks, mask).float()
+                loss = spec.loss(logits, y, b_encs, b_units)
+                if recipe.lm_weight > 0:
+                    loss = loss + recipe.lm_weight * run.lm_loss(b_encs)
+            factor = schedule(step)
+            for g, b in zip(opt.param_groups, base):
+                g["lr"] = b * factor
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(params, 1.0)
+            opt.step()
+            step += 1
+            ep_loss += float(loss.detach()) * len(b_units)
+            ep_n += len(b_units)
+        rec = {"epoch": epoch, "train_loss": round(ep_loss / max(1, ep_n), 5)}
+        if plan.val is not None:
+            score = run.score(plan.val, store=plan.val_store)
+            rec["val"] = round(score, 5)
+            if score > best["score"]:
+                best = {"score": score, "epoch": epoch, "state": run.trainable_state()}
+        history.append(rec)
+        msg = f"lr {lr:g} epoch {epoch}/{recipe.epochs}: train loss {rec['train_loss']:.4f}" + (
+            f", val {plan.metric} {rec['val']:.4f}" if "val" in rec else ""
+        )
+        logger.info(msg)
+        if progress is not None:
+            progress(msg)
+        if plan.val is not None and epoch - best["epoch"] >= recipe.patience:
+            logger.info("early stop after epoch %d: best val %s %.4f at epoch %d", epoch, plan.metric,
+                        best["score"], best["epoch"])
+            break
+    if plan.val is None:  # nothing to choose on: the last state
+        best = {"score": math.nan, "epoch": len(history), "state": run.trainable_state()}
+    return {
+        "lr": lr,
+        "val_score": best["score"],
+        "best_epoch": best["epoch"],
+        "epochs_run": len(history),
+        "steps": step,
+        "train_loss": history[-1]["train_loss"] if history else None,
+        "history": history,
+        "seconds": round(time.time() - t0, 2),
+        "state": best["state"],
+    }
+
+
+def fit_trials(run, plan, progress: Callable[[str], None] | None = None) -> dict:
+    """One trial per learning rate of ``cfg.lr_grid`` (or the recipe's one lr), each from the same start;
+    the run ends in the state of the best trial's best epoch.  Returns that trial's facts plus
+    ``trials``: ``[{"lr", "val_score", "best_epoch"}]``."""
+    lrs = run.cfg.lr_grid or [run.recipe.lr]
+    start = _snapshot(run.model) if len(lrs) > 1 else None
+    trials = []
+    best = None
+    for i, lr in enumerate(lrs):
+        if i > 0:
+            run.model.load_state_dict(start)
+        out = train_trial(run, plan, lr, progress)
+        trials.append({"lr": lr, "val_score": round(out["val_score"], 5), "best_epoch": out["best_epoch"]})
+        if best is None or out["val_score"] > best["val_score"]:
+            best = out
+        else:
+            out["state"] = None
+    run.load_trainable_state(best.pop("state"))
+    best["trials"] = trials
+    return best
