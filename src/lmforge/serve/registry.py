@@ -21,13 +21,6 @@ from ..errors import CheckpointError
 logger = logging.getLogger(__name__)
 
 METRICS_FILE = "metrics.jsonl"
-# what each family can do over HTTP (besides training curves)
-FAMILY_SUPPORTS = {
-    "bert": ("embed", "fill-mask"),
-    "gpt": ("embed", "generate"),
-    "elmo": ("embed",),
-    "word2vec": ("embed",),
-}
 
 
 @dataclasses.dataclass
@@ -69,6 +62,15 @@ class Entry:
         return d
 
 
+def family_operations(family: str) -> tuple[str, ...]:
+    """What a model folder of ``family`` serves: every family embeds; the registry says who fills masks and
+    who generates."""
+    from ..models.registry import get_family
+
+    fam = get_family(family)
+    return ("embed",) + (("fill-mask",) if fam.fills_mask else ()) + (("generate",) if fam.generates else ())
+
+
 def _has_curves(p: Path) -> bool:
     return (p / METRICS_FILE).is_file()
 
@@ -90,10 +92,10 @@ def open_entry(path: str | Path, name: str) -> Entry:
     if cfg_path.is_file() and (p / "model.safetensors").is_file():
         data = load_json(cfg_path)
         if "model_type" in data:
-            from .. import load
+            from ..models import load
 
             model = load(p)
-            ops = FAMILY_SUPPORTS.get(model.model_type, ()) if model.tokenizer is not None else ()
+            ops = family_operations(model.model_type) if model.tokenizer is not None else ()
             if model.tokenizer is None:
                 logger.warning("%s has no tokenizer files: it serves no text operation", p)
             return Entry(name, p, "model", model.model_type, model, tuple(ops) + curves)
