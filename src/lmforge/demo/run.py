@@ -1,0 +1,117 @@
+"""The demo's step list and its runner, :func:`run_demo`."""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from ..errors import LmforgeError
+from .context import REPORT_FILE, DemoContext, ProgressFactory, Step, jsonable, no_progress
+from .plan import DEFAULT_OUT, FAMILY_ORDER, QUICK_OUT, make_plan
+from .report import highlights, report_step
+from .steps import corpus_step, curve_step, polysemy_step, pretrain_step, shards_step, tokenizer_step, transfer_step
+
+logger = logging.getLogger(__name__)
+
+STEPS: list[Step] = [
+    corpus_step(),
+    tokenizer_step("wordpiece"),
+    tokenizer_step("bpe"),
+    shards_step("wordpiece"),
+    shards_step("bpe"),
+    *[pretrain_step(f) for f in FAMILY_ORDER],
+    polysemy_step(),
+    transfer_step(),
+    curve_step(),
+    report_step(),
+]
+
+
+@dataclasses.dataclass
+class StepReport:
+    """What happened to one step: its summary line, whether it was reused, and the seconds it took now."""
+
+    name: str
+    summary: str
+    reused: bool
+    seconds: float = 0.0
+
+
+@dataclasses.dataclass
+class DemoResult:
+    """What :func:`run_demo` returns.
+
+    Attributes:
+        out: the demo folder; report: its ``report.md``.
+        steps: one :class:`StepReport` per step.
+        results: each step's recorded info.
+        elapsed: seconds of this run.
+        highlights: a few lines of headline figures for the terminal.
+    """
+
+    out: Path
+    report: Path
+    steps: list[StepReport]
+    results: dict[str, dict]
+    elapsed: float
+    highlights: list[str]
+
+
+def run_demo(
+    out: str | Path | None = None,
+    quick: bool = False,
+    budget: float | str | None = None,
+    steps: list[Step] | None = None,
+    progress: ProgressFactory | None = None,
+    show_bars: bool | None = None,
+    on_step: Callable[[int, int, Step], None] | None = None,
+    on_done: Callable[[StepReport], None] | None = None,
+    force: bool = False,
+) -> DemoResult:
+    """Run the demo steps in order, reusing what an earlier run built from the same inputs.
+
+    Args:
+        out: the demo folder (default ``lmforge-demo``, or ``lmforge-demo-quick`` with ``quick``).
+        quick: tiny models, a slice of the corpus, a few steps each: the whole lineage in about a minute.
+        budget: scales every model's fixed step count (seconds or ``"30m"``; the full plan is sized for
+            15 minutes, the quick one for 3): ``30m`` trains twice the steps.  No step stops by time.
+        steps: the steps to run (default :data:`STEPS`).
+        progress: progress-bar factory for long steps (see :data:`ProgressFactory`).
+        show_bars: the Trainer's own progress bars (``None``: only on a terminal).
+        on_step: called as ``on_step(i, n, step)`` before step ``i`` (1-based) of ``n``.
+        on_done: called with each step's :class:`StepReport`.
+        force: rebuild everything.
+    Returns:
+        A :class:`DemoResult`.
+    """
+    plan = make_plan(quick, budget)
+    folder = Path(out if out is not None else (QUICK_OUT if quick else DEFAULT_OUT))
+    if folder.exists() and not folder.is_dir():
+        raise LmforgeError(f"--out {folder} is a file; give a folder for the demo")
+    folder.mkdir(parents=True, exist_ok=True)
+    ctx = DemoContext(folder, plan, progress or no_progress, show_bars)
+    steps = STEPS if steps is None else steps
+    reports = []
+    for i, step in enumerate(steps, 1):
+        if on_step:
+            on_step(i, len(steps), step)
+        logger.debug("demo step %d/%d: %s", i, len(steps), step.name)
+        t0 = time.monotonic()
+        inputs = jsonable({"version": step.version, **step.inputs(ctx)})
+        info = None if force else step.reusable(ctx, inputs)
+        reused = info is not None
+        if info is None:
+            info = step.build(ctx)
+            info["_seconds"] = round(time.monotonic() - t0, 1)
+            info = jsonable(info)
+            ctx.record(step.name, inputs, info)
+        else:
+            ctx.results[step.name] = info
+        report = StepReport(step.name, step.summary(info), reused, time.monotonic() - t0)
+        reports.append(report)
+        if on_done:
+            on_done(report)
+    return DemoResult(folder, folder / REPORT_FILE, reports, dict(ctx.results), ctx.elapsed, highlights(ctx.results))
