@@ -416,7 +416,6 @@ def write_export_card(folder: str | Path, source: str | Path) -> Path:
     hf_type = (_json_or_none(p / "config.json") or {}).get("model_type", "?")
     corpus = (read_card_meta(src).get("lmforge") or {}).get("corpus")
     text = _model_card(src, corpus, hf={"model_type": hf_type, "source": str(src)})
-    text = text.replace(f"# {src.name}:", f"# {p.name}:", 1)
     out = p / CARD_FILE
     atomic_write_text(out, text)
     return out

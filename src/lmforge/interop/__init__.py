@@ -10,6 +10,7 @@ from __future__ import annotations
 import importlib
 from pathlib import Path
 
+from ..cards import update_card
 from ..config import load_json
 from ..errors import CheckpointError
 from ..models import FAMILIES, load
@@ -26,6 +27,7 @@ def export_hf(model_dir: str | Path, out_dir: str | Path) -> Path:
         exporters = [f.name for f in FAMILIES.values() if f.hf_module is not None]
         raise CheckpointError(f"export-hf supports {', '.join(exporters)} models, not '{model.model_type}'")
     importlib.import_module(family.hf_module).export_hf(model, Path(out_dir))
+    update_card(out_dir, source=model_dir)  # README.md: an HF model card from the model folder's facts
     return Path(out_dir)
 
 

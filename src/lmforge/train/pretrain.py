@@ -19,6 +19,7 @@ import logging
 from pathlib import Path
 from typing import Any
 
+from ..cards import update_card
 from ..config import _field_types, apply_overrides, from_dict, load_json, parse_overrides, save_json, to_dict
 from ..errors import CheckpointError, ConfigError, DataError, LmforgeError
 from ..models import FAMILIES, get_family
@@ -278,6 +279,7 @@ def pretrain(
         if max_time is not None and "max_time" in inspect.signature(module.run_pretraining).parameters:
             kwargs["max_time"] = parse_duration(max_time)
         ret = module.run_pretraining(shards, tokenizer, model_config, out, **kwargs)
+        update_card(out, shards=data_dir)
         return _result_from_family(family, out, ret)
 
     # -- model and training ----------------------------------------------------------------------
@@ -311,6 +313,8 @@ def pretrain(
         result = trainer.train(resume=resume)
     finally:
         cleanup(env)
+    if env.is_main:
+        update_card(out, shards=data_dir)  # the model card (README.md) from the folder's facts and the shards
     logger.debug("final config: %s", to_dict(train_config))
     return PretrainResult(
         family=family,

@@ -61,15 +61,16 @@ def close(folder: str | Path) -> None:
         w.close()
 
 
-_EPOCH_LINE = re.compile(r"epoch (\d+)/\d+: train loss (\S+)")
+_EPOCH_LINE = re.compile(r"(?:lr (\S+) )?epoch (\d+)/\d+: train loss ([^,\s]+)(?:, val (\S+) ([^,\s]+))?")
 
 
 class EpochLog:
     """A ``progress`` callback for :func:`lmforge.transfer.run_transfer` that logs each epoch's training loss.
 
-    ``run_transfer`` reports one line per epoch (``"epoch 3/10: train loss 0.4123"``); each becomes
-    ``train/loss`` at that epoch.  :meth:`finish` adds the test metrics (``test/accuracy``...) at the last
-    epoch and closes the file.
+    ``run_transfer`` reports one line per epoch (``"lr 0.001 epoch 3/10: train loss 0.4123, val accuracy
+    0.8125"``); each becomes ``train/loss lr=0.001`` (and ``val/accuracy lr=0.001``) at that epoch, one
+    curve per learning rate of the grid.  :meth:`finish` adds the test metrics (``test/accuracy``...) at the
+    last epoch and closes the file.
     """
 
     def __init__(self, folder: str | Path, echo=None):
@@ -82,13 +83,20 @@ class EpochLog:
         if self.echo is not None:
             self.echo(line)
         m = _EPOCH_LINE.search(line)
-        if m:
-            self.epoch = int(m.group(1))
+        if not m:
+            return
+        lr, epoch, loss, metric, value = m.groups()
+        self.epoch = int(epoch)
+        suffix = f" lr={lr}" if lr else ""
+        w = open_writer(self.folder)
+        for tag, text in ((f"train/loss{suffix}", loss), (f"val/{metric}{suffix}", value)):
             try:
-                loss = float(m.group(2))
+                v = float(text) if text is not None else math.nan
             except ValueError:
-                return
-            log_event(self.folder, {"step": self.epoch, "split": "train", "loss": loss})
+                continue
+            if math.isfinite(v):
+                w.add_scalar(tag, v, self.epoch)
+        w.flush()
 
     def finish(self, metrics: dict[str, Any]) -> None:
         numbers = {k: v for k, v in metrics.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}

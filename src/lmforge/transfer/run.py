@@ -615,6 +615,9 @@ class TransferRun:
         save_json({"transfer": to_dict(self.cfg), **extra}, out / "config.json")
         atomic_write_text(out / "metrics.json", json.dumps(metrics, indent=2, ensure_ascii=False) + "\n")
         atomic_write_text(out / "predictions.jsonl", "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in records))
+        from ..cards import update_card  # the run's model card (README.md), from the files written above
+
+        update_card(out)
         return out
 
 
