@@ -158,7 +158,8 @@ def bench_lstms(args, tokenizer) -> None:
 def bench_word2vec(args, tmp: Path) -> None:
     from lmforge.data import builtin_corpus_path
     from lmforge.data.shards import Shards, prepare
-    from lmforge.models.word2vec import Word2VecConfig, run_pretraining
+    from lmforge.models.word2vec import Word2VecConfig
+    from lmforge.train.word2vec import run_pretraining
 
     prepare([builtin_corpus_path()], tmp / "tok", tmp / "shards", val_fraction=0.02, workers=1)
     shards = Shards.open(tmp / "shards")

@@ -15,8 +15,8 @@ from lmforge.models.bert import (
     PRESETS,
     BertConfig,
     BertForPreTraining,
-    pretraining_setup,
 )
+from lmforge.train.families import setup_bert
 
 V = 101
 
@@ -221,7 +221,7 @@ def test_pretraining_setup_requires_wordpiece():
     tok = _CharTokenizer()
     tok.kind = "bpe"
     with pytest.raises(DataError, match="WordPiece"):
-        pretraining_setup(tiny_config(), shards=None, tokenizer=tok)
+        setup_bert(tiny_config(), shards=None, tokenizer=tok)
 
 
 def test_pretraining_setup_takes_vocab_from_tokenizer(request):
@@ -230,7 +230,7 @@ def test_pretraining_setup_takes_vocab_from_tokenizer(request):
     shards = Shards.open(request.getfixturevalue("wordpiece_shards"))
     tok = shards.tokenizer()
     cfg = dataclasses.replace(tiny_config(), vocab_size=7)
-    model, sampler = pretraining_setup(cfg, shards, tok)
+    model, sampler = setup_bert(cfg, shards, tok)
     assert model.config.vocab_size == tok.vocab_size and model.config.pad_token_id == tok.pad_id
     import numpy as np
 

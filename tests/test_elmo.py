@@ -11,8 +11,9 @@ import pytest
 import torch
 
 from lmforge.models.base import TokenLayers
-from lmforge.models.elmo import PRESETS, ElmoBiLM, ElmoConfig, pretraining_setup
+from lmforge.models.elmo import PRESETS, ElmoBiLM, ElmoConfig
 from lmforge.nn.charcnn import BOW_CHAR, EOW_CHAR, PAD_CHAR, SPECIAL_CHAR, piece_bytes, spell_piece, vocab_char_ids
+from lmforge.train.families import setup_elmo
 
 V = 97
 
@@ -261,7 +262,7 @@ def test_embed_returns_token_layers():
 def test_pretraining_setup_on_shards(wordpiece_shards_opened):
     shards, tok = wordpiece_shards_opened
     cfg = ElmoConfig(**dict(PRESETS["tiny"], vocab_size=3, seq_len=16))
-    model, sampler = pretraining_setup(cfg, shards, tok)
+    model, sampler = setup_elmo(cfg, shards, tok)
     assert model.config.vocab_size == tok.vocab_size
     rngs = [np.random.default_rng(i) for i in range(3)]
     batch = sampler.batch(rngs, "train")

@@ -9,7 +9,8 @@ import pytest
 import torch
 
 from lmforge.errors import ConfigError, DataError, LmforgeError
-from lmforge.models.gpt import DEFAULT_PRESET, PRESETS, GPTConfig, GPTLMHeadModel, pretraining_setup
+from lmforge.models.gpt import DEFAULT_PRESET, PRESETS, GPTConfig, GPTLMHeadModel
+from lmforge.train.families import setup_gpt
 
 V = 97
 
@@ -183,10 +184,10 @@ def test_pretraining_setup_needs_bpe(bpe_shards, wordpiece_shards):
     cfg = GPTConfig(**PRESETS["tiny"])
     wp = Shards.open(wordpiece_shards)
     with pytest.raises(DataError, match="BPE"):
-        pretraining_setup(cfg, wp, wp.tokenizer())
+        setup_gpt(cfg, wp, wp.tokenizer())
     shards = Shards.open(bpe_shards)
     tok = shards.tokenizer()
-    model, sampler = pretraining_setup(dataclasses.replace(cfg, n_positions=16), shards, tok)
+    model, sampler = setup_gpt(dataclasses.replace(cfg, n_positions=16), shards, tok)
     assert model.config.vocab_size == tok.vocab_size and model.config.eos_token_id == tok.eot_id
     batch = sampler.batch([__import__("numpy").random.default_rng(i) for i in range(3)], "train")
     assert batch["input_ids"].shape == (3, 16)

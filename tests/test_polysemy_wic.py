@@ -48,7 +48,8 @@ def w2v_dir(tmp_path_factory, wordpiece_shards):
     import gensim  # noqa: F401  (installed by `make test`)
 
     from lmforge.data.shards import Shards
-    from lmforge.models.word2vec import Word2VecConfig, run_pretraining
+    from lmforge.models.word2vec import Word2VecConfig
+    from lmforge.train.word2vec import run_pretraining
 
     shards = Shards.open(wordpiece_shards)
     out = tmp_path_factory.mktemp("w2v") / "w2v"

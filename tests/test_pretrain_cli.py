@@ -18,6 +18,7 @@ from lmforge.cli import main
 from lmforge.errors import ConfigError, DataError
 from lmforge.models import FAMILIES
 from lmforge.train import LRSchedule, TrainConfig, Trainer, parse_duration
+from lmforge.train.families import SETUPS
 from lmforge.train.pretrain import pretrain
 from lmforge.train.trainer import param_groups
 
@@ -51,6 +52,7 @@ def toy_family(monkeypatch):
     toy = dataclasses.replace(FAMILIES["gpt"], module="toy_family", model_class_name="ToyLM",
                               config_class_name="ToyConfig")
     monkeypatch.setitem(FAMILIES, "gpt", toy)
+    monkeypatch.setitem(SETUPS, "gpt", sys.modules["toy_family"].pretraining_setup)
     return "gpt"
 
 

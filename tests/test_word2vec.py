@@ -12,7 +12,8 @@ import pytest
 import torch
 
 import lmforge  # noqa: E402
-from lmforge.models.word2vec import Word2Vec, Word2VecConfig, run_pretraining, word_index  # noqa: E402
+from lmforge.models.word2vec import Word2Vec, Word2VecConfig, word_index  # noqa: E402
+from lmforge.train.word2vec import run_pretraining  # noqa: E402
 
 CFG = dict(vector_size=16, epochs=2, window=3, negative=3, seed=7)
 
@@ -96,7 +97,7 @@ def test_word_index_groups_pieces_by_characters():
 def _train_in_subprocess(shards_dir: Path, out: Path, hashseed: str) -> None:
     code = (
         "import sys; from lmforge.data.shards import Shards; "
-        "from lmforge.models.word2vec import Word2VecConfig, run_pretraining; "
+        "from lmforge.models.word2vec import Word2VecConfig; from lmforge.train.word2vec import run_pretraining; "
         "s = Shards.open(sys.argv[1]); "
         f"run_pretraining(s, s.tokenizer(), Word2VecConfig(**{CFG!r}), sys.argv[2])"
     )

@@ -23,7 +23,12 @@ import unicodedata
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 
+from tokenizers import AddedToken, decoders, models, normalizers, pre_tokenizers, processors, trainers
+from tokenizers import Tokenizer as HFTokenizer
+
+from .data.corpus import check_file, iter_sentences
 from .errors import ConfigError, DataError
+from .utils import atomic_write_text
 
 logger = logging.getLogger(__name__)
 
@@ -147,9 +152,6 @@ class Tokenizer:
             ConfigError: unknown kind, or a vocab_size too small for the special tokens and alphabet.
             DataError: unreadable files or no text.
         """
-        from tokenizers import Tokenizer as HFTokenizer
-        from tokenizers import decoders, models, normalizers, pre_tokenizers, trainers
-
         if kind not in KINDS:
             raise ConfigError(f"tokenizer kind must be one of {KINDS}, not {kind!r}")
         if lowercase is None:
@@ -218,8 +220,6 @@ class Tokenizer:
         Raises:
             DataError: no tokenizer files, or unreadable ones.
         """
-        from tokenizers import Tokenizer as HFTokenizer
-
         p = Path(path)
         if p.is_file() and p.name == "tokenizer.json":
             p = p.parent
@@ -247,8 +247,6 @@ class Tokenizer:
         Returns:
             The folder.
         """
-        from .utils import atomic_write_text
-
         p = Path(path)
         p.mkdir(parents=True, exist_ok=True)
         atomic_write_text(p / "tokenizer.json", self._tok.to_str(pretty=True))
@@ -374,8 +372,6 @@ def _training_texts(files_or_iter, layout: str, encoding_errors: str) -> Iterabl
     if isinstance(files_or_iter, (str, Path)):
         files_or_iter = [files_or_iter]
     if isinstance(files_or_iter, (list, tuple)) and all(isinstance(f, (str, Path)) for f in files_or_iter):
-        from .data.corpus import check_file, iter_sentences
-
         paths = [check_file(f) for f in files_or_iter]
         if not paths:
             raise DataError("no input files given")
@@ -433,8 +429,6 @@ def _read_json(path: Path) -> dict:
 
 
 def _set_post_processor(hf, kind: str) -> None:
-    from tokenizers import processors
-
     if kind == "wordpiece":
         hf.post_processor = processors.TemplateProcessing(
             single="[CLS] $A [SEP]",
@@ -447,9 +441,6 @@ def _set_post_processor(hf, kind: str) -> None:
 
 def _wordpiece_from_vocab(vocab_path: Path, lowercase: bool, strip_accents: bool | None):
     """A BERT WordPiece ``tokenizers.Tokenizer`` from a ``vocab.txt`` (ids = line numbers)."""
-    from tokenizers import AddedToken, decoders, models, normalizers, pre_tokenizers
-    from tokenizers import Tokenizer as HFTokenizer
-
     vocab: dict[str, int] = {}
     with open(vocab_path, encoding="utf-8") as f:
         for i, line in enumerate(f):
@@ -478,8 +469,6 @@ def _drop_unusable_pieces(hf):
     ``##`` alphabet in hash-map order, which changes from one process to the next. WordPiece encoding
     (greedy longest match) depends only on the set of pieces, never on their ids.
     """
-    from tokenizers import Tokenizer as HFTokenizer
-
     data = json.loads(hf.to_str())
     vocab: dict[str, int] = data["model"]["vocab"]
     # Only the five BERT specials stay added tokens; the "##x" helpers registered for training are

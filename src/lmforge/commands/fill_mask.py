@@ -12,7 +12,7 @@ def register(sub) -> None:
 
 
 def run(args) -> int:
-    from .. import load
+    from ..models import load
     from ..errors import LmforgeError
 
     model = load(args.model_dir)

@@ -34,7 +34,7 @@ def register(sub) -> None:
 def run(args) -> int:
     import torch
 
-    from .. import load
+    from ..models import load
     from ..errors import LmforgeError
     from ..generation import check_generation_args, generate_text
 

@@ -31,7 +31,7 @@ import logging
 import numpy as np
 import torch
 
-from ..errors import DataError
+from ..errors import DataError, require
 from ..tokenization import is_cjk
 
 logger = logging.getLogger(__name__)
@@ -119,8 +119,6 @@ class BertPretrainingSampler:
                 self._cjk_char[i] = True
                 self._chars[i] = s
         if self._cjk_char.any():
-            from ..errors import require
-
             jieba = require("jieba", "zh")
             jieba.setLogLevel(logging.WARNING)
             self._jieba = jieba

@@ -25,7 +25,8 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from ..errors import DataError, MissingExtraError
-from ..transfer.tasks import TaskData, TextExample, TokensExample, write_conll, write_jsonl
+from .corpus import iter_people_daily
+from .tasks import TaskData, TextExample, TokensExample, write_conll, write_jsonl
 
 NER_TAGS = {"nr": "PER", "ns": "LOC", "nt": "ORG"}
 _SENT_END = {"。", "！", "？"}
@@ -87,7 +88,6 @@ def people_daily_tagging(kind: str = "ner", max_words: int = 80) -> list[TokensE
     """
     if kind not in ("ner", "pos"):
         raise DataError(f"kind must be 'ner' or 'pos', got {kind!r}")
-    from .corpus import iter_people_daily
 
     out = []
     for para in iter_people_daily(tagged=True):

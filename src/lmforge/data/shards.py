@@ -41,6 +41,8 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import DataError
+from ..tokenization import Tokenizer
+from ..utils import atomic_write_text
 from .corpus import _CJK, ENCODING_ERRORS, LAYOUTS, check_file, detect_layout, iter_sentences
 
 logger = logging.getLogger(__name__)
@@ -238,8 +240,6 @@ class _SplitWriter:
 
 
 def _resolve_tokenizer(tokenizer):
-    from ..tokenization import Tokenizer
-
     if isinstance(tokenizer, Tokenizer):
         return tokenizer
     return Tokenizer.load(tokenizer)
@@ -341,7 +341,6 @@ def prepare(
             w.close()
 
         tok_dir = tok.save(tmp / TOKENIZER_SUBDIR)
-        from ..tokenization import Tokenizer
 
         if Tokenizer.load(tok_dir).hash != tok.hash:
             raise RuntimeError("internal error: the saved tokenizer does not reload to the same hash")
@@ -359,7 +358,6 @@ def prepare(
             "sources": [{"path": str(p.resolve()), "bytes": p.stat().st_size, "layout": lay}
                         for p, lay in zip(paths, layouts)],
         }
-        from ..utils import atomic_write_text
 
         atomic_write_text(tmp / "meta.json", json.dumps(meta, indent=2) + "\n")
         _swap_into_place(tmp, out_dir)
@@ -530,8 +528,6 @@ class Shards:
     def tokenizer(self):
         """The Tokenizer that made these shards (copied into the folder by :func:`prepare`)."""
         if self._tokenizer is None:
-            from ..tokenization import Tokenizer
-
             self._tokenizer = Tokenizer.load(self.path / TOKENIZER_SUBDIR)
         return self._tokenizer
 

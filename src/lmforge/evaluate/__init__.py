@@ -99,7 +99,7 @@ def load_reference(name: str):
 
 def load_models(model_dirs: list[str], reference: str | None = None) -> list[tuple[str, object]]:
     """Open model folders with :func:`lmforge.load` (plus an optional reference) as ``(label, model)``."""
-    from .. import load
+    from ..models import load
 
     models = []
     for d in model_dirs:

@@ -17,6 +17,7 @@ import torch
 from ..config import load_json, save_json
 from ..errors import CheckpointError
 from ..models.bert import SUPPORTED_ACTS, BertConfig, BertForPreTraining
+from ..tokenization import Tokenizer
 from ..utils import load_safetensors, save_safetensors
 
 logger = logging.getLogger(__name__)
@@ -217,8 +218,6 @@ def _load_tokenizer(p: Path):
         logger.warning("%s has no tokenizer files; attach one before using embed/fill_mask", p)
         return None
     try:
-        from ..tokenization import Tokenizer
-
         return Tokenizer.load(p)
     except Exception as e:  # the tokenizer is optional here; the weights are what import-hf promises
         logger.warning("could not read the tokenizer in %s (%s); the model has none attached", p, e)

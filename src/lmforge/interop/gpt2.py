@@ -17,6 +17,7 @@ import torch
 from ..config import load_json
 from ..errors import CheckpointError, LmforgeError
 from ..models.gpt import ACTIVATIONS, GPTConfig, GPTLMHeadModel
+from ..tokenization import Tokenizer
 from ..utils import atomic_write_text, load_safetensors, save_safetensors
 
 logger = logging.getLogger(__name__)
@@ -174,8 +175,6 @@ def import_hf(hf_dir: str | Path) -> GPTLMHeadModel:
     model.eval()
     if (p / "tokenizer.json").is_file():
         try:
-            from ..tokenization import Tokenizer
-
             model.tokenizer = Tokenizer.load(p)
         except (LmforgeError, OSError, ValueError, KeyError) as e:  # keep the weights, say why
             logger.warning("import-hf: could not read the tokenizer in %s (%s); model has no tokenizer", p, e)

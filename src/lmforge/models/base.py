@@ -18,6 +18,8 @@ from torch import nn
 
 from ..config import from_dict, load_json, save_json
 from ..errors import CheckpointError
+from ..folders import check_finite, check_tokenizer_fits
+from ..tokenization import Tokenizer
 from ..utils import load_safetensors, save_safetensors
 
 logger = logging.getLogger(__name__)
@@ -162,15 +164,12 @@ class PretrainedModel(nn.Module):
             raise CheckpointError(f"model folder not found: {p}")
         config = cls.config_from_folder(p)
         model = cls(config)
-        from ..folders import check_finite, check_tokenizer_fits
 
         state = load_safetensors(p / "model.safetensors")
         check_finite(state, p / "model.safetensors")
         model.load_weights(state)
         model.eval()
         if load_tokenizer and (p / "tokenizer.json").is_file():
-            from ..tokenization import Tokenizer
-
             model.tokenizer = Tokenizer.load(p)
             check_tokenizer_fits(config, model.tokenizer, p)
         return model

@@ -479,50 +479,6 @@ class BertForPreTraining(PretrainedModel):
         ]
 
 
-# -- lmforge pretrain bert ------------------------------------------------------------------------------
-def pretraining_setup(config: BertConfig, shards, tokenizer):
-    """Build the model and its MLM+NSP sampler for ``lmforge pretrain bert``.
-
-    Args:
-        config: the chosen preset / config file; ``vocab_size`` and ``pad_token_id`` are taken from
-            the tokenizer.
-        shards: an opened :class:`lmforge.data.shards.Shards` made with a WordPiece tokenizer.
-        tokenizer: that tokenizer.
-    Returns:
-        ``(model, sampler)``.
-    """
-    from ..data.bert import BertPretrainingSampler
-
-    if getattr(tokenizer, "kind", None) != "wordpiece":
-        raise DataError(
-            f"BERT needs shards made with a WordPiece tokenizer, but these were made with a "
-            f"'{getattr(tokenizer, 'kind', '?')}' tokenizer; train one with kind=wordpiece and prepare the data again"
-        )
-    config = dataclasses.replace(config, vocab_size=tokenizer.vocab_size, pad_token_id=tokenizer.pad_id)
-    model = BertForPreTraining(config)
-    model.tokenizer = tokenizer
-    sampler = BertPretrainingSampler(
-        shards,
-        max_seq_length=config.max_seq_length,
-        short_seq_prob=config.short_seq_prob,
-        masked_lm_prob=config.masked_lm_prob,
-        max_predictions_per_seq=config.max_predictions_per_seq,
-        next_sentence=config.next_sentence,
-        whole_word_mask=config.whole_word_mask,
-        tokenizer=tokenizer,
-    )
-    logger.info(
-        "BERT %d layers, hidden %d, %d heads, vocab %d: %.2fM parameters (%s)",
-        config.num_hidden_layers,
-        config.hidden_size,
-        config.num_attention_heads,
-        config.vocab_size,
-        model.num_parameters() / 1e6,
-        "MLM + NSP" if config.next_sentence else "MLM only",
-    )
-    return model, sampler
-
-
 __all__ = [
     "BertConfig",
     "BertForPreTraining",
@@ -530,5 +486,4 @@ __all__ = [
     "PRESETS",
     "DEFAULT_PRESET",
     "TRAIN_DEFAULTS",
-    "pretraining_setup",
 ]

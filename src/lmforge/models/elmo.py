@@ -49,7 +49,7 @@ class ElmoConfig:
     """ELMo biLM settings (``model_type: "elmo"``).
 
     Attributes:
-        vocab_size: V, the tokenizer's vocabulary (set by ``pretraining_setup``).
+        vocab_size: V, the tokenizer's vocabulary (set from the tokenizer by :func:`lmforge.train.families.setup_elmo`).
         token_encoder: ``"char"`` (char CNN + highway + projection, the original) or ``"word"``
             (a word-embedding table).
         projection_dim: P, width of the token vectors and of each LSTM layer's output per direction.
@@ -357,22 +357,3 @@ class ElmoBiLM(PretrainedModel):
         return out
 
 
-def pretraining_setup(config: ElmoConfig, shards, tokenizer) -> tuple[ElmoBiLM, object]:
-    """Build the biLM and its sampler for ``lmforge pretrain elmo``.
-
-    Args:
-        config: the ELMo config; its ``vocab_size`` is replaced by the tokenizer's.
-        shards: an opened :class:`lmforge.data.shards.Shards`.
-        tokenizer: the shards' tokenizer (its vocabulary is spelled into the char table).
-    Returns:
-        (model, sampler) with ``sampler.batch(rngs, split)`` giving ``input_ids`` and ``labels`` windows
-        of ``config.seq_len`` tokens.
-    """
-    from ..data.samplers import BiLMWindowSampler
-
-    if hasattr(shards, "check_tokenizer"):
-        shards.check_tokenizer(tokenizer)
-    config = dataclasses.replace(config, vocab_size=tokenizer.vocab_size)
-    model = ElmoBiLM(config)
-    model.set_tokenizer(tokenizer)
-    return model, BiLMWindowSampler(shards, config.seq_len)

@@ -20,7 +20,8 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
-from ..errors import ConfigError, DataError, LmforgeError
+from ..errors import ConfigError, LmforgeError
+from ..generation import generate as generate_ids
 from ..nn.losses import causal_lm_loss, free_workspace, linear_cross_entropy, shift_labels
 from ..nn.transformer import KVCache, TransformerBlock, init_weights
 from .base import ModelOutput, PretrainedModel, TokenLayers
@@ -35,7 +36,7 @@ class GPTConfig:
     """GPT hyper-parameters (HF ``GPT2Config`` field names).
 
     Attributes:
-        vocab_size: number of token ids (set from the tokenizer by :func:`pretraining_setup`).
+        vocab_size: number of token ids (set from the tokenizer by :func:`lmforge.train.families.setup_gpt`).
         n_positions: longest sequence the learned position embedding covers.
         n_embd: hidden size C.
         n_layer: number of Transformer blocks.
@@ -97,8 +98,8 @@ class GPTConfig:
         return self.n_inner if self.n_inner is not None else 4 * self.n_embd
 
 
-# -- hooks for `lmforge pretrain gpt` -----------------------------------------------------------------
-# vocab_size, bos/eos ids come from the tokenizer in pretraining_setup.
+# -- presets and training defaults for `lmforge pretrain gpt` ---------------------------------------------
+# vocab_size, bos/eos ids come from the tokenizer (lmforge.train.families.setup_gpt).
 PRESETS: dict[str, dict] = {
     "tiny": dict(n_positions=128, n_embd=64, n_layer=2, n_head=2),  # tests and smoke runs
     "mini": dict(n_positions=256, n_embd=128, n_layer=4, n_head=4),  # minutes on a laptop CPU
@@ -109,34 +110,6 @@ PRESETS: dict[str, dict] = {
 DEFAULT_PRESET = "mini"
 # GPT-2 / nanoGPT-style optimisation: higher peak lr than BERT, weight decay 0.1, beta2 0.95.
 TRAIN_DEFAULTS: dict = dict(lr=6e-4, weight_decay=0.1, beta2=0.95, warmup_steps=100, schedule="cosine", batch_size=16)
-
-
-def pretraining_setup(config: GPTConfig, shards, tokenizer) -> tuple[GPTLMHeadModel, object]:
-    """Build the GPT and its causal-window sampler for ``lmforge pretrain gpt``.
-
-    Args:
-        config: the GPT config (``vocab_size`` and the end-of-text ids are replaced by the tokenizer's).
-        shards: an open :class:`lmforge.data.shards.Shards` of byte-level BPE tokens.
-        tokenizer: the shards' tokenizer (must be BPE: windows cross documents through ``<|endoftext|>``).
-    Returns:
-        ``(model, sampler)``: a freshly initialised :class:`GPTLMHeadModel` with the tokenizer attached, and
-        a ``CausalWindowSampler`` yielding ``{input_ids, labels}`` windows of ``config.n_positions`` tokens.
-    """
-    from ..data.samplers import CausalWindowSampler
-
-    if getattr(tokenizer, "kind", None) != "bpe" or getattr(tokenizer, "eot_id", None) is None:
-        raise DataError(
-            f"GPT pretrains on byte-level BPE shards, but these were made with a "
-            f"'{getattr(tokenizer, 'kind', '?')}' tokenizer; prepare the corpus with a BPE tokenizer"
-        )
-    if hasattr(shards, "check_tokenizer"):
-        shards.check_tokenizer(tokenizer)
-    config = dataclasses.replace(
-        config, vocab_size=tokenizer.vocab_size, bos_token_id=tokenizer.eot_id, eos_token_id=tokenizer.eot_id
-    )
-    model = GPTLMHeadModel(config)
-    model.tokenizer = tokenizer
-    return model, CausalWindowSampler(shards, config.n_positions)
 
 
 # -- the model -----------------------------------------------------------------------------------------
@@ -380,9 +353,7 @@ class GPTLMHeadModel(PretrainedModel):
         Returns:
             (B, T + n) token ids; with ``output_logits`` the pair ``(ids, logits (B, n, V))``.
         """
-        from ..generation import generate
-
-        return generate(
+        return generate_ids(
             self,
             input_ids,
             max_new_tokens=max_new_tokens,
@@ -411,7 +382,6 @@ __all__ = [
     "PRESETS",
     "DEFAULT_PRESET",
     "TRAIN_DEFAULTS",
-    "pretraining_setup",
     # the LM losses live in lmforge.nn.losses; re-exported because transfer imports them from here
     "causal_lm_loss",
     "linear_cross_entropy",

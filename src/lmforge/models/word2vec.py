@@ -3,8 +3,8 @@
 Mikolov et al. 2013.  The baseline of the four generations: the vector of *python* is the same in
 "He got bit by Python." and "Python is my favorite programming language.", so it cannot tell the
 snake from the language.  lmforge trains it on the same shards (the same corpus and tokenisation)
-as the other families, with gensim doing the training (:func:`run_pretraining`), and stores it as
-a model folder like the others: ``model.safetensors`` holds an ``nn.Embedding`` indexed by token
+as the other families, with gensim doing the training (:func:`lmforge.train.word2vec.run_pretraining`),
+and stores it as a model folder like the others: ``model.safetensors`` holds an ``nn.Embedding`` indexed by token
 id (tokens gensim never saw get zeros), ``vectors.txt`` the same vectors in the word2vec text
 format for other tools, plus ``config.json`` and the tokenizer.
 
@@ -19,17 +19,13 @@ from __future__ import annotations
 import dataclasses
 import logging
 import re
-import time
-import zlib
-from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
 import torch
 from torch import nn
 
-from ..config import save_json
-from ..errors import ConfigError, LmforgeError, require
+from ..errors import ConfigError, LmforgeError
 from ..utils import atomic_path
 from .base import ModelOutput, PretrainedModel, TokenLayers
 
@@ -41,7 +37,7 @@ class Word2VecConfig:
     """word2vec settings (``model_type: "word2vec"``); the training knobs are gensim's.
 
     Attributes:
-        vocab_size: V, the tokenizer's vocabulary (set by :func:`run_pretraining`).
+        vocab_size: V, the tokenizer's vocabulary (set by :func:`lmforge.train.word2vec.run_pretraining`).
         vector_size: width of the vectors.
         architecture: ``"skipgram"`` (predict the context from the word) or ``"cbow"`` (the word from
             the mean of its context).
@@ -86,7 +82,6 @@ PRESETS: dict[str, dict] = {
     "large": dict(vector_size=300, architecture="skipgram", epochs=10),
 }
 DEFAULT_PRESET = "small"
-CONFIG_CLASS = Word2VecConfig
 
 _WORD_CHAR = re.compile(r"\w")
 _CJK = re.compile(r"[\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff]")
@@ -120,49 +115,11 @@ def word_index(text: str, offsets: list[tuple[int, int]]) -> list[int]:
     return out
 
 
-def _stable_hash(s: str) -> int:
-    """A string hash that is the same in every process (Python's ``hash`` is randomised)."""
-    return zlib.crc32(s.encode("utf-8"))
-
-
-class _ShardSentences:
-    """Re-iterable sentences of a shard split as lists of token strings (what gensim reads)."""
-
-    def __init__(self, shards, tokenizer, split: str = "train"):
-        self.tokens = shards.tokens(split)
-        self.starts = np.asarray(shards.sentences(split), dtype=np.int64)
-        self.names = [tokenizer.id_to_token(i) or f"<id{i}>" for i in range(tokenizer.vocab_size)]
-
-    def __len__(self) -> int:
-        return max(len(self.starts) - 1, 0)
-
-    def __iter__(self) -> Iterator[list[str]]:
-        names = self.names
-        for s, e in zip(self.starts[:-1], self.starts[1:]):
-            if e > s:
-                yield [names[i] for i in self.tokens[s:e].tolist()]
-
-
-class _GensimRateLog(logging.Handler):
-    """Collects the ``N effective words/s`` figures gensim logs while training."""
-
-    pattern = re.compile(r"([\d.]+) effective words/s")
-
-    def __init__(self):
-        super().__init__(logging.INFO)
-        self.rates: list[float] = []
-
-    def emit(self, record: logging.LogRecord) -> None:
-        m = self.pattern.search(record.getMessage())
-        if m:
-            self.rates.append(float(m.group(1)))
-
-
 class Word2Vec(PretrainedModel):
     """Static token vectors in an ``nn.Embedding`` (``embeddings.weight``: (V, vector_size)).
 
     ``forward(input_ids)`` returns the vectors as the only hidden state; there is no language-model
-    loss (gensim trains it; see :func:`run_pretraining`).
+    loss (gensim trains it; see :func:`lmforge.train.word2vec.run_pretraining`).
     """
 
     config_class = Word2VecConfig
@@ -249,107 +206,3 @@ class Word2Vec(PretrainedModel):
             f.write(f"{len(token_ids)} {w.shape[1]}\n")
             for i in token_ids:
                 f.write(self.tokenizer.id_to_token(i) + " " + " ".join(f"{x:.6g}" for x in w[i]) + "\n")
-
-
-def run_pretraining(shards, tokenizer, config: Word2VecConfig, out_dir: str | Path):
-    """Train word2vec with gensim on the shards' train split and write the model folder.
-
-    Args:
-        shards: an opened :class:`lmforge.data.shards.Shards` (or its folder).
-        tokenizer: the shards' tokenizer; sentences are fed to gensim as its token strings.
-        config: the word2vec config (``vocab_size`` is replaced by the tokenizer's).
-        out_dir: the model folder to write (config.json, model.safetensors, vectors.txt, tokenizer,
-            training_summary.json).
-    Returns:
-        A :class:`lmforge.train.pretrain.PretrainResult` whose ``val`` holds the training speed
-        (``words_per_sec`` as gensim reports it) and the share of the vocabulary that got a vector.
-    """
-    gensim_w2v = require("gensim.models.word2vec", "w2v")
-    from ..train.pretrain import PretrainResult
-
-    if isinstance(shards, (str, Path)):
-        from ..data.shards import Shards
-
-        shards = Shards.open(shards)
-    if hasattr(shards, "check_tokenizer"):
-        shards.check_tokenizer(tokenizer)
-    config = dataclasses.replace(config, vocab_size=tokenizer.vocab_size)
-    if config.workers > 1:
-        logger.warning("word2vec with workers=%d is faster but not reproducible run to run", config.workers)
-    sentences = _ShardSentences(shards, tokenizer)
-    if len(sentences) == 0:
-        raise LmforgeError("the shards' train split has no sentences; prepare a larger corpus")
-
-    gensim_logger = logging.getLogger("gensim.models.word2vec")
-    rate_log = _GensimRateLog()
-    old_level, old_propagate = gensim_logger.level, gensim_logger.propagate
-    gensim_logger.addHandler(rate_log)
-    gensim_logger.setLevel(logging.INFO)
-    gensim_logger.propagate = False
-    try:
-        w2v = gensim_w2v.Word2Vec(
-            vector_size=config.vector_size,
-            sg=1 if config.architecture == "skipgram" else 0,
-            window=config.window,
-            negative=config.negative,
-            hs=0,
-            min_count=config.min_count,
-            sample=config.sample,
-            alpha=config.alpha,
-            min_alpha=config.min_alpha,
-            seed=config.seed,
-            workers=config.workers,
-            hashfxn=_stable_hash,
-        )
-        w2v.build_vocab(sentences)
-        logger.info(
-            "word2vec (%s): %d sentences, %d of %d tokens in the vocabulary, %d epochs",
-            config.architecture,
-            len(sentences),
-            len(w2v.wv.index_to_key),
-            config.vocab_size,
-            config.epochs,
-        )
-        t0 = time.perf_counter()
-        effective, raw = w2v.train(sentences, total_examples=w2v.corpus_count, epochs=config.epochs)
-        elapsed = time.perf_counter() - t0
-    finally:
-        gensim_logger.removeHandler(rate_log)
-        gensim_logger.setLevel(old_level)
-        gensim_logger.propagate = old_propagate
-    # gensim's last report is the whole run's; fall back to our own timing if it logged none
-    rate = rate_log.rates[-1] if rate_log.rates else effective / max(elapsed, 1e-9)
-    logger.info(
-        "word2vec: %d raw words (%d effective) in %.1fs, %.0f effective words/s (gensim)", raw, effective, elapsed, rate
-    )
-
-    model = Word2Vec(config)
-    model.tokenizer = tokenizer
-    weight = torch.zeros(config.vocab_size, config.vector_size)
-    seen = []
-    for token, row in w2v.wv.key_to_index.items():
-        i = tokenizer.token_to_id(token)
-        if i is None:  # cannot happen: gensim saw only the tokenizer's own strings
-            continue
-        weight[i] = torch.from_numpy(np.array(w2v.wv.vectors[row], dtype=np.float32))
-        seen.append(i)
-    with torch.no_grad():
-        model.embeddings.weight.copy_(weight)
-    model.eval()
-
-    out = Path(out_dir)
-    model.save_pretrained(out, tokenizer)
-    model.save_word2vec_text(out / "vectors.txt", sorted(seen))
-    val = {
-        "words_per_sec": float(rate),
-        "raw_words": float(raw),
-        "effective_words": float(effective),
-        "vocab_coverage": len(seen) / config.vocab_size,
-    }
-    save_json(
-        {"architecture": config.architecture, "epochs": config.epochs, "elapsed_s": elapsed, **val},
-        out / "training_summary.json",
-    )
-    return PretrainResult(
-        family="word2vec", out_dir=out, val=val, stop_reason="done", tokens_seen=int(raw), elapsed=elapsed
-    )

@@ -1,9 +1,8 @@
 """The ``lmforge pretrain FAMILY`` driver: shards + family hooks + TrainConfig -> a model folder.
 
 Which families exist, and their config classes, presets and training defaults, come from the
-registry (:data:`lmforge.models.FAMILIES`).  Every Trainer-based family module offers
-``pretraining_setup(config, shards, tokenizer) -> (model, sampler)``; word2vec offers
-``run_pretraining(shards, tokenizer, config, out_dir)`` instead (gensim trains it in one pass).
+registry (:data:`lmforge.models.FAMILIES`); how each is built from shards (model and sampler), or
+trained by gensim (word2vec), from :mod:`lmforge.train.families`.
 
 Order of work: every config problem is found before any data is read, the tokenizer is checked
 against the shards before any model is built, and ``train_config.json`` is written before the
@@ -14,19 +13,21 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
-import inspect
 import logging
 from pathlib import Path
-from typing import Any
 
 from ..cards import update_card
 from ..config import _field_types, apply_overrides, from_dict, load_json, parse_overrides, save_json, to_dict
+from ..data.shards import Shards
 from ..errors import CheckpointError, ConfigError, DataError, LmforgeError
 from ..models import FAMILIES, get_family
-from ..utils import seed_everything
+from ..tokenization import Tokenizer
+from ..utils import load_safetensors, seed_everything
 from .checkpoint import STATE_DIR, find_state_dir
 from .config import TrainConfig, format_duration, parse_duration
 from .distributed import cleanup, init_distributed
+from .families import PretrainHooks, pretrain_hooks
+from .result import PretrainResult
 from .trainer import Trainer
 
 logger = logging.getLogger(__name__)
@@ -34,34 +35,9 @@ logger = logging.getLogger(__name__)
 TRAIN_CONFIG_FILE = "train_config.json"
 
 
-@dataclasses.dataclass
-class PretrainResult:
-    """What :func:`pretrain` returns.
-
-    Attributes:
-        family: e.g. ``"gpt"``.
-        out_dir: the model folder written.
-        val: final validation metrics (``loss``, ``ppl``, family metrics such as ``mlm_acc``).
-        step: optimizer steps done in total (``None`` for families trained without the Trainer).
-        stop_reason: ``"max_steps"``, ``"max_time"`` or ``"done"`` (word2vec).
-        train_loss: mean training loss of the last logging interval, if known.
-        tokens_seen: training tokens consumed, if known.
-        elapsed: training seconds, if known.
-    """
-
-    family: str
-    out_dir: Path
-    val: dict[str, float]
-    step: int | None = None
-    stop_reason: str = "done"
-    train_loss: float | None = None
-    tokens_seen: int | None = None
-    elapsed: float | None = None
-
-
-def family_module(family: str):
-    """The family's module, as the registry names it (an unknown family is a ConfigError)."""
-    return get_family(family).import_module()
+def family_module(family: str) -> PretrainHooks:
+    """The family's pretraining hooks (presets, defaults, setup or gensim run); unknown -> ConfigError."""
+    return pretrain_hooks(family)
 
 
 def family_config_class(family: str, module=None) -> type:
@@ -127,16 +103,12 @@ def split_all_overrides(
     return model_over, train_over
 
 
-def open_shards(data_dir: str | Path):
+def open_shards(data_dir: str | Path) -> Shards:
     """Open the token shards in ``data_dir`` (a DataError when they are missing or unreadable)."""
-    from ..data.shards import Shards
-
     return Shards.open(data_dir)
 
 
-def load_tokenizer(path: str | Path):
-    from ..tokenization import Tokenizer
-
+def load_tokenizer(path: str | Path) -> Tokenizer:
     p = Path(path)
     if not (p / "tokenizer.json").is_file():
         raise DataError(f"no tokenizer.json in {p}; give the folder written by `lmforge tokenizer train`")
@@ -174,15 +146,6 @@ def _check_init(init: str | Path, family: str, resume: bool, trainer_based: bool
     if not (p / "tokenizer.json").is_file():
         raise CheckpointError(f"--init {p} has no tokenizer.json; the shards must be made with the model's tokenizer")
     return p
-
-
-def _result_from_family(family: str, out_dir: Path, ret: Any) -> PretrainResult:
-    if isinstance(ret, PretrainResult):
-        return ret
-    if isinstance(ret, dict):
-        return PretrainResult(family, out_dir, {k: float(v) for k, v in ret.items()})
-    val = getattr(ret, "val", None) or getattr(ret, "metrics", None) or {}
-    return PretrainResult(family, out_dir, {k: float(v) for k, v in dict(val).items()})
 
 
 def pretrain(
@@ -258,7 +221,7 @@ def pretrain(
         train_config = apply_overrides(train_config, train_over)
         if max_time is not None:
             train_config = dataclasses.replace(train_config, max_time=parse_duration(max_time))
-    elif max_time is not None and "max_time" not in inspect.signature(module.run_pretraining).parameters:
+    elif max_time is not None:
         logger.warning("%s trains without the Trainer and has no time budget: --max-time is not used", family)
 
     # -- data and tokenizer ----------------------------------------------------------------------
@@ -270,17 +233,13 @@ def pretrain(
         check_tokenizer(shards, data_dir, load_tokenizer(init_dir), f"the tokenizer of the model in {init_dir}")
     if resume and (out / "tokenizer.json").is_file():
         check_tokenizer(shards, data_dir, load_tokenizer(out), f"the tokenizer of the model in {out}")
-    if hasattr(shards, "check_tokenizer"):
-        shards.check_tokenizer(tokenizer)
+    shards.check_tokenizer(tokenizer)
 
     if not trainer_based:
         seed_everything(getattr(model_config, "seed", 0))
-        kwargs = {}
-        if max_time is not None and "max_time" in inspect.signature(module.run_pretraining).parameters:
-            kwargs["max_time"] = parse_duration(max_time)
-        ret = module.run_pretraining(shards, tokenizer, model_config, out, **kwargs)
+        result = module.run_pretraining(shards, tokenizer, model_config, out)
         update_card(out, shards=data_dir)
-        return _result_from_family(family, out, ret)
+        return result
 
     # -- model and training ----------------------------------------------------------------------
     env = init_distributed(train_config.device)
@@ -288,8 +247,6 @@ def pretrain(
         seed_everything(train_config.seed)
         model, sampler = module.pretraining_setup(model_config, shards, tokenizer)
         if init_dir is not None:
-            from ..utils import load_safetensors
-
             model.load_weights(load_safetensors(init_dir / "model.safetensors"))
             (logger.info if env.is_main else logger.debug)("starting from the weights of %s", init_dir)
         if env.is_main:
@@ -353,8 +310,6 @@ def evaluate_lm(
     Returns:
         ``{"loss", "ppl", ...family metrics}`` as floats.
     """
-    from ..utils import load_safetensors
-
     p = Path(model_dir)
     if not (p / "config.json").is_file() or not (p / "model.safetensors").is_file():
         raise CheckpointError(f"{p} is not a model folder (it needs config.json and model.safetensors)")

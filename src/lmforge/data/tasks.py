@@ -1,0 +1,433 @@
+"""Downstream task data: the five task kinds, their file formats and their loaders.
+
+- ``classify``: CSV (with a header row) or JSONL with ``text`` and ``label``;
+- ``pair``: CSV or JSONL with ``text``, ``text_pair`` and ``label``;
+- ``tokens``: CoNLL columns: one token a line, the word first and its tag in the LAST column,
+  a blank line between sentences (``-DOCSTART-`` lines are skipped); BIO tags (``O``, ``B-PER``,
+  ``I-PER``) get entity-level scores, plain tags (e.g. POS) token accuracy;
+- ``qa``: SQuAD v1.1 JSON: ``{"data": [{"paragraphs": [{"context": ..., "qas": [{"id", "question",
+  "answers": [{"text", "answer_start"}]}]}]}]}``;
+- ``choice`` (multiple choice, as SWAG / Story Cloze / RACE): JSONL with ``context``, ``choices`` (a
+  list of two or more texts) and ``label`` (the 0-based index of the right choice), or CSV with
+  ``context``, ``choice0``, ``choice1``, ... and ``label``.
+
+Every loader raises :class:`~lmforge.errors.DataError` with one line naming the file, the line or
+record, and what to fix.  Labels are kept as strings; :class:`TaskData` carries the label list,
+taken from the training data (sorted), and :func:`check_labels` rejects a test label that
+the training data never had.
+"""
+
+from __future__ import annotations
+
+import csv
+import dataclasses
+import hashlib
+import json
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+
+from ..errors import DataError
+from ..utils import atomic_write_text
+
+TASKS = ("classify", "pair", "tokens", "qa", "choice")
+# Tasks whose every input is read as one vector (a sentence, a pair, a context with one choice).
+SENTENCE_TASKS = ("classify", "pair", "choice")
+
+
+@dataclasses.dataclass
+class TextExample:
+    """A single text (``text_pair`` None) or a pair of texts, with its label (None when unlabelled)."""
+
+    text: str
+    text_pair: str | None = None
+    label: str | None = None
+
+
+@dataclasses.dataclass
+class TokensExample:
+    """Words of a sentence with one tag each (``tags`` None when unlabelled)."""
+
+    words: list[str]
+    tags: list[str] | None = None
+
+
+@dataclasses.dataclass
+class QAExample:
+    """A SQuAD question: ``answers`` is a list of ``(text, char_start)`` in ``context``."""
+
+    id: str
+    question: str
+    context: str
+    answers: list[tuple[str, int]] = dataclasses.field(default_factory=list)
+
+
+@dataclasses.dataclass
+class ChoiceExample:
+    """A multiple-choice question: ``context`` and its ``choices``; ``label`` the right one's index (or None)."""
+
+    context: str
+    choices: list[str]
+    label: int | None = None
+
+
+Example = TextExample | TokensExample | QAExample | ChoiceExample
+
+
+@dataclasses.dataclass
+class TaskData:
+    """The examples of one split plus the task kind and label list.
+
+    Attributes:
+        task: one of :data:`TASKS`.
+        examples: the examples (all of the class that fits the task).
+        labels: sorted class names (``classify``/``pair``) or tags (``tokens``); empty for ``qa`` and
+            ``choice``.
+        source: where the examples came from (a path, or a description), for messages.
+    """
+
+    task: str
+    examples: list
+    labels: list[str]
+    source: str = "<memory>"
+
+    def __len__(self) -> int:
+        return len(self.examples)
+
+    def subset(self, indices: Sequence[int]) -> TaskData:
+        """A TaskData with the examples at ``indices`` and the same label list."""
+        return TaskData(self.task, [self.examples[i] for i in indices], list(self.labels), f"{self.source}[subset]")
+
+    def content_hash(self) -> str:
+        """sha256 of the examples' content (file-independent: a subset hashes differently)."""
+        h = hashlib.sha256(self.task.encode())
+        for ex in self.examples:
+            h.update(json.dumps(dataclasses.asdict(ex), ensure_ascii=False, sort_keys=True).encode("utf-8"))
+            h.update(b"\n")
+        return h.hexdigest()
+
+
+# -- reading -----------------------------------------------------------------------------------------
+def _read_text(path: Path) -> str:
+    if not path.is_file():
+        raise DataError(f"data file not found: {path}")
+    try:
+        return path.read_text(encoding="utf-8-sig")
+    except UnicodeDecodeError as e:
+        raise DataError(f"{path} is not UTF-8 text (byte {e.start}); convert it to UTF-8") from None
+
+
+def _records(path: Path) -> Iterable[tuple[int, dict]]:
+    """(line number, record) pairs of a CSV (with header) or JSONL file; format by suffix/content."""
+    text = _read_text(path)
+    if not text.strip():
+        raise DataError(f"{path} is empty; it needs one example per line/row")
+    is_jsonl = path.suffix.lower() in (".jsonl", ".json", ".ndjson") or text.lstrip().startswith("{")
+    if is_jsonl:
+        for n, line in enumerate(text.splitlines(), 1):
+            if not line.strip():
+                continue
+            try:
+                rec = json.loads(line)
+            except json.JSONDecodeError as e:
+                raise DataError(f"{path}:{n}: not a JSON object ({e.msg}); JSONL needs one object a line") from None
+            if not isinstance(rec, dict):
+                raise DataError(f"{path}:{n}: expected a JSON object with 'text' and 'label'")
+            yield n, rec
+    else:
+        reader = csv.DictReader(text.splitlines())
+        if not reader.fieldnames:
+            raise DataError(f"{path} has no CSV header row; the first row must name the columns (text,label)")
+        for rec in reader:
+            if None in rec:
+                raise DataError(f"{path}:{reader.line_num}: more fields than header columns; quote texts with commas")
+            yield reader.line_num, rec
+
+
+def load_text_task(path: str | Path, task: str = "classify", labelled: bool = True) -> TaskData:
+    """Load a ``classify`` or ``pair`` file (CSV with header, or JSONL).
+
+    Args:
+        path: the file; columns/keys ``text`` (+ ``text_pair`` for ``pair``) and ``label``.
+        task: ``"classify"`` or ``"pair"``.
+        labelled: require a ``label`` in every record.
+    Returns:
+        TaskData whose labels are the sorted distinct labels of the file.
+    """
+    p = Path(path)
+    need = ["text"] + (["text_pair"] if task == "pair" else []) + (["label"] if labelled else [])
+    examples = []
+    for n, rec in _records(p):
+        for key in need:
+            if key not in rec:
+                raise DataError(f"{p}:{n}: missing column '{key}' (a {task} file needs {', '.join(need)})")
+            if rec[key] is None or str(rec[key]).strip() == "":
+                raise DataError(f"{p}:{n}: empty '{key}'")
+        label = rec.get("label")
+        examples.append(
+            TextExample(
+                text=str(rec["text"]),
+                text_pair=str(rec["text_pair"]) if task == "pair" else None,
+                label=None if label is None or str(label).strip() == "" else str(label).strip(),
+            )
+        )
+    if not examples:
+        raise DataError(f"{p} holds no examples")
+    labels = sorted({ex.label for ex in examples if ex.label is not None})
+    return TaskData(task, examples, labels, str(p))
+
+
+def load_conll(path: str | Path, labelled: bool = True) -> TaskData:
+    """Load CoNLL columns: ``word [... columns] TAG`` per line, a blank line between sentences.
+
+    With ``labelled=False`` a line may hold the word only.
+    """
+    p = Path(path)
+    examples: list[TokensExample] = []
+    words: list[str] = []
+    tags: list[str] = []
+    where: dict[str, int] = {}  # tag -> a line it is on, for messages
+
+    def flush():
+        if words:
+            examples.append(TokensExample(list(words), list(tags) if labelled else None))
+        words.clear()
+        tags.clear()
+
+    for n, line in enumerate(_read_text(p).splitlines(), 1):
+        cols = line.split()
+        if not cols:
+            flush()
+            continue
+        if cols[0] == "-DOCSTART-":
+            continue
+        if labelled:
+            if len(cols) < 2:
+                raise DataError(f"{p}:{n}: expected 'word ... TAG' columns, got {line.strip()!r}")
+            tags.append(cols[-1])
+            where[cols[-1]] = n
+        words.append(cols[0])
+    flush()
+    if not examples:
+        raise DataError(f"{p} holds no sentences (CoNLL: one 'word TAG' a line, blank line between sentences)")
+    labels = sorted({t for ex in examples for t in (ex.tags or [])})
+    if is_bio(labels):
+        plain = [t for t in labels if t != "O" and not _bio_prefixed(t)]
+        if plain:
+            raise DataError(
+                f"{p}:{where[plain[0]]}: tag {plain[0]!r} is not BIO (O, B-TYPE, I-TYPE) but other tags are; "
+                "use BIO tags throughout (or plain tags throughout, e.g. POS)"
+            )
+        if "O" not in labels:
+            labels = ["O", *labels]
+    return TaskData("tokens", examples, labels, str(p))
+
+
+def _bio_prefixed(tag: str) -> bool:
+    return len(tag) > 2 and tag[0] in "BIES" and tag[1] == "-"
+
+
+def is_bio(tags) -> bool:
+    """True when the tag set is BIO(ES) (some tag is ``B-X``/``I-X``): entity metrics apply.
+
+    A tag set without prefixes (e.g. POS tags) is plain tagging, scored by token accuracy.
+    """
+    return any(_bio_prefixed(t) for t in tags)
+
+
+def load_squad(path: str | Path, labelled: bool = True) -> TaskData:
+    """Load SQuAD-format JSON (v1.1; v2 questions marked ``is_impossible`` are skipped)."""
+    p = Path(path)
+    try:
+        data = json.loads(_read_text(p))
+    except json.JSONDecodeError as e:
+        raise DataError(
+            f"{p} is not valid JSON ({e.msg} at line {e.lineno}); SQuAD files are one JSON object"
+        ) from None
+    if not isinstance(data, dict) or not isinstance(data.get("data"), list):
+        raise DataError(f"{p}: expected SQuAD format {{'data': [{{'paragraphs': [...]}}]}}")
+    examples = []
+    for a, article in enumerate(data["data"]):
+        for b, para in enumerate(article.get("paragraphs", [])):
+            where = f"{p}: data[{a}].paragraphs[{b}]"
+            if "context" not in para or "qas" not in para:
+                raise DataError(f"{where} needs 'context' and 'qas'")
+            ctx = para["context"]
+            for qa in para["qas"]:
+                if qa.get("is_impossible"):
+                    continue
+                if "question" not in qa:
+                    raise DataError(f"{where}: a question has no 'question' text")
+                qid = str(qa.get("id", f"{a}-{b}-{len(examples)}"))
+                answers = []
+                for ans in qa.get("answers", []):
+                    if "text" not in ans or "answer_start" not in ans:
+                        raise DataError(f"{where}, question {qid}: an answer needs 'text' and 'answer_start'")
+                    s, t = int(ans["answer_start"]), str(ans["text"])
+                    if ctx[s : s + len(t)] != t:
+                        raise DataError(
+                            f"{where}, question {qid}: answer {t!r} is not at answer_start {s} of the context"
+                        )
+                    answers.append((t, s))
+                if labelled and not answers:
+                    raise DataError(f"{where}, question {qid} has no answers; training and test data need them")
+                examples.append(QAExample(qid, qa["question"], ctx, answers))
+    if not examples:
+        raise DataError(f"{p} holds no questions")
+    return TaskData("qa", examples, [], str(p))
+
+
+def load_choices(path: str | Path, labelled: bool = True) -> TaskData:
+    """Load a multiple-choice file: JSONL ``{"context", "choices": [...], "label"}`` or CSV with
+    ``context, choice0, choice1, ..., label`` (``label``: the 0-based index of the right choice)."""
+    p = Path(path)
+    examples = []
+    for n, rec in _records(p):
+        if "context" not in rec:
+            raise DataError(f"{p}:{n}: missing 'context' (a choice file needs context, choices, label)")
+        if "choices" in rec:
+            choices = rec["choices"]
+            if not isinstance(choices, list):
+                raise DataError(f"{p}:{n}: 'choices' must be a list of texts")
+        else:
+            keys = sorted(
+                (k for k in rec if k and k.startswith("choice") and k[6:].isdigit()), key=lambda k: int(k[6:])
+            )
+            choices = [rec[k] for k in keys if rec[k] is not None and str(rec[k]).strip() != ""]
+        choices = [str(c) for c in choices]
+        if len(choices) < 2 or any(not c.strip() for c in choices):
+            raise DataError(
+                f"{p}:{n}: needs two or more non-empty choices "
+                "('choices': [...] in JSONL; columns choice0, choice1, ... in CSV)"
+            )
+        label = rec.get("label")
+        if label is None or str(label).strip() == "":
+            if labelled:
+                raise DataError(f"{p}:{n}: missing 'label' (the 0-based index of the right choice)")
+            label = None
+        else:
+            try:
+                label = int(str(label).strip())
+            except ValueError:
+                raise DataError(f"{p}:{n}: label {label!r} is not a choice index (0..{len(choices) - 1})") from None
+            if not 0 <= label < len(choices):
+                raise DataError(f"{p}:{n}: label {label} is out of range for {len(choices)} choices (0-based)")
+        examples.append(ChoiceExample(str(rec["context"] or ""), choices, label))
+    if not examples:
+        raise DataError(f"{p} holds no examples")
+    return TaskData("choice", examples, [], str(p))
+
+
+def load_task(path: str | Path, task: str, labelled: bool = True) -> TaskData:
+    """Load a data file of kind ``task`` (one of :data:`TASKS`)."""
+    if task not in TASKS:
+        raise DataError(f"unknown task '{task}'; choose one of {', '.join(TASKS)}")
+    if task in ("classify", "pair"):
+        return load_text_task(path, task, labelled)
+    if task == "tokens":
+        return load_conll(path, labelled)
+    if task == "choice":
+        return load_choices(path, labelled)
+    return load_squad(path, labelled)
+
+
+def example_from_fields(
+    task: str,
+    text: str,
+    text_pair: str | None = None,
+    choices: Sequence[str] | None = None,
+    names: dict[str, str] | None = None,
+):
+    """One unlabelled example of ``task`` from loose fields (``lmforge predict --text``, ``lmforge serve``).
+
+    Args:
+        task: the run's task. classify: ``text``; pair: ``text`` and ``text_pair``; tokens: ``text``
+            (words split on white space); qa: ``text`` is the question, ``text_pair`` the context;
+            choice: ``text`` is the context, ``choices`` two or more choices.
+        names: how the fields are called in messages (default: ``text``, ``text_pair``, ``choices``).
+    Raises:
+        DataError: a field the task needs is missing, or one it cannot use is given.
+    """
+    n = {"text": "text", "text_pair": "text_pair", "choices": "choices", **(names or {})}
+    if task == "pair" and text_pair is None:
+        raise DataError(f"this run is a pair task: give {n['text_pair']} as well")
+    if task == "qa" and text_pair is None:
+        raise DataError(
+            f"this run answers questions: give the question as {n['text']} and the context as {n['text_pair']}"
+        )
+    if task == "choice" and len(choices or []) < 2:
+        raise DataError(
+            f"this run picks one of several choices: give {n['text']} CONTEXT and two or more {n['choices']}"
+        )
+    if choices and task != "choice":
+        raise DataError(f"{n['choices']} is for a choice run; this run's task is {task}")
+    if task in ("classify", "pair"):
+        return TextExample(text, text_pair if task == "pair" else None)
+    if task == "tokens":
+        words = text.split()
+        if not words:
+            raise DataError(f"{n['text']} has no words")
+        return TokensExample(words)
+    if task == "choice":
+        return ChoiceExample(text, list(choices))
+    return QAExample("q0", text, text_pair)
+
+
+def check_labels(train: TaskData, test: TaskData) -> None:
+    """Raise a DataError when ``test`` has a label or tag that ``train`` never shows."""
+    if train.task != test.task:
+        raise DataError(f"train data is a '{train.task}' task but test data is '{test.task}'")
+    if train.task in ("classify", "pair"):
+        if len(train.labels) < 2:
+            raise DataError(f"{train.source} has only the label(s) {train.labels}; a classifier needs at least two")
+        seen = {ex.label for ex in test.examples if ex.label is not None}
+    elif train.task == "tokens":
+        seen = {t for ex in test.examples for t in (ex.tags or [])}
+    else:
+        return
+    unknown = sorted(seen - set(train.labels))
+    if unknown:
+        raise DataError(
+            f"{test.source} has label(s) {unknown[:5]} that the training data {train.source} never shows; "
+            "add examples of them to the training data or drop them from the test data"
+        )
+
+
+# -- writing (used by the labelled-data exporters and the tests) -------------------------------------
+def write_jsonl(examples: Iterable[TextExample], path: str | Path) -> None:
+    """Write text examples as JSONL (``text``, optional ``text_pair``, ``label``), atomically."""
+    lines = []
+    for ex in examples:
+        rec = {"text": ex.text}
+        if ex.text_pair is not None:
+            rec["text_pair"] = ex.text_pair
+        if ex.label is not None:
+            rec["label"] = ex.label
+        lines.append(json.dumps(rec, ensure_ascii=False))
+    atomic_write_text(path, "\n".join(lines) + "\n")
+
+
+def write_conll(examples: Iterable[TokensExample], path: str | Path) -> None:
+    """Write tagged sentences as two-column CoNLL, atomically."""
+    blocks = []
+    for ex in examples:
+        tags = ex.tags or ["O"] * len(ex.words)
+        blocks.append("\n".join(f"{w} {t}" for w, t in zip(ex.words, tags)))
+    atomic_write_text(path, "\n\n".join(blocks) + "\n")
+
+
+def write_squad(examples: Iterable[QAExample], path: str | Path) -> None:
+    """Write QA examples as SQuAD v1.1 JSON (one paragraph per example), atomically."""
+    paras = [
+        {
+            "context": ex.context,
+            "qas": [
+                {
+                    "id": ex.id,
+                    "question": ex.question,
+                    "answers": [{"text": t, "answer_start": s} for t, s in ex.answers],
+                }
+            ],
+        }
+        for ex in examples
+    ]
+    atomic_write_text(path, json.dumps({"version": "1.1", "data": [{"title": "lmforge", "paragraphs": paras}]}))

@@ -1,0 +1,166 @@
+"""How each family is pretrained: its model and sampler built from token shards, or gensim in one pass.
+
+The model side (config classes, presets, training defaults) is the registry's
+(:data:`lmforge.models.FAMILIES`); the data side (samplers and the BERT pretraining-data recipe) is
+:mod:`lmforge.data`'s.  This module joins them: :data:`SETUPS` builds, for each Trainer-based family,
+a fresh model fitted to the shards' tokenizer and the sampler its objective reads, and
+:func:`pretrain_hooks` gives :mod:`lmforge.train.pretrain` one object per family with everything it needs.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from collections.abc import Callable
+from typing import Any
+
+from ..data.bert import BertPretrainingSampler
+from ..data.samplers import BiLMWindowSampler, CausalWindowSampler
+from ..errors import DataError, LmforgeError
+from ..models import Family, get_family
+from ..models.bert import BertConfig, BertForPreTraining
+from ..models.elmo import ElmoBiLM, ElmoConfig
+from ..models.gpt import GPTConfig, GPTLMHeadModel
+from . import word2vec
+
+logger = logging.getLogger(__name__)
+
+
+def setup_gpt(config: GPTConfig, shards, tokenizer) -> tuple[GPTLMHeadModel, CausalWindowSampler]:
+    """Build the GPT and its causal-window sampler for ``lmforge pretrain gpt``.
+
+    Args:
+        config: the GPT config (``vocab_size`` and the end-of-text ids are replaced by the tokenizer's).
+        shards: an open :class:`lmforge.data.shards.Shards` of byte-level BPE tokens.
+        tokenizer: the shards' tokenizer (must be BPE: windows cross documents through ``<|endoftext|>``).
+    Returns:
+        ``(model, sampler)``: a freshly initialised :class:`GPTLMHeadModel` with the tokenizer attached, and
+        a ``CausalWindowSampler`` yielding ``{input_ids, labels}`` windows of ``config.n_positions`` tokens.
+    """
+    if getattr(tokenizer, "kind", None) != "bpe" or getattr(tokenizer, "eot_id", None) is None:
+        raise DataError(
+            f"GPT pretrains on byte-level BPE shards, but these were made with a "
+            f"'{getattr(tokenizer, 'kind', '?')}' tokenizer; prepare the corpus with a BPE tokenizer"
+        )
+    shards.check_tokenizer(tokenizer)
+    config = dataclasses.replace(
+        config, vocab_size=tokenizer.vocab_size, bos_token_id=tokenizer.eot_id, eos_token_id=tokenizer.eot_id
+    )
+    model = GPTLMHeadModel(config)
+    model.tokenizer = tokenizer
+    return model, CausalWindowSampler(shards, config.n_positions)
+
+
+def setup_elmo(config: ElmoConfig, shards, tokenizer) -> tuple[ElmoBiLM, BiLMWindowSampler]:
+    """Build the biLM and its sampler for ``lmforge pretrain elmo``.
+
+    Args:
+        config: the ELMo config; its ``vocab_size`` is replaced by the tokenizer's.
+        shards: an opened :class:`lmforge.data.shards.Shards`.
+        tokenizer: the shards' tokenizer (its vocabulary is spelled into the char table).
+    Returns:
+        (model, sampler) with ``sampler.batch(rngs, split)`` giving ``input_ids`` and ``labels`` windows
+        of ``config.seq_len`` tokens.
+    """
+    shards.check_tokenizer(tokenizer)
+    config = dataclasses.replace(config, vocab_size=tokenizer.vocab_size)
+    model = ElmoBiLM(config)
+    model.set_tokenizer(tokenizer)
+    return model, BiLMWindowSampler(shards, config.seq_len)
+
+
+def setup_bert(config: BertConfig, shards, tokenizer) -> tuple[BertForPreTraining, BertPretrainingSampler]:
+    """Build the model and its MLM+NSP sampler for ``lmforge pretrain bert``.
+
+    Args:
+        config: the chosen preset / config file; ``vocab_size`` and ``pad_token_id`` are taken from
+            the tokenizer.
+        shards: an opened :class:`lmforge.data.shards.Shards` made with a WordPiece tokenizer.
+        tokenizer: that tokenizer.
+    Returns:
+        ``(model, sampler)``.
+    """
+    if getattr(tokenizer, "kind", None) != "wordpiece":
+        raise DataError(
+            f"BERT needs shards made with a WordPiece tokenizer, but these were made with a "
+            f"'{getattr(tokenizer, 'kind', '?')}' tokenizer; train one with kind=wordpiece and prepare the data again"
+        )
+    config = dataclasses.replace(config, vocab_size=tokenizer.vocab_size, pad_token_id=tokenizer.pad_id)
+    model = BertForPreTraining(config)
+    model.tokenizer = tokenizer
+    sampler = BertPretrainingSampler(
+        shards,
+        max_seq_length=config.max_seq_length,
+        short_seq_prob=config.short_seq_prob,
+        masked_lm_prob=config.masked_lm_prob,
+        max_predictions_per_seq=config.max_predictions_per_seq,
+        next_sentence=config.next_sentence,
+        whole_word_mask=config.whole_word_mask,
+        tokenizer=tokenizer,
+    )
+    logger.info(
+        "BERT %d layers, hidden %d, %d heads, vocab %d: %.2fM parameters (%s)",
+        config.num_hidden_layers,
+        config.hidden_size,
+        config.num_attention_heads,
+        config.vocab_size,
+        model.num_parameters() / 1e6,
+        "MLM + NSP" if config.next_sentence else "MLM only",
+    )
+    return model, sampler
+
+
+# family -> (config, shards, tokenizer) -> (model, sampler), for every family the Trainer pretrains
+SETUPS: dict[str, Callable[[Any, Any, Any], tuple[Any, Any]]] = {
+    "bert": setup_bert,
+    "gpt": setup_gpt,
+    "elmo": setup_elmo,
+}
+
+
+class PretrainHooks:
+    """What pretraining needs of one Trainer-based family: its presets, defaults and setup.
+
+    Attribute names are upper-case like module constants (``PRESETS``...) so that code written
+    against the family modules reads the same.
+    """
+
+    def __init__(self, family: Family):
+        self.family = family
+        self.__name__ = family.name
+
+    @property
+    def CONFIG_CLASS(self) -> type:  # noqa: N802 - reads like the module constant it stands for
+        return self.family.config_class
+
+    @property
+    def PRESETS(self) -> dict[str, dict]:  # noqa: N802
+        return self.family.presets
+
+    @property
+    def DEFAULT_PRESET(self) -> str | None:  # noqa: N802
+        return self.family.default_preset
+
+    @property
+    def TRAIN_DEFAULTS(self) -> dict[str, Any]:  # noqa: N802
+        return self.family.train_defaults
+
+    def pretraining_setup(self, config, shards, tokenizer):
+        """``(model, sampler)`` for ``config`` on ``shards`` (see :data:`SETUPS`)."""
+        return SETUPS[self.family.name](config, shards, tokenizer)
+
+
+class GensimHooks(PretrainHooks):
+    """A family trained by gensim in one pass (word2vec): ``run_pretraining`` instead of a setup."""
+
+    def pretraining_setup(self, config, shards, tokenizer):
+        raise LmforgeError(f"{self.family.name} is trained by gensim in one pass; it has no Trainer setup")
+
+    def run_pretraining(self, shards, tokenizer, config, out_dir):
+        return word2vec.run_pretraining(shards, tokenizer, config, out_dir)
+
+
+def pretrain_hooks(name: str) -> PretrainHooks:
+    """The pretraining hooks of family ``name`` (an unknown name is a ConfigError)."""
+    family = get_family(name)
+    return PretrainHooks(family) if family.trainer else GensimHooks(family)
