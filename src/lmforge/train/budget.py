@@ -228,12 +228,13 @@ class BudgetPlan:
             lines.append(f"  probe: {self.probe_tokens_per_s:,.0f} tokens/s on {self.machine}; "
                          f"expected training time {format_duration(max(self.expected_seconds or 0.0, 0.1))}")
         for c in self.candidates:
-            tps = f"{c['tokens_per_s']:,.0f} tok/s" if c.get("tokens_per_s") else "not probed"
-            steps = f", {c['steps']:,} steps, {c['tokens_per_param']:.1f} tok/param" if c.get("steps") else ""
+            tps = f", {c['tokens_per_s']:,.0f} tok/s" if c.get("tokens_per_s") else ""
+            steps = f", {c['steps']:,} {'steps' if self.max_steps is not None else 'epochs'}, " \
+                    f"{c['tokens_per_param']:.1f} tok/param" if c.get("steps") else ""
             score = f", score {c['score']:.2f}" if c.get("score") is not None else ""
             mark = "*" if c["name"] == self.preset else " "
-            lines.append(f"  {mark} {c['name']}: {c['params'] / 1e6:.2f}M, {tps}{steps}{score}"
-                         + (f" ({c['note']})" if c.get("note") else ""))
+            lines.append(f"  {mark} {c['name']}: {c['params'] / 1e6:.2f}M{tps}{steps}{score}"
+                         + (f"; {c['note']}" if c.get("note") else ""))
         lines += [f"  warning: {w}" for w in self.warnings]
         return "\n".join(lines)
 
@@ -720,6 +721,8 @@ def plan_for_cli(args) -> BudgetPlan:
     if args.budget is not None and args.plan is not None:
         raise LmforgeError("give --budget (plan a run here) or --plan (replay a saved plan), not both")
     flag = "--budget" if args.budget is not None else "--plan"
+    if int(os.environ.get("WORLD_SIZE", "1")) > 1:
+        raise LmforgeError(f"{flag} plans and replays one-process runs; run it without torchrun")
     for given, name in ((args.resume, "--resume"), (args.max_time is not None, "--max-time"),
                         (args.max_steps is not None, "--max-steps"), (getattr(args, "init", None), "--init")):
         if given:
