@@ -421,6 +421,9 @@ def test_bad_requests_get_one_line_4xx_and_the_server_keeps_serving(client):
         400,
     )
     assert err.startswith("malformed JSON")
+    inf = b'{"model": "gpt", "prompt": "hi", "temperature": Infinity}'  # Python's JSON reads it; generate refuses it
+    err = _one_line_error(client.post("/v1/generate", content=inf, headers={"content-type": "application/json"}), 400)
+    assert "temperature must be >= 0" in err
     assert "over 8000 bytes" in _one_line_error(
         client.post("/v1/embed", json={"model": "bert", "texts": ["a" * 9000]}), 413
     )

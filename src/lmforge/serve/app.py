@@ -265,8 +265,11 @@ class Server:
         }
 
     def _check_generate(self, req: GenerateRequest) -> Entry:
+        from ..generation import check_generation_args
+
         e = self.entry(req.model, "generate")
         self.text(req.prompt, "prompt")
+        check_generation_args(req.max_new_tokens, req.temperature, req.top_k, req.top_p)
         if req.max_new_tokens > self.limits.max_new_tokens:
             raise HTTPError(
                 400,
