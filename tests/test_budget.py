@@ -208,6 +208,7 @@ def test_cli_errors_are_one_line(bpe_shards, tmp_path, capsys):
     base = ["pretrain", "gpt", "--data", data, "--out", out]
     rc, _, err = run_cli(capsys, *base, "--budget", "soon")
     one_line_error(rc, err, "bad budget", "15m", "20Mtok")
+    assert not (tmp_path / "m").exists()  # refused before --out is touched
     rc, _, err = run_cli(capsys, *base, "--budget", "10tok", "--config", "tiny")
     one_line_error(rc, err, "too small for even one step")
     rc, _, err = run_cli(capsys, *base, "--budget", "15m", "--max-steps", "10")
@@ -222,3 +223,18 @@ def test_cli_errors_are_one_line(bpe_shards, tmp_path, capsys):
     rc, _, err = run_cli(capsys, *base, "--plan", str(tmp_path / "bad.json"), "--config", "tiny")
     one_line_error(rc, err, "--plan replays")
     assert not (tmp_path / "m" / "model.safetensors").exists()
+
+
+def test_a_folder_holding_a_model_is_refused_before_the_probe(bpe_shards, tmp_path, capsys, monkeypatch):
+    out = tmp_path / "m"
+    sets = ["--set", "n_positions=32", "batch_size=4", "eval_batches=2", "device=cpu"]
+    base = ["pretrain", "gpt", "--data", str(bpe_shards), "--out", str(out), "--config", "tiny"]
+    assert run_cli(capsys, *base, "--budget", "600tok", *sets)[0] == 0
+
+    def no_probe(*a, **k):
+        raise AssertionError("probed for a folder that cannot be written")
+
+    monkeypatch.setattr(B, "measure_throughput", no_probe)
+    rc, out_text, err = run_cli(capsys, *base, "--budget", "15m", *sets)
+    one_line_error(rc, err, "already holds")
+    assert "budget 15m" not in out_text

@@ -170,18 +170,20 @@ def run(args) -> int:
         raise LmforgeError("--resume continues the run in --out and --overwrite starts afresh; give one of them")
     check_configs(args, overrides)
     check_val_split(args.data)
-    plan = None
-    if getattr(args, "budget", None) is not None or getattr(args, "plan", None) is not None:
-        from ..train.budget import plan_for_cli, run_plan
+    planned = getattr(args, "budget", None) is not None or getattr(args, "plan", None) is not None
+    if planned:
+        from ..train.budget import check_budget_args, plan_for_cli, run_plan
 
-        plan = plan_for_cli(args)
-        print(plan.describe(), flush=True)
+        check_budget_args(args)  # clashing options, a bad budget or plan file: before --out is touched
     kind_before = folder_kind(args.out)
     with output_folder(args.out, "model", args.overwrite, inputs=[args.data, args.init, args.tokenizer]) as out:
         if args.overwrite and os.environ.get("RANK", "0") == "0":
             _clear_for_overwrite(Path(out), kind_before)
         if args.resume:
             restore_model_config(out)
+        plan = plan_for_cli(args) if planned else None
+        if plan is not None:
+            print(plan.describe(), flush=True)
         result = run_plan(plan, args.data, args.out, tokenizer_dir=args.tokenizer) if plan else pretrain(
             args.family,
             args.data,

@@ -678,6 +678,12 @@ def _override_text(value: Any) -> str:
     return str(value)
 
 
+def _holds_model(out: Path) -> bool:
+    from .checkpoint import find_state_dir
+
+    return (out / "config.json").exists() or find_state_dir(out) is not None
+
+
 def run_plan(plan: BudgetPlan, data_dir: str | Path, out_dir: str | Path, tokenizer_dir: str | Path | None = None,
              progress: bool | None = None):
     """Train ``plan`` on the shards in ``data_dir`` into ``out_dir`` (which gets a copy as ``plan.json``).
@@ -687,12 +693,11 @@ def run_plan(plan: BudgetPlan, data_dir: str | Path, out_dir: str | Path, tokeni
     Returns:
         The :class:`lmforge.train.pretrain.PretrainResult`.
     """
-    from .checkpoint import find_state_dir
     from .pretrain import open_shards, pretrain
 
     module = _module(plan.family)
     out = Path(out_dir)
-    if (out / "config.json").exists() or find_state_dir(out) is not None:
+    if _holds_model(out):
         raise LmforgeError(f"{out} already holds a model; a plan starts a new run: choose another --out")
     check_plan_data(plan, open_shards(data_dir))
     train_keys = set(_field_types(TrainConfig))
@@ -714,10 +719,8 @@ def load_plan(path: str | Path) -> BudgetPlan:
     return BudgetPlan.load(p / PLAN_FILE if p.is_dir() else p)
 
 
-def plan_for_cli(args) -> BudgetPlan:
-    """The plan of ``lmforge pretrain ... --budget B`` or ``--plan FILE``, with one-line errors for clashes."""
-    from .pretrain import family_config_class, open_shards, split_all_overrides
-
+def check_budget_args(args) -> None:
+    """One-line errors for ``--budget`` / ``--plan`` with clashing options, a bad budget or plan file."""
     if args.budget is not None and args.plan is not None:
         raise LmforgeError("give --budget (plan a run here) or --plan (replay a saved plan), not both")
     flag = "--budget" if args.budget is not None else "--plan"
@@ -727,12 +730,27 @@ def plan_for_cli(args) -> BudgetPlan:
                         (args.max_steps is not None, "--max-steps"), (getattr(args, "init", None), "--init")):
         if given:
             raise LmforgeError(f"{flag} runs a planned number of steps from scratch; drop {name}")
+    out = Path(args.out)
+    if not getattr(args, "overwrite", False) and _holds_model(out):
+        raise LmforgeError(f"{out} already holds a model; a planned run starts afresh: choose another --out "
+                           f"(or add --overwrite)")
     if args.plan is not None:
         if args.config is not None or args.overrides:
             raise LmforgeError("--plan replays a plan exactly; drop --config and --set (or plan again with --budget)")
         plan = load_plan(args.plan)
         if plan.family != args.family:
             raise LmforgeError(f"{args.plan} plans a {plan.family} run, not a {args.family} one")
+    else:
+        parse_budget(args.budget)
+
+
+def plan_for_cli(args) -> BudgetPlan:
+    """The plan of ``lmforge pretrain ... --budget B`` (probed here) or ``--plan FILE`` (read)."""
+    from .pretrain import family_config_class, open_shards, split_all_overrides
+
+    check_budget_args(args)
+    if args.plan is not None:
+        plan = load_plan(args.plan)
         check_plan_data(plan, open_shards(args.data))
         return plan
     module = _module(args.family)
