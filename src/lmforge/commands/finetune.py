@@ -44,10 +44,31 @@ def register(sub) -> None:
         type=float,
         default=None,
         metavar="D",
-        help="finetune: each layer down trains at D times the rate of the one above (e.g. 0.9)",
+        help="finetune: each layer down trains at D times the rate of the one above (default 0.9 for a "
+        "pretrained body, off from scratch; 1 turns it off)",
     )
-    p.add_argument("--epochs", type=int, default=None, help="passes over the training data (default by mode)")
-    p.add_argument("--lr", type=float, default=None, help="peak learning rate (default by mode)")
+    p.add_argument(
+        "--epochs", type=int, default=None,
+        help="the most passes over the training data; early stopping on the validation split may end sooner "
+        "(default by mode: finetune 20, from scratch 40, frozen 60, features 100)",
+    )
+    p.add_argument(
+        "--lr", type=float, default=None,
+        help="peak learning rate (default: finetune 1e-4, from scratch 1e-3, frozen 3e-3, features torch heads 1e-2)",
+    )
+    p.add_argument(
+        "--lr-grid", type=float, nargs="+", default=None, metavar="LR",
+        help="try each peak learning rate and keep the one that scores best on the validation split",
+    )
+    p.add_argument(
+        "--val-fraction", type=float, default=0.2, metavar="F",
+        help="hold out this fraction of the training data to choose the epoch and the lr (default 0.2; 0 trains "
+        "on all of it for --epochs)",
+    )
+    p.add_argument(
+        "--patience", type=int, default=None, metavar="N",
+        help="stop after N epochs (past the warm-up) without a better validation score (default by mode: 3-8)",
+    )
     p.add_argument("--batch-size", type=int, default=32)
     p.add_argument("--max-len", type=int, default=128, help="most tokens per input, special tokens included")
     p.add_argument("--seed", type=int, default=0)
@@ -55,13 +76,22 @@ def register(sub) -> None:
         "--classifier",
         choices=["linear", "logreg", "mlp", "bilstm"],
         default=None,
-        help="the head (default: logreg in features mode, else dropout + linear)",
+        help="the head (default: logreg in features mode - scikit-learn on standardised vectors, its strength "
+        "and layer chosen by cross-validation - else dropout + linear)",
     )
     p.add_argument(
         "--pool",
-        choices=["cls", "last", "mean", "tokens"],
+        choices=["cls", "pooler", "last", "mean", "tokens"],
         default=None,
-        help="how a sentence is read (default: BERT cls, GPT last, ELMo/word2vec mean)",
+        help="how a sentence is read: cls (BERT's top [CLS]), pooler (BERT's NSP-trained tanh pooler on [CLS]), "
+        "last (GPT's extract token), mean, tokens (bilstm) (default: mean in features mode; else BERT cls, "
+        "GPT last, ELMo/word2vec mean)",
+    )
+    p.add_argument(
+        "--layer", default=None, metavar="K|mix|auto",
+        help="the layer the head reads: an index of the hidden states (0 = embeddings, -1 = top), mix (a learned "
+        "ScalarMix of all) or auto (features + logreg: chosen by cross-validation) (default: auto in features "
+        "mode, mix for ELMo, else the top layer)",
     )
     mix = p.add_mutually_exclusive_group()
     mix.add_argument(
@@ -69,9 +99,9 @@ def register(sub) -> None:
         dest="layer_mix",
         action="store_true",
         default=None,
-        help="mix all layers with a learned ScalarMix (default for ELMo)",
+        help="same as --layer mix",
     )
-    mix.add_argument("--top-layer", dest="layer_mix", action="store_false", help="read only the top layer")
+    mix.add_argument("--top-layer", dest="layer_mix", action="store_false", help="same as --layer -1")
     p.add_argument(
         "--from-scratch",
         action="store_true",
@@ -80,9 +110,10 @@ def register(sub) -> None:
     p.add_argument(
         "--lm-weight",
         type=float,
-        default=0.0,
+        default=None,
         metavar="W",
-        help="GPT finetune: add W x the auxiliary language-modelling loss (GPT-1 used 0.5)",
+        help="GPT finetune: add W x GPT-1's auxiliary language-modelling loss (default 0.5, as in the paper; "
+        "0 turns it off)",
     )
     p.add_argument(
         "--doc-stride",
@@ -106,6 +137,8 @@ def register(sub) -> None:
         "similarity, so the order of the two texts does not matter",
     )
     p.add_argument("--cache-dir", default=None, help="features mode: vector cache (default ~/.cache/lmforge/features)")
+    p.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto", help="where to train (auto: CUDA if any)")
+    p.add_argument("--bf16", action="store_true", help="run the body under bfloat16 autocast")
     p.add_argument(
         "--log",
         choices=["jsonl", "tensorboard"],
@@ -124,6 +157,12 @@ def run(args) -> int:
         "layer_lr_decay": args.layer_lr_decay,
         "epochs": args.epochs,
         "lr": args.lr,
+        "lr_grid": args.lr_grid,
+        "val_fraction": args.val_fraction,
+        "patience": args.patience,
+        "layer": args.layer,
+        "device": args.device,
+        "bf16": args.bf16,
         "batch_size": args.batch_size,
         "max_len": args.max_len,
         "seed": args.seed,
@@ -152,5 +191,7 @@ def run(args) -> int:
             progress.finish(metrics)
     shown = {k: v for k, v in metrics.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
     print(json.dumps({"task": metrics["task"], "mode": metrics["mode"], "family": metrics["family"], **shown}))
+    if metrics.get("choices"):
+        print("chosen on validation data: " + json.dumps(metrics["choices"]))
     print(f"wrote {args.out}/metrics.json, predictions.jsonl, config.json and the weights")
     return 0

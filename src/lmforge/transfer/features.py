@@ -94,11 +94,13 @@ def fit_logreg(
         ``{"layer", "C", "cv_accuracy", "mean" (D,), "scale" (D,), "coef" (K', D), "intercept" (K',),
         "classes", "per_layer"}``; with two classes ``coef`` has one row (the second class's logit).
     """
-    from sklearn.exceptions import ConvergenceWarning
-    from sklearn.linear_model import LogisticRegression, LogisticRegressionCV
-    from sklearn.preprocessing import StandardScaler
-
     import warnings
+
+    from sklearn.exceptions import ConvergenceWarning
+    from sklearn.linear_model import LogisticRegression
+    from sklearn.model_selection import GridSearchCV
+    from sklearn.pipeline import make_pipeline
+    from sklearn.preprocessing import StandardScaler
 
     classes = np.unique(y)
     folds = _folds(y, groups, n_folds, seed, grouped) if len(classes) > 1 else None
@@ -108,11 +110,11 @@ def fit_logreg(
         warnings.simplefilter("ignore", ConvergenceWarning)
         if folds is not None:
             for layer, X in X_by_layer.items():
-                Xs = StandardScaler().fit_transform(X)
-                cv = LogisticRegressionCV(Cs=grid, cv=folds, max_iter=1000, scoring="accuracy", n_jobs=None)
-                cv.fit(Xs, y)
-                scores = np.mean(cv.scores_[classes[-1]] if isinstance(cv.scores_, dict) else cv.scores_, axis=0)
-                best = int(np.argmax(scores))
+                # the scaler is fitted inside each fold, so no held-out statistics leak into training
+                pipe = make_pipeline(StandardScaler(), LogisticRegression(max_iter=1000))
+                search = GridSearchCV(pipe, {"logisticregression__C": grid}, cv=folds, scoring="accuracy", refit=False)
+                scores = search.fit(X, y).cv_results_["mean_test_score"]
+                best = int(np.argmax(scores))  # the first of equal scores: the strongest regularisation
                 per_layer[layer] = (float(scores[best]), float(grid[best]))
             # the best mean CV accuracy; ties go to the higher layer
             layer = max(per_layer, key=lambda k: (round(per_layer[k][0], 9), k))

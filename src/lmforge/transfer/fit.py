@@ -3,7 +3,7 @@
 One trial trains the head (and the body in finetune mode) with AdamW under the linear warm-up /
 linear decay of :class:`lmforge.train.schedule.LRSchedule`, scores the validation split after every
 epoch with the task's main metric, keeps the best state and stops after ``patience`` epochs without
-improvement.  :func:`fit_trials` runs one trial per learning rate of the grid from the same initial
+improvement (counted once the warm-up is over).  :func:`fit_trials` runs one trial per learning rate of the grid from the same initial
 state and keeps the trial that scored best on validation.
 """
 
@@ -47,6 +47,7 @@ def train_trial(run, plan, lr: float, progress: Callable[[str], None] | None = N
     torch.manual_seed(cfg.seed)  # dropout: every trial draws the same masks
     best = {"score": -math.inf, "epoch": 0, "state": None}
     history: list[dict] = []
+    warm_epoch = None
     step = 0
     t0 = time.time()
     for epoch in range(1, recipe.epochs + 1):
@@ -91,7 +92,10 @@ def train_trial(run, plan, lr: float, progress: Callable[[str], None] | None = N
         logger.info(msg)
         if progress is not None:
             progress(msg)
-        if plan.val is not None and epoch - best["epoch"] >= recipe.patience:
+        # patience counts from the end of the warm-up: a score flat at chance while the lr still rises says nothing
+        if warm_epoch is None and step >= schedule.warmup_steps:
+            warm_epoch = epoch
+        if plan.val is not None and warm_epoch is not None and epoch - max(best["epoch"], warm_epoch) >= recipe.patience:
             logger.info("early stop after epoch %d: best val %s %.4f at epoch %d", epoch, plan.metric,
                         best["score"], best["epoch"])
             break

@@ -1,0 +1,147 @@
+"""Model selection inside a transfer run, and the transfer details of the BERT and GPT recipes.
+
+- the validation split (seeded, stratified, disjoint from what trains) and early stopping with the best
+  state kept; the learning-rate grid chooses on the same split;
+- features + logreg: the fitted scikit-learn model folded into the head gives scikit-learn's own
+  probabilities, and the layer and strength are chosen by cross-validation;
+- GPT-1's task-token rows train while the rest of the embeddings stay frozen; the auxiliary LM weight
+  defaults to 0.5; ``--pool pooler`` reads BERT's tanh pooler.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from test_transfer_families import rows, tiny_bert, tiny_gpt
+
+from lmforge.errors import LmforgeError
+from lmforge.transfer import TransferConfig, TransferRun, run_transfer
+from lmforge.transfer.run import validation_split
+from lmforge.transfer.tasks import TaskData, TextExample
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
+def data(n: int, seed: int) -> TaskData:
+    ex = [TextExample(r["text"], label=r["label"]) for r in rows(n, seed)]
+    return TaskData("classify", ex, sorted({e.label for e in ex}))
+
+
+def test_validation_split_is_seeded_stratified_and_disjoint():
+    d = data(100, 3)
+    fit, val = validation_split(d, 0.2, seed=5)
+    assert sorted(fit + val) == list(range(100)) and not set(fit) & set(val)
+    assert len(val) == 20 and validation_split(d, 0.2, seed=5) == (fit, val)
+    assert validation_split(d, 0.2, seed=6)[1] != val
+    share = {lab: sum(d.examples[i].label == lab for i in val) / 20 for lab in d.labels}
+    whole = {lab: sum(e.label == lab for e in d.examples) / 100 for lab in d.labels}
+    assert all(abs(share[k] - whole[k]) <= 0.05 for k in d.labels)
+    assert validation_split(data(20, 1), 0.2, seed=0) == (list(range(20)), [])  # 4 held out: too few to choose
+    assert validation_split(d, 0.0, seed=0)[1] == []
+
+
+def test_early_stopping_keeps_the_best_epoch(wordpiece_tokenizer):
+    body = tiny_bert(wordpiece_tokenizer)
+    train, test = data(120, 1), data(48, 2)
+    m = run_transfer(body, "classify", train, test, mode="finetune", lr=3e-3, epochs=30, patience=2, max_len=32)
+    ch = m["choices"]
+    assert ch["val_examples"] == 24 and 1 <= ch["best_epoch"] <= ch["epochs_run"] <= 30
+    assert ch["epochs_run"] - ch["best_epoch"] <= 2  # stopped `patience` epochs after the best (past the warm-up)
+    assert ch["epochs_run"] < 30, "a task this easy plateaus long before 30 epochs"
+    assert 0 <= m["val_accuracy"] <= 1 and m["accuracy"] >= 0.75, m
+
+
+def test_lr_grid_chooses_on_validation(wordpiece_tokenizer):
+    body = tiny_bert(wordpiece_tokenizer)
+    train, test = data(120, 1), data(48, 2)
+    m = run_transfer(body, "classify", train, test, mode="frozen", lr_grid=[1e-5, 3e-2], epochs=8, max_len=32)
+    trials = m["choices"]["lr_trials"]
+    assert [t["lr"] for t in trials] == [1e-5, 3e-2]
+    best = max(trials, key=lambda t: t["val_score"])
+    assert m["choices"]["lr"] == best["lr"] and m["val_accuracy"] == pytest.approx(best["val_score"], abs=1e-5)
+    # the run ends in the best trial's best state: rescoring its validation split gives the recorded score
+    with pytest.raises(LmforgeError, match="validation split"):
+        run_transfer(body, "classify", train, test, mode="frozen", lr_grid=[1e-3, 1e-2], val_fraction=0.0)
+
+
+def test_features_logreg_equals_scikit_learn(wordpiece_tokenizer, tmp_path):
+    from sklearn.linear_model import LogisticRegression
+    from sklearn.preprocessing import StandardScaler
+
+    body = tiny_bert(wordpiece_tokenizer)
+    train, test = data(96, 1), data(48, 2)
+    cfg = TransferConfig(mode="features", max_len=32, cache_dir=str(tmp_path))
+    run = TransferRun(body, cfg, train.labels)
+    facts = run.fit(train)
+    ch = facts["choices"]
+    assert set(ch["cv_accuracy_by_layer"]) == {0, 1, 2}  # embeddings + 2 layers, each cross-validated
+    assert ch["layer"] == max(ch["cv_accuracy_by_layer"], key=lambda k: (ch["cv_accuracy_by_layer"][k], k))
+    assert facts["val_score"] == pytest.approx(ch["cv_accuracy_by_layer"][ch["layer"]], abs=1e-4)
+    # the same classifier fitted by hand on the chosen layer's mean-pooled vectors
+    store_tr, store_te = run.features(train), run.features(test)
+    k = run.extract_ids.index(ch["layer"])
+    X_tr = store_tr.vectors[:, k].numpy()
+    X_te = store_te.vectors[:, k].numpy()
+    y = np.array([train.labels.index(e.label) for e in train.examples])
+    sc = StandardScaler().fit(X_tr)
+    ref = LogisticRegression(C=ch["C"], max_iter=2000).fit(sc.transform(X_tr), y)
+    want = ref.predict_proba(sc.transform(X_te))
+    got = np.array([[p["probs"][lab] for lab in train.labels] for p in run.predict(test)])
+    assert np.abs(got - want).max() < 1e-4
+
+
+def test_gpt_task_tokens_train_only_their_rows(bpe_tokenizer):
+    train, test = data(40, 1), data(16, 2)
+    for mode, extra in (("frozen", {}), ("finetune", {"freeze_layers": 0})):
+        body = tiny_gpt(bpe_tokenizer)
+        run = TransferRun(body, TransferConfig(mode=mode, epochs=2, lr=1e-2, max_len=32, val_fraction=0.0, **extra),
+                          train.labels)
+        start, _delim, extract = run.task_token_ids  # a single text is start text extract: no delim
+        ids = [start, extract]
+        before = body.wte.weight.detach().clone()
+        run.fit(train)
+        after = body.wte.weight.detach()
+        changed = (after - before).abs().sum(1) > 0
+        assert changed[ids].all(), f"{mode}: the start and extract rows must train"
+        assert not changed[:start].any(), f"{mode}: the vocabulary's own rows must stay frozen"
+
+
+def test_gpt_aux_lm_weight_defaults_to_half(bpe_tokenizer):
+    train, test = data(40, 1), data(16, 2)
+    kw = dict(mode="finetune", epochs=1, lr=2e-3, max_len=32, val_fraction=0.0)
+    default = run_transfer(tiny_gpt(bpe_tokenizer), "classify", train, test, **kw)
+    half = run_transfer(tiny_gpt(bpe_tokenizer), "classify", train, test, lm_weight=0.5, **kw)
+    off = run_transfer(tiny_gpt(bpe_tokenizer), "classify", train, test, lm_weight=0.0, **kw)
+    assert default["train_loss"] == half["train_loss"] and off["train_loss"] < default["train_loss"] - 1.0
+    assert TransferConfig(mode="features").resolved("gpt").lm_weight == 0.0
+
+
+def test_pool_pooler_reads_bert_tanh_pooler(wordpiece_tokenizer, bpe_tokenizer):
+    body = tiny_bert(wordpiece_tokenizer)
+    run = TransferRun(body, TransferConfig(mode="frozen", pool="pooler", max_len=32), ["neg", "pos"])
+    run.build()
+    enc = run.fmt.encode_text("good day")
+    with torch.no_grad():
+        blocks, _ = run.body_blocks([enc])
+        top = body.hidden_states(torch.tensor([enc.input_ids]))[-1]
+        want = torch.tanh(body.bert.pooler.dense(top[:, 0]))
+    assert blocks.shape == (1, 1, 1, 32) and torch.allclose(blocks[0, 0, 0], want[0], atol=1e-6)
+    with pytest.raises(LmforgeError, match="pooler"):
+        TransferRun(tiny_gpt(bpe_tokenizer), TransferConfig(mode="frozen", pool="pooler"), ["neg", "pos"])
+
+
+def test_defaults_depend_on_pretrained_or_scratch():
+    pre = TransferConfig(mode="finetune").resolved("bert")
+    scratch = TransferConfig(mode="finetune", from_scratch=True).resolved("bert")
+    assert pre.lr < scratch.lr and pre.layer_lr_decay == 0.9 and scratch.layer_lr_decay is None
+    assert TransferConfig(mode="finetune", layer_lr_decay=1.0).resolved("bert").layer_lr_decay is None
+    assert TransferConfig(mode="features").layer_choice("bert") == "auto"
+    assert TransferConfig(mode="features", layer="mix").layer_choice("elmo") == "mix"
+    assert TransferConfig(mode="frozen").layer_choice("elmo") == "mix"
