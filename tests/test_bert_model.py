@@ -55,9 +55,9 @@ def make_batch(B: int = 4, T: int = 16, seed: int = 0):
 
 
 def test_config_checks_and_presets():
-    with pytest.raises(ValueError, match="divisible"):
+    with pytest.raises(ConfigError, match="divisible"):
         tiny_config(hidden_size=30)
-    with pytest.raises(ValueError, match="hidden_act"):
+    with pytest.raises(ConfigError, match="hidden_act"):
         tiny_config(hidden_act="swish")
     with pytest.raises(ConfigError, match="unknown config key"):
         from_dict(BertConfig, {"hidden_sise": 3})

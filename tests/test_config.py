@@ -2,7 +2,7 @@ import dataclasses
 
 import pytest
 
-from lmforge.config import apply_overrides, from_dict, load_json, parse_overrides, save_json, split_overrides, to_dict
+from lmforge.config import apply_overrides, from_dict, load_json, parse_overrides, save_json, to_dict
 from lmforge.errors import ConfigError
 
 
@@ -53,9 +53,7 @@ def test_json_round_trip_and_ignored_keys(tmp_path):
     assert to_dict(cfg)["widths"] == [2, 5]
 
 
-def test_split_overrides_and_bad_json(tmp_path):
-    mine, rest = split_overrides(Cfg, ["hidden_size=8", "lr=0.1"])
-    assert mine == {"hidden_size": "8"} and rest == {"lr": "0.1"}
+def test_bad_json(tmp_path):
     (tmp_path / "bad.json").write_text("{not json")
     with pytest.raises(ConfigError, match="not valid JSON"):
         load_json(tmp_path / "bad.json")

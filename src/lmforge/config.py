@@ -165,15 +165,6 @@ def apply_overrides(cfg: T, pairs: list[str] | dict[str, Any] | None) -> T:
         raise ConfigError(f"invalid {type(cfg).__name__}: {e}") from None
 
 
-def split_overrides(cls, pairs: list[str] | None) -> tuple[dict[str, str], dict[str, str]]:
-    """Split overrides into those naming a field of ``cls`` and the rest (left for another config)."""
-    overrides = parse_overrides(pairs)
-    names = set(_field_types(cls))
-    mine = {k: v for k, v in overrides.items() if k in names}
-    rest = {k: v for k, v in overrides.items() if k not in names}
-    return mine, rest
-
-
 def save_json(cfg_or_dict, path: str | Path, **extra: Any) -> None:
     """Write a config (dataclass or dict) as pretty JSON, atomically; ``extra`` keys go first."""
     data = cfg_or_dict if isinstance(cfg_or_dict, dict) else to_dict(cfg_or_dict)

@@ -25,7 +25,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..errors import DataError, LmforgeError
+from ..errors import ConfigError, DataError, LmforgeError
 from ..nn.cpu_ops import Dropout, Linear, linear
 from ..nn.transformer import TransformerBlock, init_weights, padding_mask
 from .base import ModelOutput, PretrainedModel, TokenLayers
@@ -72,27 +72,32 @@ class BertConfig:
         for name in ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size",
                      "max_position_embeddings", "type_vocab_size", "max_predictions_per_seq"):
             if getattr(self, name) < 1:
-                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+                raise ConfigError(f"BertConfig: {name} must be >= 1, got {getattr(self, name)}")
         if self.hidden_size % self.num_attention_heads:
-            raise ValueError(
-                f"hidden_size {self.hidden_size} must be divisible by num_attention_heads {self.num_attention_heads}"
+            raise ConfigError(
+                f"BertConfig: hidden_size {self.hidden_size} must be divisible by "
+                f"num_attention_heads {self.num_attention_heads}"
             )
         if self.hidden_act not in SUPPORTED_ACTS:
-            raise ValueError(f"hidden_act must be one of {', '.join(SUPPORTED_ACTS)}, got '{self.hidden_act}'")
+            raise ConfigError(
+                f"BertConfig: hidden_act must be one of {', '.join(SUPPORTED_ACTS)}, got '{self.hidden_act}'"
+            )
         for name in ("hidden_dropout_prob", "attention_probs_dropout_prob", "short_seq_prob"):
             if not 0.0 <= getattr(self, name) < 1.0:
-                raise ValueError(f"{name} must be in [0, 1), got {getattr(self, name)}")
+                raise ConfigError(f"BertConfig: {name} must be in [0, 1), got {getattr(self, name)}")
         if not 0.0 < self.masked_lm_prob < 1.0:
-            raise ValueError(f"masked_lm_prob must be in (0, 1), got {self.masked_lm_prob}")
+            raise ConfigError(f"BertConfig: masked_lm_prob must be in (0, 1), got {self.masked_lm_prob}")
         if self.layer_norm_eps <= 0 or self.initializer_range <= 0:
-            raise ValueError("layer_norm_eps and initializer_range must be > 0")
+            raise ConfigError("BertConfig: layer_norm_eps and initializer_range must be > 0")
         if not 0 <= self.pad_token_id < self.vocab_size:
-            raise ValueError(f"pad_token_id {self.pad_token_id} is outside the vocabulary (size {self.vocab_size})")
+            raise ConfigError(
+                f"BertConfig: pad_token_id {self.pad_token_id} is outside the vocabulary (size {self.vocab_size})"
+            )
         if self.next_sentence and self.type_vocab_size < 2:
-            raise ValueError("next_sentence needs type_vocab_size >= 2 (segments A and B)")
+            raise ConfigError("BertConfig: next_sentence needs type_vocab_size >= 2 (segments A and B)")
         if not 5 <= self.max_seq_length <= self.max_position_embeddings:
-            raise ValueError(
-                f"max_seq_length must be in [5, max_position_embeddings={self.max_position_embeddings}], "
+            raise ConfigError(
+                f"BertConfig: max_seq_length must be in [5, max_position_embeddings={self.max_position_embeddings}], "
                 f"got {self.max_seq_length}"
             )
 

@@ -70,28 +70,29 @@ class GPTConfig:
     eos_token_id: int | None = None
 
     def __post_init__(self) -> None:
-        def need(ok: bool, what: str) -> None:
-            if not ok:
-                raise ConfigError(f"GPTConfig: {what}")
-
         for name in ("vocab_size", "n_positions", "n_embd", "n_layer", "n_head"):
-            need(getattr(self, name) >= 1, f"{name} must be >= 1, got {getattr(self, name)}")
-        need(self.n_embd % self.n_head == 0, f"n_embd {self.n_embd} must be divisible by n_head {self.n_head}")
-        need(self.n_inner is None or self.n_inner >= 1, f"n_inner must be >= 1 or null, got {self.n_inner}")
-        need(
-            self.activation_function in ACTIVATIONS,
-            f"activation_function must be one of {', '.join(ACTIVATIONS)}, got {self.activation_function!r}",
-        )
+            if getattr(self, name) < 1:
+                raise ConfigError(f"GPTConfig: {name} must be >= 1, got {getattr(self, name)}")
+        if self.n_embd % self.n_head:
+            raise ConfigError(f"GPTConfig: n_embd {self.n_embd} must be divisible by n_head {self.n_head}")
+        if self.n_inner is not None and self.n_inner < 1:
+            raise ConfigError(f"GPTConfig: n_inner must be >= 1 or null, got {self.n_inner}")
+        if self.activation_function not in ACTIVATIONS:
+            raise ConfigError(
+                f"GPTConfig: activation_function must be one of {', '.join(ACTIVATIONS)}, "
+                f"got {self.activation_function!r}"
+            )
         for name in ("resid_pdrop", "embd_pdrop", "attn_pdrop"):
-            need(0.0 <= getattr(self, name) < 1.0, f"{name} must be in [0, 1), got {getattr(self, name)}")
-        need(self.layer_norm_epsilon > 0, f"layer_norm_epsilon must be > 0, got {self.layer_norm_epsilon}")
-        need(self.initializer_range > 0, f"initializer_range must be > 0, got {self.initializer_range}")
+            if not 0.0 <= getattr(self, name) < 1.0:
+                raise ConfigError(f"GPTConfig: {name} must be in [0, 1), got {getattr(self, name)}")
+        if self.layer_norm_epsilon <= 0:
+            raise ConfigError(f"GPTConfig: layer_norm_epsilon must be > 0, got {self.layer_norm_epsilon}")
+        if self.initializer_range <= 0:
+            raise ConfigError(f"GPTConfig: initializer_range must be > 0, got {self.initializer_range}")
         for name in ("bos_token_id", "eos_token_id"):
             v = getattr(self, name)
-            need(
-                v is None or 0 <= v < self.vocab_size,
-                f"{name} {v} is outside the vocabulary (0..{self.vocab_size - 1})",
-            )
+            if v is not None and not 0 <= v < self.vocab_size:
+                raise ConfigError(f"GPTConfig: {name} {v} is outside the vocabulary (0..{self.vocab_size - 1})")
 
     @property
     def inner_size(self) -> int:

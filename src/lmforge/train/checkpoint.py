@@ -18,7 +18,6 @@ batch is a function of ``(seed, step)``.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import logging
 import os
@@ -218,11 +217,3 @@ def restore_model_config(out_dir: str | Path) -> bool:
     atomic_write_text(out / "config.json", json.dumps(config, indent=2, ensure_ascii=False) + "\n")
     logger.warning("%s: restored config.json from the training state (the last save was interrupted)", out)
     return True
-
-
-def remove_state_dir(out_dir: str | Path) -> None:
-    """Delete the training state (and leftovers) of ``out_dir``."""
-    out = Path(out_dir)
-    for p in [out / STATE_DIR, *out.glob(f"{STATE_DIR}.tmp-*"), *out.glob(f"{STATE_DIR}.old-*")]:
-        with contextlib.suppress(FileNotFoundError):
-            shutil.rmtree(p)

@@ -22,7 +22,6 @@ import json
 import logging
 import math
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -177,8 +176,6 @@ class Trainer:
         out_dir: the model folder: ``metrics.jsonl``, ``training_curves.png``, ``training_state/`` and
             the model itself (``model.save_pretrained(out_dir, tokenizer)``) are written there.
         tokenizer: saved with the model so that the folder is complete.
-        save_model: ``save_model(model, out_dir)`` writes the model folder; default
-            ``model.save_pretrained(out_dir, tokenizer)`` (or a bare ``model.safetensors``).
         progress: show a tqdm bar on stderr (rank 0 only); ``None`` = only when stderr is a terminal.
         plot: draw ``training_curves.png`` at the end (rank 0).
 
@@ -193,7 +190,6 @@ class Trainer:
         config: TrainConfig,
         out_dir: str | Path,
         tokenizer: Any = None,
-        save_model: Callable[[nn.Module, Path], None] | None = None,
         progress: bool | None = None,
         plot: bool = True,
     ):
@@ -202,7 +198,6 @@ class Trainer:
         self.sampler = sampler
         self.out_dir = Path(out_dir)
         self.tokenizer = tokenizer
-        self._save_model_fn = save_model
         self.progress = progress
         self.env: DistEnv = init_distributed(config.device)
         self.device = self.env.device
@@ -366,9 +361,7 @@ class Trainer:
         """Write the model folder (rank 0); every process must call it."""
         if not self.is_main:
             return
-        if self._save_model_fn is not None:
-            self._save_model_fn(self.model, self.out_dir)
-        elif hasattr(self.model, "save_pretrained"):
+        if hasattr(self.model, "save_pretrained"):
             self.model.save_pretrained(self.out_dir, self.tokenizer)
         else:
             save_safetensors(self.model.state_dict(), self.out_dir / "model.safetensors")
