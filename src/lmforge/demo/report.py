@@ -25,21 +25,28 @@ def _fmt_value(name: str, v: float) -> str:
         return f"{100 * v:.1f}%"
     if name.endswith("ppl"):
         return f"{v:.0f}" if v >= 100 else f"{v:.2f}"
-    return f"{v:.4g}" if abs(v) < 1e5 else f"{v:,.0f}"
+    return f"{v:.4g}" if abs(v) < 1000 else f"{v:,.0f}"
 
 
-def metric_text(val: dict[str, float]) -> str:
+def _ordered(info: dict) -> list[str]:
+    """The validation metric names in the order the model reported them."""
+    order = [k for k in info.get("val_order", []) if k in info["val"]]
+    return order + [k for k in info["val"] if k not in order]
+
+
+def metric_text(info: dict) -> str:
     """A model's validation figures: its accuracies and perplexities (or, without any, every figure but losses)."""
-    keys = [k for k in val if k.endswith("acc") or k == "ppl" or k.endswith("_ppl")]
+    val, names = info["val"], _ordered(info)
+    keys = [k for k in names if k.endswith("acc") or k == "ppl" or k.endswith("_ppl")]
     if not keys:
-        keys = [k for k in val if not k.endswith("loss")]
+        keys = [k for k in names if not k.endswith("loss")]
     return ", ".join(f"{k} {_fmt_value(k, val[k])}" for k in keys)
 
 
 def headline_metric(info: dict) -> str:
     """One figure per model for the terminal: its first accuracy, else its perplexity, else the words it read."""
-    v = info["val"]
-    accs, ppls = [k for k in v if k.endswith("acc")], [k for k in v if k.endswith("ppl")]
+    v, names = info["val"], _ordered(info)
+    accs, ppls = [k for k in names if k.endswith("acc")], [k for k in names if k.endswith("ppl")]
     for pick in (accs, [k for k in ppls if k == "ppl"], ppls):
         if pick:
             return f"{pick[0]} {_fmt_value(pick[0], v[pick[0]])}"
@@ -58,9 +65,9 @@ def pretrain_line(info: dict) -> str:
     params = f"{info['params'] / 1e6:.2f}M parameters"
     if info.get("step") is None:
         return (f"{params}, {info.get('epochs') or '?'} epoch(s), {info['tokens_seen'] or 0:,} tokens in "
-                f"{info['seconds']:.0f}s; {metric_text(info['val'])}")
+                f"{info['seconds']:.0f}s; {metric_text(info)}")
     return (f"{params}, {info['step']} steps in {info['seconds']:.0f}s ({step_time(info)}); "
-            f"val {metric_text(info['val'])}")
+            f"val {metric_text(info)}")
 
 
 # --- polysemy ----------------------------------------------------------------------------------------
@@ -203,7 +210,7 @@ def render_report(ctx: DemoContext) -> str:
             last = f"{i['train_loss']:.2f}" if i.get("train_loss") is not None else "?"
             loss = f"{first} → {last} / {i['val']['loss']:.2f}"
         rows.append([FAMILY_LABEL[f], f"{i['params'] / 1e6:.2f}M", steps, f"{i['seconds']:.0f}s", per, loss,
-                     metric_text(i["val"])])
+                     metric_text(i)])
     parts.append(_md_table(["model", "parameters", "steps", "time", "time per step",
                             "train loss first → last / val loss", "validation"], rows))
     parts.append("\nTime per step is the training time (evaluations included) over the optimizer steps.\n")

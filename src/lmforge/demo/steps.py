@@ -198,6 +198,7 @@ def pretrain_step(family: str) -> Step:
             "epochs": fp.config.get("epochs") if res.step is None else None,
             "stop_reason": res.stop_reason,
             "val": {k: float(v) for k, v in res.val.items()},
+            "val_order": list(res.val),  # the model's own order (the state file sorts keys)
             "first_train_loss": first_train_loss(out / "metrics.jsonl"),
             "train_loss": res.train_loss,
             "tokens_seen": res.tokens_seen,
@@ -300,14 +301,14 @@ def polysemy_step() -> Step:
 
 
 def word_pieces(tokenizer, sentence: str, word: str) -> list[str]:
-    """The tokens of ``sentence`` that overlap the first whole-word occurrence of ``word``."""
-    from ..evaluate import find_word
+    """The tokens of ``sentence`` that make up the first occurrence of ``word`` (the polysemy tools' matcher)."""
+    from ..evaluate import find_word, word_rows
 
     span = find_word(sentence, word)
     if span is None:
         return []
     _, tokens, offsets = tokenizer.encode_with_offsets(sentence)
-    return [t for t, (a, b) in zip(tokens, offsets) if a < span[1] and b > span[0]]
+    return [tokens[i] for i in word_rows(offsets, span, sentence)]
 
 
 # --- transfer ----------------------------------------------------------------------------------------
