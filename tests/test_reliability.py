@@ -162,7 +162,8 @@ sys.exit(main())
 
 
 def _try_mount(target: Path, options: str) -> bool:
-    if os.geteuid() != 0 or shutil.which("mount") is None:
+    """Mount a tmpfs (root only); LMFORGE_TEST_NO_MOUNT=1 takes the injected-error path instead."""
+    if os.geteuid() != 0 or shutil.which("mount") is None or os.environ.get("LMFORGE_TEST_NO_MOUNT") == "1":
         return False
     target.mkdir(parents=True, exist_ok=True)
     proc = subprocess.run(["mount", "-t", "tmpfs", "-o", options, "tmpfs", str(target)], capture_output=True)
