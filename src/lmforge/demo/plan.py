@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 
 from ..errors import LmforgeError
+from ..models import FAMILIES
 
 DEFAULT_OUT = "lmforge-demo"
 QUICK_OUT = "lmforge-demo-quick"
@@ -18,7 +19,7 @@ VAL_FRACTION = 0.05
 POLYSEMY_WORD = "python"
 POLYSEMY_SENTENCES = ("He got bit by Python.", "Python is my favorite programming language.")
 FAMILY_ORDER = ("word2vec", "elmo", "gpt", "bert")
-FAMILY_LABEL = {"word2vec": "word2vec", "elmo": "ELMo", "gpt": "GPT", "bert": "BERT"}
+FAMILY_LABEL = {f: FAMILIES[f].label for f in FAMILY_ORDER}
 TRANSFER_BENCH = "en-tweets"
 CURVE_MODES = ("scratch", "frozen", "features", "finetune")
 
