@@ -17,7 +17,8 @@ def register(sub) -> None:
         ),
     )
     p.add_argument("items", nargs="+", metavar="MODEL_DIR_OR_SENTENCE", help="model folders, then sentences")
-    p.add_argument("--word", required=True, help="the word to compare (whole word, case-insensitive)")
+    p.add_argument("--word", required=True, help="the word to compare (whole word, case-insensitive; found inside "
+                   "unsegmented Chinese/Japanese text too, e.g. --word 苹果)")
     p.add_argument("--reference", choices=["minilm"], help="add the real all-MiniLM-L6-v2 as a reference row")
     p.set_defaults(func=run)
 

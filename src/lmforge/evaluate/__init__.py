@@ -17,16 +17,96 @@ import torch
 
 from ..errors import LmforgeError
 from ..models.base import TokenLayers
+from ..tokenization import is_cjk
+
+_WORD_CHAR = re.compile(r"\w")
 
 
-def find_word(text: str, word: str) -> tuple[int, int] | None:
-    """Character span of the first whole-word, case-insensitive occurrence of ``word`` in ``text``."""
-    m = re.search(r"(?<!\w)" + re.escape(word) + r"(?!\w)", text, flags=re.IGNORECASE)
-    return (m.start(), m.end()) if m else None
+def written_without_spaces(ch: str) -> bool:
+    """Whether ``ch`` belongs to a script written without spaces between words: Chinese (Han), Japanese
+    kana, Thai, Lao, Khmer, Myanmar, and CJK / fullwidth punctuation.  Next to such a character a word
+    needs no boundary: 苹果 is found inside 苹果公司发布了新手机。"""
+    o = ord(ch)
+    return (
+        is_cjk(ch)
+        or 0x2E80 <= o <= 0x2FDF  # CJK radicals
+        or 0x3000 <= o <= 0x30FF  # CJK punctuation, hiragana, katakana
+        or 0x31F0 <= o <= 0x31FF  # katakana extensions
+        or 0xFF00 <= o <= 0xFFEF  # fullwidth / halfwidth forms
+        or 0x0E00 <= o <= 0x0EFF  # Thai, Lao
+        or 0x1000 <= o <= 0x109F  # Myanmar
+        or 0x1780 <= o <= 0x17FF  # Khmer
+    )
+
+
+def find_word(text: str, word: str, *, match_case: bool = False, spaced: bool = False) -> tuple[int, int] | None:
+    """Character span of the first occurrence of ``word`` in ``text`` that stands as a word of its own.
+
+    This is the one word matcher of every polysemy and word-in-context tool (``embed --word``, WiC,
+    serve's embed and projection, the demo).  An occurrence needs a word boundary on a side only where
+    words are separated by spaces: the character beyond it must not be a word character (letter, digit,
+    ``_``), unless that character or the word's own end character belongs to a script written without
+    spaces (see :func:`written_without_spaces`).  So ``python`` is not found in ``pythonic``, while
+    ``苹果`` is found in unsegmented ``我喜欢吃苹果。`` and ``Python`` in ``我学Python``.
+
+    Args:
+        text: the sentence.
+        word: the word (may hold several characters of any script).
+        match_case: exact case (default: case-insensitive).
+        spaced: only an occurrence that follows a space and does not run on into a word character, an
+            apostrophe or a hyphen (WiC: every tokenizer then cuts it into the same pieces).
+    Returns:
+        (start, end) characters, or None.
+    """
+    if not word:
+        return None
+    pattern = re.compile(re.escape(word), 0 if match_case else re.IGNORECASE)
+    joiners = "'-" if spaced else ""
+    pos = 0
+    while (m := pattern.search(text, pos)) is not None:
+        s, e = m.start(), m.end()
+        pos = s + 1
+        if spaced:
+            left = s > 0 and text[s - 1] == " "
+        else:
+            left = s == 0 or _open_side(text[s - 1], text[s], "")
+        if left and (e == len(text) or _open_side(text[e], text[e - 1], joiners)):
+            return s, e
+    return None
+
+
+def _open_side(beyond: str, inner: str, joiners: str) -> bool:
+    """Whether a word whose edge character is ``inner`` may end next to ``beyond``."""
+    if written_without_spaces(beyond) or written_without_spaces(inner):
+        return True
+    return _WORD_CHAR.match(beyond) is None and beyond not in joiners
+
+
+def word_rows(offsets: list[tuple[int, int]], span: tuple[int, int], text: str | None = None) -> list[int]:
+    """The tokens that make up the word at character ``span``: those whose character spans lie inside it
+    (in unsegmented Chinese, the word's characters and not their neighbours), or, when those do not cover
+    the word (a token runs past it, as byte-level BPE may merge 吃苹 into one), every token overlapping it.
+
+    Args:
+        offsets: each token's (start, end) characters.
+        span: (start, end) of the word.
+        text: the text, so that white space inside the span need not be covered (default: all of it must).
+    Returns:
+        Token indices, in order (empty when no token touches the span).
+    """
+    s, e = span
+    inside = [i for i, (a, b) in enumerate(offsets) if s <= a and b <= e and a < b]
+    covered = set()
+    for i in inside:
+        covered.update(range(*offsets[i]))
+    need = {c for c in range(s, e) if text is None or not text[c].isspace()}
+    if inside and need <= covered:
+        return inside
+    return [i for i, (a, b) in enumerate(offsets) if a < e and b > s]
 
 
 def span_vectors(tl: TokenLayers, span: tuple[int, int]) -> torch.Tensor:
-    """Mean over the pieces that overlap the character ``span``, for every layer.
+    """Mean over the word's pieces (:func:`word_rows`) at the character ``span``, for every layer.
 
     Args:
         tl: one text's :class:`TokenLayers`.
@@ -37,7 +117,7 @@ def span_vectors(tl: TokenLayers, span: tuple[int, int]) -> torch.Tensor:
         LmforgeError: when no token overlaps the span (e.g. the tokenizer dropped the word).
     """
     s, e = span
-    rows = [i for i, (a, b) in enumerate(tl.offsets) if a < e and b > s]
+    rows = word_rows(tl.offsets, span)
     if not rows:
         raise LmforgeError(f"no token covers characters {s}..{e} of the text; the tokenizer dropped the word")
     return tl.layers[:, rows].float().mean(dim=1)  # (L, C)

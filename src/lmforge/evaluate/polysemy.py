@@ -2,10 +2,13 @@
 
 ``lmforge embed MODEL_DIR... "He got bit by Python." "Python is my favorite programming language." --word python``
 
-The word is located in each sentence by its characters (whole word, case-insensitive) and its
-vector is the mean of the tokens that overlap it, so a word split into several pieces works with
-any tokenizer.  A static model (word2vec) gives exactly 1.0; a contextual one gives less where the
-contexts differ.
+``lmforge embed MODEL_DIR... "我喜欢吃苹果。" "苹果公司发布了新手机。" --word 苹果``
+
+The word is located in each sentence by its characters with :func:`lmforge.evaluate.find_word` (whole
+word and case-insensitive where words are separated by spaces; anywhere inside unsegmented Chinese or
+Japanese text) and its vector is the mean of its tokens (:func:`lmforge.evaluate.word_rows`: those
+inside its character span), so a word split into several pieces works with any tokenizer.  A static
+model (word2vec) gives exactly 1.0; a contextual one gives less where the contexts differ.
 """
 
 from __future__ import annotations
@@ -45,7 +48,7 @@ def word_similarities(model, sentences: list[str], word: str, label: str = "mode
     Args:
         model: anything with ``embed(texts) -> list[TokenLayers]`` (every lmforge family).
         sentences: at least two texts, each containing ``word``.
-        word: the word to compare (whole word, case-insensitive).
+        word: the word to compare (see :func:`~lmforge.evaluate.find_word`).
         label: the model's name in the rows.
     Returns:
         One :class:`PolysemyRow` per layer, lowest first.

@@ -35,7 +35,7 @@ import numpy as np
 import torch
 
 from ..errors import DataError, LmforgeError
-from . import cosine, layer_names, span_vectors
+from . import cosine, find_word, layer_names, span_vectors
 
 logger = logging.getLogger(__name__)
 
@@ -91,8 +91,7 @@ def read_examples(path: str | Path | None = None) -> list[tuple[str, str, str, s
 
 def _target_span(sentence: str, lemma: str) -> tuple[int, int] | None:
     """Span of ``lemma`` as a whole word preceded by a space, exact case; None if absent."""
-    m = re.search(r"(?<= )" + re.escape(lemma) + r"(?![\w'-])", sentence)
-    return (m.start(), m.end()) if m else None
+    return find_word(sentence, lemma, match_case=True, spaced=True)
 
 
 def _split_of(lemma: str) -> str:
