@@ -12,7 +12,10 @@ examples:
 Layouts: "lines" = one sentence per line, a blank line between documents (BERT's format);
 "paragraphs" = free text split into sentences (English . ! ?, Chinese 。！？；…). "auto" looks at
 the first lines of each file. The folder gets train/val token arrays (uint16, or uint32 for large
-vocabularies), sentence and document offsets, meta.json and a copy of the tokenizer.
+vocabularies), sentence and document offsets, meta.json and a copy of the tokenizer. It is written
+beside --out and renamed into place when complete; what a killed run left there is removed by the
+next one. A line longer than 1 MiB is read in pieces cut at white space (each piece then counts as
+a line of its own), so memory stays bounded: a 50 MB single-line file peaks at about 240 MB.
 """
 
 
