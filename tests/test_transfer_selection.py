@@ -98,11 +98,12 @@ def test_features_logreg_equals_scikit_learn(wordpiece_tokenizer, tmp_path):
 
 
 def test_gpt_task_tokens_train_only_their_rows(bpe_tokenizer):
-    train, test = data(40, 1), data(16, 2)
+    train = data(40, 1)
     for mode, extra in (("frozen", {}), ("finetune", {"freeze_layers": 0})):
         body = tiny_gpt(bpe_tokenizer)
-        run = TransferRun(body, TransferConfig(mode=mode, epochs=2, lr=1e-2, max_len=32, val_fraction=0.0, **extra),
-                          train.labels)
+        run = TransferRun(
+            body, TransferConfig(mode=mode, epochs=2, lr=1e-2, max_len=32, val_fraction=0.0, **extra), train.labels
+        )
         start, _delim, extract = run.task_token_ids  # a single text is start text extract: no delim
         ids = [start, extract]
         before = body.wte.weight.detach().clone()

@@ -27,6 +27,7 @@ COMMAND_MODULES = [
     "evaluate",
     "finetune",
     "predict",
+    "benchmark",
     "hf",
     "serve",
 ]

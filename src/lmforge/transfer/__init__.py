@@ -12,9 +12,9 @@ Python API::
 
 from __future__ import annotations
 
-from .curve import learning_curve
 from .batching import RowStore
 from .config import MODES, SUPPORTED, TransferConfig, check_supported
+from .curve import learning_curve
 from .run import TransferRun, load_body, load_run, run_transfer
 from .specs import SPECS, TaskSpec
 from .tasks import TASKS, TaskData, load_task

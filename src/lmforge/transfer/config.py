@@ -229,7 +229,11 @@ class TransferConfig:
             decay = None if self.layer_lr_decay == 1 else self.layer_lr_decay
         if self.mode != "finetune":
             decay = None
-        lm = self.lm_weight if self.lm_weight is not None else (0.5 if family == "gpt" and self.mode == "finetune" else 0.0)
+        lm = (
+            self.lm_weight
+            if self.lm_weight is not None
+            else (0.5 if family == "gpt" and self.mode == "finetune" else 0.0)
+        )
         return Recipe(
             lr=self.lr if self.lr is not None else lr,
             epochs=self.epochs if self.epochs is not None else epochs,
@@ -268,8 +272,12 @@ def check_supported(family: str | None, cfg: TransferConfig) -> None:
         raise LmforgeError("--pool tokens feeds every token vector to a BiLSTM: use it with --classifier bilstm")
     layer = cfg.layer_choice(family)
     if layer == "auto" and not cfg.uses_sklearn:
-        raise LmforgeError("--layer auto (chosen by cross-validation) serves --mode features with the logreg classifier")
+        raise LmforgeError(
+            "--layer auto (chosen by cross-validation) serves --mode features with the logreg classifier"
+        )
     if pool == "pooler" and layer not in (-1, "auto"):
         raise LmforgeError("--pool pooler reads the top layer through BERT's pooler: leave --layer unset")
     if cfg.classifier in ("logreg", "mlp") and cfg.mode != "features":
-        logger.info("classifier %s in %s mode: the head is that classifier on top of the body", cfg.classifier, cfg.mode)
+        logger.info(
+            "classifier %s in %s mode: the head is that classifier on top of the body", cfg.classifier, cfg.mode
+        )

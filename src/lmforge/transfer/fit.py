@@ -3,8 +3,8 @@
 One trial trains the head (and the body in finetune mode) with AdamW under the linear warm-up /
 linear decay of :class:`lmforge.train.schedule.LRSchedule`, scores the validation split after every
 epoch with the task's main metric, keeps the best state and stops after ``patience`` epochs without
-improvement (counted once the warm-up is over).  :func:`fit_trials` runs one trial per learning rate of the grid from the same initial
-state and keeps the trial that scored best on validation.
+improvement (counted once the warm-up is over).  :func:`fit_trials` runs one trial per learning rate of
+the grid from the same initial state and keeps the trial that scored best on validation.
 """
 
 from __future__ import annotations
@@ -95,9 +95,18 @@ def train_trial(run, plan, lr: float, progress: Callable[[str], None] | None = N
         # patience counts from the end of the warm-up: a score flat at chance while the lr still rises says nothing
         if warm_epoch is None and step >= schedule.warmup_steps:
             warm_epoch = epoch
-        if plan.val is not None and warm_epoch is not None and epoch - max(best["epoch"], warm_epoch) >= recipe.patience:
-            logger.info("early stop after epoch %d: best val %s %.4f at epoch %d", epoch, plan.metric,
-                        best["score"], best["epoch"])
+        if (
+            plan.val is not None
+            and warm_epoch is not None
+            and epoch - max(best["epoch"], warm_epoch) >= recipe.patience
+        ):
+            logger.info(
+                "early stop after epoch %d: best val %s %.4f at epoch %d",
+                epoch,
+                plan.metric,
+                best["score"],
+                best["epoch"],
+            )
             break
     if plan.val is None:  # nothing to choose on: the last state
         best = {"score": math.nan, "epoch": len(history), "state": run.trainable_state()}

@@ -107,7 +107,9 @@ def _reinit(body: nn.Module, seed: int) -> None:
         for name, p in body.named_parameters():
             if name in fresh and fresh[name].shape == p.shape:
                 p.copy_(fresh[name])
-    logger.info("from scratch: the %s body was re-initialised at random (seed %d)", getattr(body, "model_type", "?"), seed)
+    logger.info(
+        "from scratch: the %s body was re-initialised at random (seed %d)", getattr(body, "model_type", "?"), seed
+    )
 
 
 class TransferRun:
@@ -184,7 +186,9 @@ class TransferRun:
             return [n - 1]
         k = int(self.layer)
         if not -n <= k < n:
-            raise LmforgeError(f"--layer {k} is out of range: this {self.family} body has {n} hidden states (0..{n - 1})")
+            raise LmforgeError(
+                f"--layer {k} is out of range: this {self.family} body has {n} hidden states (0..{n - 1})"
+            )
         return [k % n]
 
     def build(self, layer_ids: list[int] | None = None) -> TransferModel:
@@ -402,7 +406,9 @@ class TransferRun:
         return store.layers([self.extract_ids.index(i) for i in ids])
 
     # -- training -------------------------------------------------------------------------------------
-    def fit(self, train: TaskData, progress: Callable[[str], None] | None = None, store: RowStore | None = None) -> dict:
+    def fit(
+        self, train: TaskData, progress: Callable[[str], None] | None = None, store: RowStore | None = None
+    ) -> dict:
         """Train on ``train`` (a validation split of it chooses the epoch, the lr, the layer).
 
         Args:
@@ -430,8 +436,9 @@ class TransferRun:
         fit_d = train.subset(fit_idx) if val_idx else train
         val_d = train.subset(val_idx) if val_idx else None
         if cfg.val_fraction > 0 and not val_idx:
-            logger.info("only %d training examples: no validation split, training for %d epochs", len(train),
-                        self.recipe.epochs)
+            logger.info(
+                "only %d training examples: no validation split, training for %d epochs", len(train), self.recipe.epochs
+            )
         encs = self.encode(fit_d)
         fit_store = val_store = None
         if cfg.mode == "features":
@@ -599,8 +606,9 @@ class TransferRun:
                 {k: v.cpu() for k, v in body.state_dict().items() if k not in tied}, out / "body.safetensors"
             )
         elif self.trains_task_rows:
-            save_safetensors({"task_rows": self._wte()[list(self.task_token_ids)].detach().cpu()},
-                             out / "task_tokens.safetensors")
+            save_safetensors(
+                {"task_rows": self._wte()[list(self.task_token_ids)].detach().cpu()}, out / "task_tokens.safetensors"
+            )
         extra = {
             "model_dir": str(Path(self.model_dir).resolve()) if self.model_dir else None,
             "family": self.family,
@@ -702,7 +710,9 @@ def load_run(run_dir: str | Path) -> TransferRun:
     """Open a finished run folder for prediction: body (+ fine-tuned weights) and trained head."""
     p = Path(run_dir)
     if not (p / "config.json").is_file() or not (p / "head.safetensors").is_file():
-        raise CheckpointError(f"{p} is not a transfer run folder (needs config.json and head.safetensors from finetune)")
+        raise CheckpointError(
+            f"{p} is not a transfer run folder (needs config.json and head.safetensors from finetune)"
+        )
     data = load_json(p / "config.json")
     if "transfer" not in data:
         raise CheckpointError(f"{p / 'config.json'} is not a transfer run config")

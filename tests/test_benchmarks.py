@@ -1,0 +1,54 @@
+"""The real benchmarks: a fixed test partition that no seed, training draw or in-domain pretraining text crosses."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from lmforge.cli import main
+from lmforge.transfer.benchmarks import BENCHMARKS, domain_text, in_test_partition, load_benchmark
+
+
+def _key(ex) -> str:
+    return "".join(ex.words) if hasattr(ex, "words") else " ".join(ex.text.split()).lower()
+
+
+@pytest.mark.parametrize("name", ["en-tweets", "zh-sentiment", "zh-ner"])
+def test_test_set_is_fixed_and_never_in_training_or_domain_text(name):
+    tests, trains = [], []
+    for seed in (0, 1, 2):
+        tr, te = load_benchmark(name, 300, 1000, seed)
+        assert len(tr) == 300 and len(te) == 1000
+        tests.append([_key(ex) for ex in te.examples])
+        trains.append({_key(ex) for ex in tr.examples})
+    assert tests[0] == tests[1] == tests[2], "the test set must not depend on the training seed"
+    assert trains[0] != trains[1], "the seed draws the training set"
+    test_keys = set(tests[0])
+    for tr in trains:
+        assert not tr & test_keys
+    text = domain_text(name)
+    assert len(text) > 10_000
+    norm = {" ".join(t.split()).lower() for t in text} if name != "zh-ner" else set(text)
+    assert not norm & test_keys, "in-domain pretraining text must hold no test example"
+    if name != "zh-ner":  # the partition is a property of the text itself, so duplicates fall on one side
+        assert all(in_test_partition(t) for t in test_keys) and not any(in_test_partition(t) for t in norm)
+
+
+def test_classification_draws_are_balanced():
+    tr, te = load_benchmark("en-tweets", 300, 999, 0)
+    for d in (tr, te):
+        counts = [sum(ex.label == lab for ex in d.examples) for lab in d.labels]
+        assert max(counts) - min(counts) <= 1, counts
+
+
+def test_benchmark_cli_writes_text_and_files(tmp_path, capsys):
+    assert main(["benchmark", "text", "en-tweets", str(tmp_path / "t.txt")]) == 0
+    docs = (tmp_path / "t.txt").read_text(encoding="utf-8").split("\n\n")
+    assert len(docs) > 10_000
+    assert main(["benchmark", "data", "en-tweets", str(tmp_path / "d"), "--n-train", "40", "--n-test", "30"]) == 0
+    rows = [json.loads(x) for x in (tmp_path / "d" / "test.jsonl").read_text().splitlines()]
+    assert len(rows) == 30 and not {" ".join(r["text"].split()) for r in rows} & {" ".join(d.split()) for d in docs}
+    assert main(["benchmark", "data", "zh-ner", str(tmp_path / "n"), "--n-train", "5", "--n-test", "5"]) == 0
+    assert (tmp_path / "n" / "train.conll").is_file()
+    assert set(BENCHMARKS) == {"zh-sentiment", "zh-ner", "zh-pos", "en-tweets"}
