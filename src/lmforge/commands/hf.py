@@ -4,8 +4,12 @@ from __future__ import annotations
 
 
 def register(sub) -> None:
-    p = sub.add_parser("export-hf", help="write a BERT/GPT model folder as an HF transformers folder")
-    p.add_argument("model_dir", help="lmforge model folder (BERT or GPT)")
+    p = sub.add_parser("export-hf", help="write a BERT/GPT model folder or fine-tuned run as an HF transformers folder",
+                       description="A model folder becomes BertForPreTraining / GPT2LMHeadModel; a finetune run folder "
+                       "becomes its task's class (BERT: sequence / token classification, question answering; GPT: "
+                       "sequence classification) that transformers.pipeline reads. A run head with no exact HF "
+                       "form is refused, saying what to retrain with (docs/transfer.md).")
+    p.add_argument("model_dir", help="lmforge model folder (BERT or GPT) or transfer run folder (finetune --out)")
     p.add_argument("out_dir", help="folder to write (config.json, model.safetensors, tokenizer); an earlier export "
                    "there is replaced once the new one is complete")
     p.add_argument("--overwrite", action="store_true",

@@ -14,13 +14,17 @@ from ..cards import update_card
 from ..config import load_json
 from ..errors import CheckpointError
 from ..models import FAMILIES, load
+from .runs import export_run, is_run_folder
 
 # HF config model_type -> lmforge family
 HF_TYPES = {f.hf_model_type: f.name for f in FAMILIES.values() if f.hf_module is not None}
 
 
 def export_hf(model_dir: str | Path, out_dir: str | Path) -> Path:
-    """Write an HF ``transformers`` folder for the lmforge BERT or GPT model at ``model_dir``."""
+    """Write an HF ``transformers`` folder for the lmforge BERT or GPT model at ``model_dir``, or for the
+    transfer run folder at ``model_dir`` (its task's HF class: :mod:`lmforge.interop.runs`)."""
+    if is_run_folder(model_dir):
+        return export_run(model_dir, out_dir)
     model = load(model_dir)
     family = FAMILIES[model.model_type]
     if family.hf_module is None:
