@@ -320,7 +320,7 @@ def test_a_second_writer_is_refused_and_a_dead_ones_lock_is_recovered(tmp_path, 
 @pytest.mark.slow
 def test_two_pretrain_runs_on_one_folder(bpe_shards, tmp_path):
     out = tmp_path / "m"
-    args = ["pretrain", "gpt", "--data", bpe_shards, "--out", out, "--config", "tiny", "--max-steps", "40",
+    args = ["pretrain", "gpt", "--data", bpe_shards, "--out", out, "--config", "tiny", "--max-steps", "100",
             "--set", *GPT_SETS]
     first = subprocess.Popen(LMFORGE + ["-q", *map(str, args)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                              text=True, env=ENV)
@@ -329,8 +329,10 @@ def test_two_pretrain_runs_on_one_folder(bpe_shards, tmp_path):
         while not (out / LOCK).exists() and time.monotonic() < deadline:
             time.sleep(0.1)
         second = cli(*args)
-        if first.poll() is None:
+        if first.poll() is None:  # the first run was still writing all along
             refused(second, "being written by another lmforge run", str(first.pid))
+        else:
+            refused(second)  # too late to meet the lock: the finished model is refused instead
     finally:
         stdout, stderr = first.communicate(timeout=300)
     assert first.returncode == 0, stderr
