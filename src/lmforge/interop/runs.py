@@ -8,7 +8,7 @@ so that ``transformers.pipeline(TASK, model=OUT)`` predicts what ``lmforge predi
 |---|---|---|
 | BERT ``classify`` / ``pair`` | ``BertForSequenceClassification`` | ``text-classification`` |
 | BERT ``tokens`` | ``BertForTokenClassification`` | ``token-classification`` |
-| BERT ``qa`` | ``BertForQuestionAnswering`` | ``question-answering`` |
+| BERT ``qa`` | ``BertForQuestionAnswering`` | ``question-answering`` (transformers 4; 5 has none) |
 | GPT ``classify`` / ``pair`` | ``GPT2ForSequenceClassification`` | ``text-classification`` |
 
 How the head maps, exactly (anything that cannot map exactly is refused with one line saying why and
@@ -260,8 +260,8 @@ def _card(out: Path, src: Path, run, arch: str, pipeline_task: str) -> None:
         f"# {out.name}: an lmforge {run.family} {run.cfg.task} run as `transformers.{arch}`",
         "",
         f"Written by `lmforge export-hf` from the run folder `{src}` (mode `{run.cfg.mode}`). Use it with "
-        f"`transformers.pipeline(\"{pipeline_task}\", model=...)`; it predicts what `lmforge predict` does on "
-        "the run.",
+        f"`transformers.pipeline(\"{pipeline_task}\", model=...)` or `transformers.{arch}.from_pretrained(...)`; "
+        "it predicts what `lmforge predict` does on the run.",
         "",
     ]
     if run.cfg.task != "qa":
