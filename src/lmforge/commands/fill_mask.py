@@ -12,8 +12,8 @@ def register(sub) -> None:
 
 
 def run(args) -> int:
-    from ..models import load
     from ..errors import LmforgeError
+    from ..models import load
 
     model = load(args.model_dir)
     if model.model_type != "bert":

@@ -137,7 +137,9 @@ def register(sub) -> None:
         "similarity, so the order of the two texts does not matter",
     )
     p.add_argument("--cache-dir", default=None, help="features mode: vector cache (default ~/.cache/lmforge/features)")
-    p.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto", help="where to train (auto: CUDA if any)")
+    p.add_argument(
+        "--device", choices=["auto", "cpu", "cuda"], default="auto", help="where to train (auto: CUDA if any)"
+    )
     p.add_argument("--bf16", action="store_true", help="run the body under bfloat16 autocast")
     p.add_argument(
         "--log",

@@ -34,9 +34,9 @@ def register(sub) -> None:
 def run(args) -> int:
     import torch
 
-    from ..models import load
     from ..errors import LmforgeError
     from ..generation import check_generation_args, generate_text
+    from ..models import load
 
     check_generation_args(args.max_new_tokens, args.temperature, args.top_k, args.top_p)
     max_new = args.max_new_tokens
