@@ -113,9 +113,9 @@ def test_masking_statistics(nsp_draw):
     masked = labels != -100
     assert not (masked & special).any(), "a special token was picked for prediction"
     assert (ids[special] == original[special]).all(), "a special token was changed"
-    # exact per-row count: round(0.15 n), at least 1, capped by max_predictions_per_seq
+    # exact per-row count: round(0.15 n), at least 1, capped by max_predictions_per_seq = round(0.15 * 128)
     n = candidates.sum(1)
-    expected = np.minimum(20, np.maximum(1, np.array([int(round(0.15 * x)) for x in n])))
+    expected = np.minimum(19, np.maximum(1, np.array([int(round(0.15 * x)) for x in n])))
     assert (masked.sum(1) == expected).all()
     share = masked.sum() / candidates.sum()
     assert abs(share - 0.15) < 0.005, share
@@ -127,6 +127,28 @@ def test_masking_statistics(nsp_draw):
     assert (picked_in[picked_in != MASK] >= N_SPECIAL).all(), "random replacement inserted a special token"
     # unpredicted tokens are never altered
     assert (ids[~masked] == original[~masked]).all()
+
+
+def test_unk_is_masked_and_the_cap_follows_the_length():
+    # every 7th token of the stream is [UNK]: Google's recipe predicts it like any word (only [CLS]/[SEP] never)
+    shards, _, _ = positional_shards(n_docs=200, seed=3)
+    shards._tokens = shards._tokens.copy()
+    shards._tokens[::7] = UNK
+    out = draw(BertPretrainingSampler(shards, max_seq_length=128), 2000)
+    original = np.where(out["labels"] != -100, out["labels"], out["input_ids"])
+    masked = out["labels"] != -100
+    unk = (original == UNK) & (out["attention_mask"] == 1)
+    share_unk = masked[unk].mean()
+    assert abs(share_unk - 0.15) < 0.02, share_unk
+    assert not masked[(original == CLS) | (original == SEP)].any()
+    # long sequences: the default cap grows with the length, so the masking rate stays 15 %
+    long = BertPretrainingSampler(shards, max_seq_length=512, short_seq_prob=0.0)
+    assert long.max_predictions_per_seq == round(0.15 * 512)
+    out = draw(long, 500)
+    orig = np.where(out["labels"] != -100, out["labels"], out["input_ids"])
+    cand = (out["attention_mask"] == 1) & ~np.isin(orig, [PAD, CLS, SEP])
+    assert abs((out["labels"] != -100).sum() / cand.sum() - 0.15) < 0.01
+    assert BertPretrainingSampler(shards, max_seq_length=512, max_predictions_per_seq=20).max_predictions_per_seq == 20
 
 
 def _spans(row_ids, row_seg, row_att):

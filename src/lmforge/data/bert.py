@@ -11,8 +11,9 @@ from the token shards instead of writing ``dupe_factor`` masked copies to disk:
    position in another random document, filling the rest of the target length (NotNext);
 4. ``truncate_seq_pair`` trims the longer of A and B, one token at a time from a random end, until
    the pair fits in ``max_seq_length - 3``;
-5. ``round(masked_lm_prob * n)`` of the n non-special tokens (at least 1, at most
-   ``max_predictions_per_seq``) are picked; each becomes ``[MASK]`` 80 % of the time, a random
+5. ``round(masked_lm_prob * n)`` of the n tokens other than ``[CLS]`` / ``[SEP]`` (``[UNK]`` included;
+   at least 1, at most ``max_predictions_per_seq``, by default ``round(masked_lm_prob * max_seq_length)``)
+   are picked; each becomes ``[MASK]`` 80 % of the time, a random
    token 10 %, and stays unchanged 10 %.  Labels hold the original id there and -100 elsewhere.
    With ``whole_word_mask`` whole words are picked: a word is a token plus its ``##``
    continuations, or, for Chinese (one token per character, no ``##``), a ``jieba`` word.
@@ -62,7 +63,8 @@ class BertPretrainingSampler:
         max_seq_length: the longest instance, specials included.
         short_seq_prob: probability of a shorter random target length.
         masked_lm_prob: share of the non-special tokens to predict.
-        max_predictions_per_seq: cap on the predicted tokens per instance.
+        max_predictions_per_seq: cap on the predicted tokens per instance (default
+            ``round(masked_lm_prob * max_seq_length)``, so the masking rate holds at every length).
         next_sentence: build ``[CLS] A [SEP] B [SEP]`` pairs with an NSP label; False builds
             ``[CLS] A [SEP]`` from one stretch of a document (RoBERTa-style MLM only).
         whole_word_mask: mask whole words (``##`` continuations; ``jieba`` words for Chinese).
@@ -75,7 +77,7 @@ class BertPretrainingSampler:
         max_seq_length: int = 128,
         short_seq_prob: float = 0.1,
         masked_lm_prob: float = 0.15,
-        max_predictions_per_seq: int = 20,
+        max_predictions_per_seq: int | None = None,
         next_sentence: bool = True,
         whole_word_mask: bool = False,
         tokenizer=None,
@@ -93,15 +95,20 @@ class BertPretrainingSampler:
         self.max_seq_length = max_seq_length
         self.short_seq_prob = short_seq_prob
         self.masked_lm_prob = masked_lm_prob
+        if max_predictions_per_seq is None:
+            max_predictions_per_seq = max(1, int(round(masked_lm_prob * max_seq_length)))
         self.max_predictions_per_seq = max_predictions_per_seq
         self.next_sentence = next_sentence
         self.whole_word_mask = whole_word_mask
         self.cls_id, self.sep_id, self.pad_id, self.mask_id = tok.cls_id, tok.sep_id, tok.pad_id, tok.mask_id
         V = tok.vocab_size
         specials = sorted(int(i) for i in tok.special_ids)
+        special = np.zeros(V, dtype=bool)
+        special[specials] = True
+        self._normal_ids = np.flatnonzero(~special)  # random replacements never insert a special token
+        # what is never predicted: [CLS], [SEP] and padding; [UNK] is masked like any word (Google's recipe)
         self._special = np.zeros(V, dtype=bool)
-        self._special[specials] = True
-        self._normal_ids = np.flatnonzero(~self._special)  # random replacements never insert a special token
+        self._special[[self.cls_id, self.sep_id, self.pad_id]] = True
         self._splits: dict[str, _SplitIndex] = {}
         if whole_word_mask:
             self._build_word_tables(tok, V)

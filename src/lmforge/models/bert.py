@@ -65,14 +65,16 @@ class BertConfig:
     max_seq_length: int = 128
     short_seq_prob: float = 0.1
     masked_lm_prob: float = 0.15
-    max_predictions_per_seq: int = 20
+    max_predictions_per_seq: int | None = None  # None: round(masked_lm_prob * max_seq_length)
     whole_word_mask: bool = False
 
     def __post_init__(self) -> None:
         for name in ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size",
-                     "max_position_embeddings", "type_vocab_size", "max_predictions_per_seq"):
+                     "max_position_embeddings", "type_vocab_size"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"BertConfig: {name} must be >= 1, got {getattr(self, name)}")
+        if self.max_predictions_per_seq is not None and self.max_predictions_per_seq < 1:
+            raise ConfigError(f"BertConfig: max_predictions_per_seq must be >= 1, got {self.max_predictions_per_seq}")
         if self.hidden_size % self.num_attention_heads:
             raise ConfigError(
                 f"BertConfig: hidden_size {self.hidden_size} must be divisible by "
