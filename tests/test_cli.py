@@ -6,14 +6,14 @@ import pytest
 from lmforge.cli import COMMAND_MODULES, build_parser, main
 
 SUBCOMMANDS = ["demo", "tokenizer", "prepare", "pretrain", "generate", "fill-mask", "embed", "evaluate",
-               "finetune", "predict", "export-hf", "import-hf"]
+               "finetune", "predict", "benchmark", "export-hf", "import-hf", "serve"]
 
 
 def test_every_command_module_is_present():
     # A missing module would silently drop its subcommand from `lmforge --help`.
     choices = set(build_parser()._subparsers._group_actions[0].choices)
     assert choices == set(SUBCOMMANDS)
-    assert len(COMMAND_MODULES) == 11
+    assert len(COMMAND_MODULES) == 13
 
 
 @pytest.mark.parametrize("command", SUBCOMMANDS)
