@@ -54,3 +54,9 @@ def test_body_interface(name, request):
     assert isinstance(res, TokenLayers)
     assert res.layers.shape == (len(states), len(res.tokens), model.hidden_size)
     assert len(res.layer_names) == len(states) and len(res.offsets) == len(res.tokens)
+
+    # embed runs in eval mode (no dropout) whatever mode the model is in, and leaves that mode as it was
+    model.train()
+    (again,) = model.embed(["the python is a large snake ."])
+    assert model.training
+    assert torch.equal(again.layers, res.layers)

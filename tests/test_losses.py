@@ -91,3 +91,15 @@ def test_causal_lm_loss_shifts_the_labels_and_the_fused_form_agrees():
     ref = torch.nn.functional.cross_entropy(logits[:, :-1].reshape(-1, 11), labels[:, 1:].reshape(-1))
     torch.testing.assert_close(causal_lm_loss(logits, labels), ref)
     torch.testing.assert_close(linear_cross_entropy(x.reshape(10, 8), w, shifted.reshape(10)), ref)
+
+
+def test_second_backward_through_the_fused_loss_is_an_error():
+    torch.manual_seed(0)
+    x = torch.randn(6, 8, requires_grad=True)
+    w = torch.randn(20, 8, requires_grad=True)
+    loss = linear_cross_entropy(x, w, torch.randint(0, 20, (6,)))
+    loss.backward(retain_graph=True)
+    first = x.grad.clone()
+    with pytest.raises(RuntimeError, match="backward ran twice"):
+        loss.backward()
+    assert torch.equal(x.grad, first)  # nothing was silently added

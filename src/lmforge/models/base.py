@@ -8,6 +8,7 @@ files and, after pretraining, ``training_state/``.  ``Model(config)`` never need
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 from pathlib import Path
@@ -111,6 +112,16 @@ class PretrainedModel(nn.Module):
         super().__init__()
         self.config = config
         self.tokenizer = None  # attached by lmforge.load / from_pretrained when the folder has one
+
+    @contextlib.contextmanager
+    def evaluating(self):
+        """Eval mode (no dropout) for the duration, then the mode the model had: every ``embed`` runs in it."""
+        was = self.training
+        self.eval()
+        try:
+            yield self
+        finally:
+            self.train(was)
 
     # -- weights -----------------------------------------------------------------------------
     def tied_weight_keys(self) -> list[str]:

@@ -418,10 +418,8 @@ class BertForPreTraining(PretrainedModel):
                 ids, tokens, offsets = ids[:limit], tokens[:limit], offsets[:limit]
             encoded.append((list(ids), list(tokens), [tuple(o) for o in offsets]))
         names = ["emb"] + [f"layer{i + 1}" for i in range(self.config.num_hidden_layers)]
-        was_training = self.training
-        self.eval()
         out: list[TokenLayers] = []
-        try:
+        with self.evaluating():
             for start in range(0, len(encoded), batch_size):
                 chunk = encoded[start : start + batch_size]
                 input_ids, mask = self._pad([[tok.cls_id, *ids, tok.sep_id] for ids, _, _ in chunk], tok.pad_id)
@@ -430,8 +428,6 @@ class BertForPreTraining(PretrainedModel):
                 for row, (ids, tokens, offsets) in enumerate(chunk):
                     layers = stacked[row, :, 1 : 1 + len(ids)].float().cpu()  # (L, n, C)
                     out.append(TokenLayers(tokens=tokens, offsets=offsets, layers=layers, layer_names=names))
-        finally:
-            self.train(was_training)
         return out
 
     def _pad(self, rows: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:

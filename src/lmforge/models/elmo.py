@@ -344,7 +344,8 @@ class ElmoBiLM(PretrainedModel):
             for i, (e, _, _) in enumerate(encs):
                 ids[i, : len(e)] = torch.tensor(e, dtype=torch.long)
                 mask[i, : len(e)] = 1
-            layers = torch.stack(self.hidden_states(ids.to(device), mask.to(device)))  # (L, B, T, C)
+            with self.evaluating():
+                layers = torch.stack(self.hidden_states(ids.to(device), mask.to(device)))  # (L, B, T, C)
             for i, (e, tokens, offsets) in enumerate(encs):
                 out.append(
                     TokenLayers(

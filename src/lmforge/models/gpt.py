@@ -302,7 +302,8 @@ class GPTLMHeadModel(PretrainedModel):
                 logger.warning("embed: text of %d tokens cut to the model's %d positions", len(ids), n)
                 ids, tokens, offsets = ids[:n], tokens[:n], offsets[:n]
             if ids:
-                states = self.hidden_states(torch.tensor([ids], device=device))
+                with self.evaluating():
+                    states = self.hidden_states(torch.tensor([ids], device=device))
                 layers = torch.stack([s[0] for s in states]).float().cpu()  # (L+1, n, C)
             else:
                 layers = torch.zeros(self.config.n_layer + 1, 0, self.config.n_embd)

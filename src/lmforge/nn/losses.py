@@ -138,10 +138,16 @@ class _LinearCrossEntropy(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad_out):
+        if getattr(ctx, "consumed", False):  # the gradients were handed out and freed by the first backward
+            raise RuntimeError(
+                "linear_cross_entropy: backward ran twice through the same loss; its gradients are computed in the "
+                "forward pass and freed by the first backward, so compute the loss again (retain_graph cannot keep them)"
+            )
         if ctx.grads is None:
             return None, None, None, None, None, None
         grad_x, grad_w = ctx.grads
         ctx.grads = None
+        ctx.consumed = True
         return grad_x * grad_out, grad_w * grad_out, None, None, None, None
 
 
