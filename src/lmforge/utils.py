@@ -90,6 +90,28 @@ def save_safetensors(tensors: dict, path: str | Path, metadata: dict[str, str] |
                 raise
             code = int(m.group(1))
             raise OSError(code, os.strerror(code), str(path)) from None
+        if metadata and len(metadata) > 1:
+            _sort_metadata(tmp)
+
+
+def _sort_metadata(path: Path) -> None:
+    """Rewrite a safetensors header with its metadata keys sorted, in place.
+
+    safetensors writes ``__metadata__`` from a hash map, so its key order (and the file's sha256) changes
+    from one process to the next; sorted keys make equal weights give byte-equal files.  Reordering keeps
+    the header's length, so only the header bytes are rewritten.
+    """
+    import json
+
+    with open(path, "r+b") as f:
+        n = int.from_bytes(f.read(8), "little")
+        header = json.loads(f.read(n))
+        header["__metadata__"] = dict(sorted(header["__metadata__"].items()))
+        text = json.dumps(header, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
+        if len(text) > n:  # pragma: no cover - the same keys and values cannot grow
+            return
+        f.seek(8)
+        f.write(text + b" " * (n - len(text)))
 
 
 def load_safetensors(path: str | Path) -> dict:
