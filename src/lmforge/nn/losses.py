@@ -141,7 +141,8 @@ class _LinearCrossEntropy(torch.autograd.Function):
         if getattr(ctx, "consumed", False):  # the gradients were handed out and freed by the first backward
             raise RuntimeError(
                 "linear_cross_entropy: backward ran twice through the same loss; its gradients are computed in the "
-                "forward pass and freed by the first backward, so compute the loss again (retain_graph cannot keep them)"
+                "forward pass and freed by the first backward, so compute the loss again "
+                "(retain_graph cannot keep them)"
             )
         if ctx.grads is None:
             return None, None, None, None, None, None
