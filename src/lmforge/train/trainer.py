@@ -260,10 +260,6 @@ class Trainer:
             from .tblog import log_event
 
             log_event(self.out_dir, event)
-        if self.config.log == "tensorboard":  # the same event as TensorBoard scalars, beside metrics.jsonl
-            from .tblog import log_event
-
-            log_event(self.out_dir, event)
 
     def _flush_tokens(self) -> None:
         t = torch.tensor([float(self._pending_tokens)], dtype=torch.float64, device=self.device)
@@ -604,10 +600,6 @@ class Trainer:
                 cfg.max_steps,
                 self.out_dir,
             )
-        if self.is_main and self.config.log == "tensorboard":
-            from .tblog import close
-
-            close(self.out_dir)
         if self.is_main and self.config.log == "tensorboard":
             from .tblog import close
 
