@@ -250,7 +250,8 @@ def test_gpt_classify_finetune(gpt_dir, data_dir, tmp_path):
 
 
 def test_gpt_pair_frozen_task_rows(gpt_dir, data_dir, tmp_path):
-    run_dir = train(gpt_dir, "pair", data_dir / "pair.jsonl", tmp_path / "run", mode="frozen", epochs=3, lr=1e-2)
+    run_dir = train(gpt_dir, "pair", data_dir / "pair.jsonl", tmp_path / "run", mode="frozen", epochs=3, lr=1e-2,
+                    layer=-1)  # the top layer: a ScalarMix (frozen mode's default) has no HF class
     assert (run_dir / "task_tokens.safetensors").is_file()
     run = load_run(run_dir)
     out = tmp_path / "hf"

@@ -99,7 +99,7 @@ def test_features_logreg_equals_scikit_learn(wordpiece_tokenizer, tmp_path):
 
 def test_gpt_task_tokens_train_only_their_rows(bpe_tokenizer):
     train = data(40, 1)
-    for mode, extra in (("frozen", {}), ("finetune", {"freeze_layers": 0})):
+    for mode, extra in (("frozen", {"pool": "last"}), ("finetune", {"freeze_layers": 0})):  # read at extract
         body = tiny_gpt(bpe_tokenizer)
         run = TransferRun(
             body, TransferConfig(mode=mode, epochs=2, lr=1e-2, max_len=32, val_fraction=0.0, **extra), train.labels

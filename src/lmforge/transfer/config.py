@@ -83,12 +83,13 @@ class TransferConfig:
             (default 0.9 for a pretrained body, none from scratch; 1 turns it off).
         pool: how a sentence is read: ``cls`` (BERT's top ``[CLS]``), ``pooler`` (BERT's NSP-trained tanh
             pooler on ``[CLS]``), ``last`` (GPT's extract token), ``mean``, or ``tokens`` (every token, for
-            the ``bilstm`` head); default: ``mean`` in features mode (it measures best there), else BERT
-            ``cls``, GPT ``last``, ELMo / word2vec ``mean``.
+            the ``bilstm`` head); default: ``mean`` for single texts in frozen and features mode (a frozen
+            body's mean vector measures best there), else BERT ``cls`` and GPT ``last`` (a pair is read where
+            the body attended across both texts), ELMo / word2vec ``mean``.
         layer: which layer the head reads: an index into the body's hidden states (0 = embeddings,
             negative from the top), ``"mix"`` (all layers mixed by a learned ScalarMix) or ``"auto"``
             (features + logreg: the layer that cross-validates best). Default: ``auto`` for features +
-            logreg, else ``mix`` for ELMo and the top layer for the others.
+            logreg, ``mix`` in frozen mode (and other features heads) and for ELMo, else the top layer.
         layer_mix: the older switch for ``layer="mix"`` (True) / the top layer (False).
         dropout: dropout of the head.
         head_hidden: hidden width of the ``mlp`` head, LSTM size per direction of the ``bilstm`` head.
@@ -204,7 +205,9 @@ class TransferConfig:
             return explicit
         if self.uses_sklearn:
             return "auto"
-        return "mix" if family == "elmo" else -1
+        if self.pool == "pooler":
+            return -1
+        return "mix" if family == "elmo" or self.mode in ("frozen", "features") else -1
 
     def pool_choice(self, family: str) -> str | None:
         """The sentence read-out (None for token-level tasks)."""
@@ -214,7 +217,7 @@ class TransferConfig:
             return "tokens"
         if self.pool is not None:
             return self.pool
-        if (self.mode == "features" and not self.both_orders) or family in ("elmo", "word2vec"):
+        if family in ("elmo", "word2vec") or (self.mode in ("frozen", "features") and self.task == "classify"):
             return "mean"
         return DEFAULT_POOL[family]
 

@@ -398,6 +398,11 @@ class TransferRun:
         meta = {"source": str(data.source), "examples": str(len(data)), "family": str(self.family)}
         return FT.load_or_compute(path, owners, lambda: self.extract(encs), meta)
 
+    def _head_stats(self, mean: torch.Tensor, std: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(L, C) statistics of the stored layers narrowed to the layers the head reads, on its device."""
+        pos = [self.extract_ids.index(i) for i in self.model.layer_ids]
+        return mean[pos].to(self.device), std[pos].to(self.device)
+
     def _head_store(self, store: RowStore) -> RowStore:
         """``store`` narrowed to the layers the head reads (a store may hold every layer)."""
         ids = self.model.layer_ids
@@ -440,6 +445,9 @@ class TransferRun:
                 "only %d training examples: no validation split, training for %d epochs", len(train), self.recipe.epochs
             )
         encs = self.encode(fit_d)
+        if cfg.mode == "frozen" and encs:  # the head reads standardised vectors, as in features mode
+            mean, std = RowStore(*self.extract(encs)).stats()
+            self.model.head.set_standardization(*self._head_stats(mean, std))
         fit_store = val_store = None
         if cfg.mode == "features":
             full = store if store is not None else self.features(train)
