@@ -22,8 +22,18 @@ import torch
 TINY_VOCAB = 500
 
 # The test models are tiny: one intra-op thread is faster than two fighting over two cores, and
-# it keeps float reductions in the same order on every machine.
+# it keeps float reductions in the same order on every machine (bitwise comparisons with a subprocess
+# need the same thread count on both sides).
 torch.set_num_threads(1)
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    """Every test runs on one intra-op thread, whatever an earlier test set."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
 
 
 def _read_documents(path: Path) -> list[list[str]]:

@@ -16,14 +16,6 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 import transformers
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
-
-
 def _inputs(vocab: int, seed: int = 0):
     g = torch.Generator().manual_seed(seed)
     ids = torch.randint(1, vocab, (3, 13), generator=g)

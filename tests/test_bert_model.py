@@ -21,15 +21,6 @@ from lmforge.train.families import setup_bert
 V = 101
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    # tiny models gain nothing from threads, and on a shared 2-core machine two threads run 20x slower
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
-
-
 def tiny_config(**kw) -> BertConfig:
     base = dict(vocab_size=V, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=37,
                 max_position_embeddings=64, max_seq_length=32)

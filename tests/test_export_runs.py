@@ -28,14 +28,6 @@ NAMES = ["moses", "aaron", "david"]
 TOL = 1e-4
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
-
-
 def texts(n: int, seed: int, pair: bool = False) -> list[dict]:
     rng = random.Random(seed)
     out = []

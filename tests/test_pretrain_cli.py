@@ -12,7 +12,7 @@ import types
 
 import pytest
 import torch
-from test_trainer import ToyConfig, ToyLM, ToySampler, events, make_trainer, one_thread, toy_tokens  # noqa: F401
+from test_trainer import ToyConfig, ToyLM, ToySampler, events, make_trainer, toy_tokens  # noqa: F401
 
 from lmforge.cli import main
 from lmforge.errors import ConfigError, DataError

@@ -36,14 +36,6 @@ FILL = ["the", "name", "of", "a", "python", "and", "it", "is", "in", "language"]
 LIMITS = ServeLimits(max_new_tokens=48, max_text_chars=400, max_body_bytes=8000, max_generations=2, max_texts=12)
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
-
-
 # -- tiny folders of every kind, built once for this module ----------------------------------------------------
 def _bert(tok, seed=0):
     from lmforge.models.bert import BertConfig, BertForPreTraining

@@ -6,7 +6,6 @@ import json
 import random
 
 import pytest
-import torch
 
 from lmforge.cards import read_card_meta, shard_facts
 from lmforge.cli import main
@@ -28,14 +27,6 @@ TINY_GPT = [
     "warmup_steps=1",
     "device=cpu",
 ]
-
-
-@pytest.fixture(autouse=True)
-def one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
 
 
 def _front(path):

@@ -135,15 +135,6 @@ def events(out_dir, split="train") -> list[dict]:
     return [e for e in map(json.loads, lines) if e["split"] == split]
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    """Bitwise comparisons with a subprocess need the same intra-op thread count on both sides."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
-
-
 KILL_SCRIPT = """
 import os, sys, time
 sys.path.insert(0, {tests_dir!r})

@@ -7,7 +7,7 @@ import random
 
 import pytest
 import torch
-from test_transfer_core import NEG, POS, make_body, one_thread, toy_tokenizer  # noqa: F401
+from test_transfer_core import NEG, POS, make_body, toy_tokenizer
 
 from lmforge.cli import main
 from lmforge.errors import DataError

@@ -196,15 +196,6 @@ from lmforge.transfer.specs import SPECS  # noqa: E402
 from lmforge.transfer.tasks import load_task  # noqa: E402
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    """Tiny models run fastest on one thread (and the test machine's cores are shared)."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
-
-
 @pytest.fixture(scope="module")
 def toy_tok():
     return toy_tokenizer()

@@ -10,14 +10,6 @@ import torch
 from lmforge.transfer import metrics as M
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
-
-
 # -- metrics -----------------------------------------------------------------------------------------
 def test_classification_metrics_by_hand():
     gold = ["a", "a", "a", "b", "b", "c"]

@@ -19,14 +19,6 @@ NEG = ["bad", "awful", "poor", "sad", "hate", "terrible"]
 FILL = ["the", "name", "of", "a", "python", "and", "it", "is", "in", "language"]
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
-
-
 def rows(n: int, seed: int) -> list[dict]:
     rng = random.Random(seed)
     out = []

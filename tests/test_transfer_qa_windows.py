@@ -7,10 +7,9 @@ import random
 
 import pytest
 import torch
-from test_transfer_core import (  # noqa: F401
+from test_transfer_core import (
     FILL,
     make_body,
-    one_thread,
     qa_examples,
     toy_tokenizer,
     write_squad,

@@ -21,14 +21,6 @@ from lmforge.transfer.run import validation_split
 from lmforge.transfer.tasks import TaskData, TextExample
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
-
-
 def data(n: int, seed: int) -> TaskData:
     ex = [TextExample(r["text"], label=r["label"]) for r in rows(n, seed)]
     return TaskData("classify", ex, sorted({e.label for e in ex}))
