@@ -18,7 +18,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-import torch
+from test_transfer_families import rows, tiny_bert, tiny_elmo, tiny_gpt, tiny_word2vec
 
 import lmforge
 from lmforge.cli import main
@@ -37,70 +37,9 @@ LIMITS = ServeLimits(max_new_tokens=48, max_text_chars=400, max_body_bytes=8000,
 
 
 # -- tiny folders of every kind, built once for this module ----------------------------------------------------
-def _bert(tok, seed=0):
-    from lmforge.models.bert import BertConfig, BertForPreTraining
-
-    torch.manual_seed(seed)
-    cfg = BertConfig(
-        vocab_size=tok.vocab_size,
-        hidden_size=32,
-        num_hidden_layers=2,
-        num_attention_heads=2,
-        intermediate_size=64,
-        max_position_embeddings=64,
-        max_seq_length=64,
-    )
-    return BertForPreTraining(cfg).eval()
-
-
-def _gpt(tok, seed=0):
-    from lmforge.models.gpt import GPTConfig, GPTLMHeadModel
-
-    torch.manual_seed(seed)
-    cfg = GPTConfig(
-        vocab_size=tok.vocab_size,
-        n_positions=64,
-        n_embd=32,
-        n_layer=2,
-        n_head=2,
-        bos_token_id=tok.eot_id,
-        eos_token_id=tok.eot_id,
-    )
-    return GPTLMHeadModel(cfg).eval()
-
-
-def _elmo(tok, seed=0):
-    from lmforge.models.elmo import PRESETS, ElmoBiLM, ElmoConfig
-
-    torch.manual_seed(seed)
-    m = ElmoBiLM(ElmoConfig(vocab_size=tok.vocab_size, **PRESETS["tiny"]))
-    m.set_tokenizer(tok)
-    return m.eval()
-
-
-def _word2vec(tok, seed=0):
-    from lmforge.models.word2vec import Word2Vec, Word2VecConfig
-
-    torch.manual_seed(seed)
-    m = Word2Vec(Word2VecConfig(vocab_size=tok.vocab_size, vector_size=16))
-    torch.nn.init.normal_(m.embeddings.weight)
-    return m.eval()
-
-
 def _write(path: Path, rows) -> Path:
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
     return path
-
-
-def _cls_rows(n, seed):
-    rng = random.Random(seed)
-    out = []
-    for _ in range(n):
-        label = rng.choice(["pos", "neg"])
-        words = [rng.choice(FILL) for _ in range(rng.randint(2, 5))]
-        words.insert(rng.randrange(len(words) + 1), rng.choice(POS if label == "pos" else NEG))
-        out.append({"text": " ".join(words), "label": label})
-    return out
 
 
 @pytest.fixture(scope="module")
@@ -110,21 +49,21 @@ def folders(tmp_path_factory, wordpiece_tokenizer, bpe_tokenizer):
     wp, bpe = wordpiece_tokenizer, bpe_tokenizer
     f = {}
     for name, model, tok in (
-        ("bert", _bert(wp), wp),
-        ("gpt", _gpt(bpe), bpe),
-        ("elmo", _elmo(wp), wp),
-        ("w2v", _word2vec(wp), wp),
+        ("bert", tiny_bert(wp), wp),
+        ("gpt", tiny_gpt(bpe), bpe),
+        ("elmo", tiny_elmo(wp), wp),
+        ("w2v", tiny_word2vec(wp), wp),
     ):
         f[name] = root / name
         model.save_pretrained(f[name], tok)
     data = root / "data"
     data.mkdir()
-    cls = _write(data / "cls.jsonl", _cls_rows(24, 1))
+    cls = _write(data / "cls.jsonl", rows(24, 1))
     pair = _write(
         data / "pair.jsonl",
         [
             {"text": a["text"], "text_pair": b["text"], "label": a["label"]}
-            for a, b in zip(_cls_rows(24, 2), _cls_rows(24, 3))
+            for a, b in zip(rows(24, 2), rows(24, 3))
         ],
     )
     conll = data / "tags.conll"
@@ -156,7 +95,7 @@ def folders(tmp_path_factory, wordpiece_tokenizer, bpe_tokenizer):
         data / "choice.jsonl",
         [
             {"context": r["text"], "choices": ["good", "bad"], "label": 0 if r["label"] == "pos" else 1}
-            for r in _cls_rows(16, 5)
+            for r in rows(16, 5)
         ],
     )
     cache = str(root / "cache")
