@@ -2,7 +2,8 @@
 
 Usage:
     python scripts/learning_curve.py MODEL_DIR --bench zh-sentiment --out runs/curve_bert \
-        [--sizes 100 300 1000 3000] [--seeds 0 1 2] [--modes scratch frozen features finetune]
+        [--sizes 100 300 1000 3000] [--seeds 0 1 2] [--modes scratch frozen features finetune] \
+        [--lr-grid-finetune 1e-4 3e-4 1e-3 --lr-grid-scratch 3e-4 1e-3 3e-3]
 Writes curve.png, curve.md (table: mean ± std over seeds) and curve.json. See docs/transfer.md.
 """
 
@@ -29,7 +30,15 @@ def main() -> int:
     p.add_argument("--cache-dir", default=None)
     p.add_argument("--finetune-lr", type=float, default=None, help="lr of finetune and scratch runs")
     p.add_argument("--finetune-epochs", type=int, default=None, help="epochs of finetune and scratch runs")
+    p.add_argument("--lr-grid-finetune", type=float, nargs="+", default=None, metavar="LR",
+                   help="finetune: try these lrs, keep the best on the validation split")
+    p.add_argument("--lr-grid-scratch", type=float, nargs="+", default=None, metavar="LR",
+                   help="scratch: the same number of trials on the same validation split")
     args = p.parse_args()
+    if (args.lr_grid_finetune is None) != (args.lr_grid_scratch is None) or (
+        args.lr_grid_finetune and len(args.lr_grid_finetune) != len(args.lr_grid_scratch)
+    ):
+        p.error("give --lr-grid-finetune and --lr-grid-scratch together, with as many lrs each (equal care)")
 
     from lmforge.errors import LmforgeError
     from lmforge.transfer import learning_curve
@@ -52,7 +61,10 @@ def main() -> int:
             max_len=args.max_len,
             batch_size=args.batch_size,
             cache_dir=args.cache_dir,
-            mode_options={m: {"lr": args.finetune_lr, "epochs": args.finetune_epochs} for m in ("finetune", "scratch")},
+            mode_options={
+                "finetune": {"lr": args.finetune_lr, "epochs": args.finetune_epochs, "lr_grid": args.lr_grid_finetune},
+                "scratch": {"lr": args.finetune_lr, "epochs": args.finetune_epochs, "lr_grid": args.lr_grid_scratch},
+            },
         )
     except LmforgeError as e:
         print(f"error: {e}", file=sys.stderr)
