@@ -134,6 +134,8 @@ def test_defaults_depend_on_pretrained_or_scratch():
     pre = TransferConfig(mode="finetune").resolved("bert")
     scratch = TransferConfig(mode="finetune", from_scratch=True).resolved("bert")
     assert pre.lr < scratch.lr and pre.layer_lr_decay == 0.9 and scratch.layer_lr_decay is None
+    wide, narrow = (TransferConfig(mode="finetune").resolved("bert", h).lr for h in (768, 128))
+    assert wide == pytest.approx(5e-5) and narrow == pytest.approx(3e-4) and scratch.lr == 1e-3
     assert TransferConfig(mode="finetune", layer_lr_decay=1.0).resolved("bert").layer_lr_decay is None
     assert TransferConfig(mode="features").layer_choice("bert") == "auto"
     assert TransferConfig(mode="features", layer="mix").layer_choice("elmo") == "mix"

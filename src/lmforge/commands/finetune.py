@@ -54,7 +54,8 @@ def register(sub) -> None:
     )
     p.add_argument(
         "--lr", type=float, default=None,
-        help="peak learning rate (default: finetune 1e-4, from scratch 1e-3, frozen 3e-3, features torch heads 1e-2)",
+        help="peak learning rate (default: finetune 1e-4 x 384 / the body's width, from scratch 1e-3, frozen 3e-3, "
+        "features torch heads 1e-2)",
     )
     p.add_argument(
         "--lr-grid", type=float, nargs="+", default=None, metavar="LR",

@@ -4,7 +4,7 @@ Defaults depend on the mode and on whether the body is pretrained (see :meth:`Tr
 
 | run | lr | epochs (at most) | warm-up | layer-wise lr decay | early-stopping patience |
 |---|---|---|---|---|---|
-| ``finetune``, pretrained body | 1e-4 | 20 | 0.1 | 0.9 | 3 epochs |
+| ``finetune``, pretrained body | 1e-4 x 384 / width | 20 | 0.1 | 0.9 | 3 epochs |
 | ``finetune --from-scratch`` | 1e-3 | 40 | 0.1 | none | 5 epochs |
 | ``frozen`` (the head alone) | 3e-3 | 60 | 0.05 | n/a | 5 epochs |
 | ``features`` with a torch head (mlp / bilstm / qa / choice) | 1e-2 | 100 | 0.05 | n/a | 8 epochs |
@@ -221,13 +221,20 @@ class TransferConfig:
             return "mean"
         return DEFAULT_POOL[family]
 
-    def resolved(self, family: str) -> Recipe:
-        """The learning rate, epochs, warm-up, layer decay, patience and LM weight this run uses."""
+    def resolved(self, family: str, hidden_size: int | None = None) -> Recipe:
+        """The learning rate, epochs, warm-up, layer decay, patience and LM weight this run uses.
+
+        Fine-tuning a pretrained body of width ``hidden_size`` defaults to ``1e-4 * 384 / hidden_size``
+        (clamped to [2e-5, 1e-3]): 5e-5 for a BERT-base of 768 (the range the BERT paper recommends), 1e-4
+        for a 384-wide MiniLM, 3e-4 for a 128-wide model: narrower bodies take larger steps.
+        """
         if self.mode == "finetune" and self.from_scratch:
             base = _SCRATCH_BY_FAMILY.get(family, _RECIPES["scratch"])
         else:
             base = _RECIPES[self.mode]
         lr, epochs, warmup, decay, patience = base
+        if self.mode == "finetune" and not self.from_scratch and hidden_size:
+            lr = min(1e-3, max(2e-5, lr * 384 / hidden_size))
         if self.mode == "finetune" and self.layer_lr_decay is not None:
             decay = None if self.layer_lr_decay == 1 else self.layer_lr_decay
         if self.mode != "finetune":

@@ -124,7 +124,7 @@ class TransferRun:
         check_supported(self.family, cfg)
         self.cfg = cfg
         self.spec = SPECS[cfg.task]
-        self.recipe = cfg.resolved(self.family)
+        self.recipe = cfg.resolved(self.family, int(body.hidden_size))
         self.labels = list(labels)
         self.label_index = {lab: i for i, lab in enumerate(self.labels)}
         self.model_dir = model_dir
