@@ -452,3 +452,29 @@ def test_bert_tokens_and_qa(wordpiece_tokenizer, tmp_path):
     assert m["exact_match"] >= 0.8
     rec = json.loads((tmp_path / "qa" / "predictions.jsonl").read_text().splitlines()[0])
     assert set(rec) == {"id", "question", "answers", "pred"}
+
+
+def test_finetune_run_folder_is_complete_or_absent(bert_dir, cls_files, tmp_path, monkeypatch, capsys):
+    """A failure while the run is being written leaves no half-written --out (it is staged, then renamed)."""
+    import lmforge.transfer.run as run_mod
+
+    real = run_mod.atomic_write_text
+
+    def failing(path, text):
+        if str(path).endswith("predictions.jsonl"):
+            raise OSError(28, "No space left on device", str(path))
+        return real(path, text)
+
+    monkeypatch.setattr(run_mod, "atomic_write_text", failing)
+    out = tmp_path / "run"
+    train, test = map(str, cls_files)
+    rc = main(["finetune", str(bert_dir), "--task", "classify", "--train", train, "--test", test, "--mode", "frozen",
+               "--epochs", "1", "--out", str(out)])
+    err = capsys.readouterr().err
+    assert rc == 2 and "no space left" in err.lower() and "Traceback" not in err
+    assert not out.exists()
+    monkeypatch.setattr(run_mod, "atomic_write_text", real)
+    assert main(["finetune", str(bert_dir), "--task", "classify", "--train", train, "--test", test, "--mode",
+                 "frozen", "--epochs", "1", "--out", str(out)]) == 0
+    assert {"config.json", "metrics.json", "predictions.jsonl", "head.safetensors"} <= {p.name for p in out.iterdir()}
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".run.")]  # the failed run's leftovers are gone

@@ -152,7 +152,7 @@ def register(sub) -> None:
 
 
 def run(args) -> int:
-    from ..folders import check_model_folder, output_folder
+    from ..folders import check_model_folder, output_folder, staged_folder
     from ..transfer import run_transfer
 
     options = {
@@ -179,19 +179,22 @@ def run(args) -> int:
         "max_answer_tokens": args.max_answer_tokens,
         "both_orders": args.both_orders,
     }
-    with output_folder(args.out, "run", args.overwrite, inputs=[args.model_dir]):
+    # the run is written into a hidden folder beside --out and renamed into place when complete, so a kill
+    # at any moment leaves --out as it was
+    with output_folder(args.out, "run", args.overwrite, inputs=[args.model_dir], beside=True):
         check_model_folder(args.model_dir)
-        progress = None
-        if args.log == "tensorboard":
-            from ..train.tblog import EpochLog
+        with staged_folder(args.out, "run") as tmp:
+            progress = None
+            if args.log == "tensorboard":
+                from ..train.tblog import EpochLog
 
-            progress = EpochLog(args.out)
-        metrics = run_transfer(
-            args.model_dir, args.task, args.train, args.test, mode=args.mode, out_dir=args.out, progress=progress,
-            **options,
-        )
-        if progress is not None:
-            progress.finish(metrics)
+                progress = EpochLog(tmp)
+            metrics = run_transfer(
+                args.model_dir, args.task, args.train, args.test, mode=args.mode, out_dir=tmp, progress=progress,
+                **options,
+            )
+            if progress is not None:
+                progress.finish(metrics)
     shown = {k: v for k, v in metrics.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
     print(json.dumps({"task": metrics["task"], "mode": metrics["mode"], "family": metrics["family"], **shown}))
     if metrics.get("choices"):

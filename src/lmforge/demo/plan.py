@@ -137,6 +137,7 @@ FULL = DemoPlan(
     transfer={"max_len": 64},
     curve_sizes=(100, 300, 1000),
     curve_seeds=(0, 1, 2),
+    curve_min_steps=30,  # runs stop early on their validation split; 30 steps bound the smallest sets' epochs
 )
 
 # Tiny everything: a few seconds per step on a busy machine; for the tests and a first look.
