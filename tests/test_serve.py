@@ -227,22 +227,10 @@ def test_embed_vectors_and_word_cosines_equal_python(client, folders):
     assert all(p["cosine"] == 1.0 for p in w2v["rows"][0]["pairs"])  # static vectors
 
 
-def test_embed_equals_cli_subprocess(client, folders):
-    """`lmforge embed` in its own process prints the cosines /v1/embed returns (4 decimals)."""
-    names = ["w2v", "elmo", "gpt", "bert"]
+def cli_cosines(model_dirs, sentences, word) -> dict:
+    """What `lmforge embed` prints in its own process: {(model name, layer): cosine as printed}."""
     out = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "lmforge.cli",
-            "-q",
-            "embed",
-            *[str(folders[n]) for n in names],
-            SNAKE,
-            LANG,
-            "--word",
-            "python",
-        ],
+        [sys.executable, "-m", "lmforge.cli", "-q", "embed", *map(str, model_dirs), *sentences, "--word", word],
         capture_output=True,
         text=True,
         timeout=120,
@@ -254,6 +242,13 @@ def test_embed_equals_cli_subprocess(client, folders):
         m = re.match(r"(\S+) \((\w+)\)\s+(\S+)\s+(-?\d\.\d{4})$", line)
         if m:
             printed[(m.group(1), m.group(3))] = m.group(4)
+    return printed
+
+
+def test_embed_equals_cli_subprocess(client, folders):
+    """`lmforge embed` in its own process prints the cosines /v1/embed returns (4 decimals)."""
+    names = ["w2v", "elmo", "gpt", "bert"]
+    printed = cli_cosines([folders[n] for n in names], [SNAKE, LANG], "python")
     served = {}
     for n in names:
         r = client.post("/v1/embed", json={"model": n, "texts": [SNAKE, LANG], "word": "python"}).json()
@@ -594,30 +589,8 @@ def test_playground_in_chromium(live, folders, tmp_path):
     from playwright.sync_api import sync_playwright
 
     base, _ = live
-    out = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "lmforge.cli",
-            "-q",
-            "embed",
-            *[str(folders[n]) for n in ("w2v", "elmo", "bert")],
-            "A python is a large snake.",
-            "I wrote the tool in Python.",
-            "--word",
-            "python",
-        ],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        env={**os.environ, "OMP_NUM_THREADS": "1"},
-    )
-    assert out.returncode == 0, out.stderr
-    cli = {}
-    for line in out.stdout.splitlines():
-        m = re.match(r"(\S+) \((\w+)\)\s+(\S+)\s+(-?\d\.\d{4})$", line)
-        if m:
-            cli[(m.group(1), m.group(3))] = m.group(4)
+    sentences = ["A python is a large snake.", "I wrote the tool in Python."]
+    cli = cli_cosines([folders[n] for n in ("w2v", "elmo", "bert")], sentences, "python")
     with sync_playwright() as p:
         browser = p.chromium.launch(executable_path="/usr/bin/chromium", args=["--no-sandbox"])
         try:
