@@ -109,8 +109,11 @@ PRESETS: dict[str, dict] = {
     "gpt2-small": dict(n_positions=1024, n_embd=768, n_layer=12, n_head=12),  # GPT-2 124M's shape
 }
 DEFAULT_PRESET = "mini"
-# GPT-2 / nanoGPT-style optimisation: higher peak lr than BERT, weight decay 0.1, beta2 0.95.
-TRAIN_DEFAULTS: dict = dict(lr=6e-4, weight_decay=0.1, beta2=0.95, warmup_steps=100, schedule="cosine", batch_size=16)
+# Small-model optimisation (nanoGPT's recipe for its small models): peak lr 1e-3, beta2 0.99, weight decay
+# 0.1, cosine.  Measured on the demo's GPT (1.13M parameters, 1400 steps on its BPE shards): validation
+# loss 5.234 against 5.491 with GPT-2 124M's 6e-4 / 0.95, ahead at every evaluation (docs/gpt.md).  For
+# GPT-2-sized runs set lr=6e-4 beta2=0.95.
+TRAIN_DEFAULTS: dict = dict(lr=1e-3, weight_decay=0.1, beta2=0.99, warmup_steps=100, schedule="cosine", batch_size=16)
 
 
 # -- the model -----------------------------------------------------------------------------------------
