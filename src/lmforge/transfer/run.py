@@ -105,8 +105,7 @@ def _reinit(body: nn.Module, seed: int) -> None:
     fresh = dict(type(body)(body.config).named_parameters())
     with torch.no_grad():  # parameters only: buffers (e.g. ELMo's spelled vocabulary) stay as they are
         for name, p in body.named_parameters():
-            if name in fresh and fresh[name].shape == p.shape:
-                p.copy_(fresh[name])
+            p.copy_(fresh[name])  # every parameter: a baseline must keep none of the pretrained weights
     logger.info(
         "from scratch: the %s body was re-initialised at random (seed %d)", getattr(body, "model_type", "?"), seed
     )
