@@ -34,6 +34,8 @@ def main() -> int:
                    help="finetune: try these lrs, keep the best on the validation split")
     p.add_argument("--lr-grid-scratch", type=float, nargs="+", default=None, metavar="LR",
                    help="scratch: the same number of trials on the same validation split")
+    p.add_argument("--no-refit", dest="refit", action="store_false",
+                   help="keep each run's best validation epoch instead of refitting on all its examples")
     args = p.parse_args()
     if (args.lr_grid_finetune is None) != (args.lr_grid_scratch is None) or (
         args.lr_grid_finetune and len(args.lr_grid_finetune) != len(args.lr_grid_scratch)
@@ -61,6 +63,7 @@ def main() -> int:
             max_len=args.max_len,
             batch_size=args.batch_size,
             cache_dir=args.cache_dir,
+            refit=args.refit,
             mode_options={
                 "finetune": {"lr": args.finetune_lr, "epochs": args.finetune_epochs, "lr_grid": args.lr_grid_finetune},
                 "scratch": {"lr": args.finetune_lr, "epochs": args.finetune_epochs, "lr_grid": args.lr_grid_scratch},

@@ -1,7 +1,8 @@
 """Model selection inside a transfer run, and the transfer details of the BERT and GPT recipes.
 
 - the validation split (seeded, stratified, disjoint from what trains) and early stopping with the best
-  state kept; the learning-rate grid chooses on the same split;
+  state kept; the learning-rate grid chooses on the same split; the refit trains again on every
+  example, held-out ones included, for the chosen number of epochs;
 - features + logreg: the fitted scikit-learn model folded into the head gives scikit-learn's own
   probabilities, and the layer and strength are chosen by cross-validation;
 - GPT-1's task-token rows train while the rest of the embeddings stay frozen; the auxiliary LM weight
@@ -61,6 +62,35 @@ def test_lr_grid_chooses_on_validation(wordpiece_tokenizer):
     # the run ends in the best trial's best state: rescoring its validation split gives the recorded score
     with pytest.raises(LmforgeError, match="validation split"):
         run_transfer(body, "classify", train, test, mode="frozen", lr_grid=[1e-3, 1e-2], val_fraction=0.0)
+
+
+@pytest.mark.parametrize("mode,lr,floor", [("finetune", 3e-3, 0.9), ("frozen", 1e-2, 0.6)])
+def test_refit_trains_on_every_example_for_the_chosen_epochs(wordpiece_tokenizer, mode, lr, floor):
+    train, test = data(120, 1), data(48, 2)
+    common = dict(mode=mode, lr=lr, epochs=30, patience=3, max_len=32, seed=0)
+    kept = run_transfer(tiny_bert(wordpiece_tokenizer), "classify", train, test, refit=False, **common)
+    body = tiny_bert(wordpiece_tokenizer)
+    cfg = TransferConfig(task="classify", **common)
+    run = TransferRun(body, cfg, train.labels)
+    facts = run.fit(train)
+    ch = facts["choices"]
+    # the choices are the validation run's own: refitting changes none of them
+    assert {k: ch[k] for k in ("val_examples", "best_epoch", "epochs_run", "lr")} == {
+        k: kept["choices"][k] for k in ("val_examples", "best_epoch", "epochs_run", "lr")
+    }
+    assert facts["val_score"] == pytest.approx(kept["val_accuracy"], abs=1e-6)
+    assert ch["refit"] == {"examples": 120, "epochs": ch["best_epoch"]}
+    refit_epochs = [h for h in facts["history"] if h.get("refit")]
+    assert [h["epoch"] for h in refit_epochs] == list(range(1, ch["best_epoch"] + 1))
+    # all 120 examples train: 4 batches of 32 per refit epoch (the 96 fitted ones alone would be 3)
+    trial_steps = 3 * ch["epochs_run"]
+    assert facts["steps"] == trial_steps + 4 * ch["best_epoch"]
+    again = TransferRun(tiny_bert(wordpiece_tokenizer), cfg, train.labels)
+    again.fit(train)
+    for (k, a), b in zip(run.model.state_dict().items(), again.model.state_dict().values()):
+        assert torch.equal(a, b), k  # seeded: the refit is deterministic
+    metrics, _ = run.evaluate(test)
+    assert ch["best_epoch"] >= 2 and metrics["accuracy"] >= floor and kept["accuracy"] >= floor
 
 
 def test_features_logreg_equals_scikit_learn(wordpiece_tokenizer, tmp_path):

@@ -70,6 +70,11 @@ def register(sub) -> None:
         "--patience", type=int, default=None, metavar="N",
         help="stop after N epochs (past the warm-up) without a better validation score (default by mode: 3-8)",
     )
+    p.add_argument(
+        "--no-refit", dest="refit", action="store_false",
+        help="keep the best epoch's model of the validation run instead of training again on all the training "
+        "data (held-out part included) with the chosen lr and number of epochs",
+    )
     p.add_argument("--batch-size", type=int, default=32)
     p.add_argument("--max-len", type=int, default=128, help="most tokens per input, special tokens included")
     p.add_argument("--seed", type=int, default=0)
@@ -163,6 +168,7 @@ def run(args) -> int:
         "lr_grid": args.lr_grid,
         "val_fraction": args.val_fraction,
         "patience": args.patience,
+        "refit": args.refit,
         "layer": args.layer,
         "device": args.device,
         "bf16": args.bf16,

@@ -16,7 +16,10 @@ chosen by cross-validation on the training data (see :mod:`lmforge.transfer.feat
 Every run that trains by steps holds out ``val_fraction`` of its training examples, scores them after
 each epoch, keeps the best state and stops after ``patience`` epochs without improvement.  ``lr_grid``
 tries several peak learning rates and keeps the one that scores best on the same validation split:
-the from-scratch baseline and the pretrained run get the same number of trials.
+the from-scratch baseline and the pretrained run get the same number of trials.  Then (``refit``) the
+run trains once more from the start on all its training examples, held-out ones included, with the
+chosen lr for the chosen number of epochs: with 300 labels the 20 % hold-out is 60 examples the final
+model would otherwise never see.
 """
 
 from __future__ import annotations
@@ -98,6 +101,9 @@ class TransferConfig:
         val_fraction: fraction of the training examples held out to choose the epoch, the learning rate
             and (features) the classifier's strength; 0 trains on everything for ``epochs`` epochs.
         patience: stop after this many epochs without a better validation score (default by mode).
+        refit: once the validation split has chosen the lr and the epoch, train again from the start on
+            every training example (the held-out ones included) for that many epochs, and keep that
+            model; False keeps the best state of the trial itself.
         cv_folds: features + logreg: cross-validation folds over the training data.
         from_scratch: re-initialise the body from its config (finetune: the no-pretraining baseline).
         lm_weight: GPT finetune: weight of GPT-1's auxiliary language-modelling loss on the task's own
@@ -132,6 +138,7 @@ class TransferConfig:
     warmup: float | None = None
     val_fraction: float = 0.2
     patience: int | None = None
+    refit: bool = True
     cv_folds: int = 5
     from_scratch: bool = False
     lm_weight: float | None = None

@@ -4,7 +4,9 @@ One trial trains the head (and the body in finetune mode) with AdamW under the l
 linear decay of :class:`lmforge.train.schedule.LRSchedule`, scores the validation split after every
 epoch with the task's main metric, keeps the best state and stops after ``patience`` epochs without
 improvement (counted once the warm-up is over).  :func:`fit_trials` runs one trial per learning rate of
-the grid from the same initial state and keeps the trial that scored best on validation.
+the grid from the same initial state and keeps the trial that scored best on validation.  A refit
+(``stop_epoch``) trains once more on every training example, held-out ones included, under the same
+per-epoch schedule, and stops at the epoch validation chose.
 """
 
 from __future__ import annotations
@@ -26,7 +28,9 @@ def _snapshot(module: torch.nn.Module) -> dict[str, torch.Tensor]:
     return {k: v.detach().clone() for k, v in module.state_dict().items()}
 
 
-def train_trial(run, plan, lr: float, progress: Callable[[str], None] | None = None) -> dict:
+def train_trial(
+    run, plan, lr: float, progress: Callable[[str], None] | None = None, stop_epoch: int | None = None
+) -> dict:
     """Train once at peak learning rate ``lr``; return the trial's facts and its best state.
 
     Args:
@@ -34,6 +38,8 @@ def train_trial(run, plan, lr: float, progress: Callable[[str], None] | None = N
         plan: the run's :class:`~lmforge.transfer.run.FitPlan` (training encodings, targets, units,
             stored vectors, validation split).
         lr: peak learning rate of the top layer and the head.
+        stop_epoch: stop after this epoch (a refit on all the data); the learning-rate schedule still
+            spans the recipe's epochs, so the first ``stop_epoch`` epochs see the rates the chosen trial saw.
     """
     cfg, recipe, spec, model = run.cfg, run.recipe, run.spec, run.model
     groups = run.param_groups(lr)
@@ -50,7 +56,8 @@ def train_trial(run, plan, lr: float, progress: Callable[[str], None] | None = N
     warm_epoch = None
     step = 0
     t0 = time.time()
-    for epoch in range(1, recipe.epochs + 1):
+    last_epoch = recipe.epochs if stop_epoch is None else min(stop_epoch, recipe.epochs)
+    for epoch in range(1, last_epoch + 1):
         run.train_mode()
         order = rng.permutation(len(plan.units))
         ep_loss, ep_n = 0.0, 0
@@ -86,7 +93,8 @@ def train_trial(run, plan, lr: float, progress: Callable[[str], None] | None = N
             if score > best["score"]:
                 best = {"score": score, "epoch": epoch, "state": run.trainable_state()}
         history.append(rec)
-        msg = f"lr {lr:g} epoch {epoch}/{recipe.epochs}: train loss {rec['train_loss']:.4f}" + (
+        tag = "refit on all, " if stop_epoch is not None else ""
+        msg = f"{tag}lr {lr:g} epoch {epoch}/{last_epoch}: train loss {rec['train_loss']:.4f}" + (
             f", val {plan.metric} {rec['val']:.4f}" if "val" in rec else ""
         )
         logger.info(msg)

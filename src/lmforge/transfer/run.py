@@ -44,7 +44,7 @@ from . import features as FT
 from .batching import RowStore, TransferModel, collate, with_twins
 from .config import TransferConfig, check_supported
 from .encoding import Encoding, InputFormat
-from .fit import fit_trials
+from .fit import fit_trials, train_trial
 from .heads import TaskHead
 from .specs import SPECS
 from .tasks import TaskData, check_labels, load_task
@@ -443,28 +443,23 @@ class TransferRun:
             logger.info(
                 "only %d training examples: no validation split, training for %d epochs", len(train), self.recipe.epochs
             )
-        encs = self.encode(fit_d)
-        if cfg.mode == "frozen" and encs:  # the head reads standardised vectors, as in features mode
-            mean, std = RowStore(*self.extract(encs)).stats()
-            self.model.head.set_standardization(*self._head_stats(mean, std))
-        fit_store = val_store = None
+        full = None
         if cfg.mode == "features":
             full = store if store is not None else self.features(train)
-            fit_store = self._head_store(full.subset(fit_idx)) if val_idx else self._head_store(full)
-            val_store = self._head_store(full.subset(val_idx)) if val_idx else None
-            if fit_store.vectors.shape[0]:
-                mean, std = fit_store.stats()
-                self.model.head.set_standardization(mean.to(self.device), std.to(self.device))
-        plan = FitPlan(
-            encs=encs,
-            targets=self.spec.prepare(fit_d, encs, self.fmt, self.label_index),
-            units=self.spec.units(encs),
-            store=fit_store,
-            val=val_d,
-            val_store=val_store,
-            metric=metric,
-        )
+        refit = cfg.refit and bool(val_idx)
+        start = {k: v.detach().clone() for k, v in self.model.state_dict().items()} if refit else None
+        plan = self._fit_plan(fit_d, full.subset(fit_idx) if full is not None and val_idx else full, metric)
+        if val_idx:
+            plan.val = val_d
+            plan.val_store = self._head_store(full.subset(val_idx)) if full is not None else None
         out = fit_trials(self, plan, progress)
+        if refit:  # the choices are made: train again on every example, up to the chosen epoch
+            self.model.load_state_dict(start)
+            again = train_trial(self, self._fit_plan(train, full, metric), out["lr"], progress, out["best_epoch"])
+            self.load_trainable_state(again.pop("state"))
+            out["steps"] += again["steps"]
+            out["train_loss"] = again["train_loss"]
+            out["history"] = out["history"] + [dict(r, refit=True) for r in again["history"]]
         if getattr(self, "_row_hook", None) is not None:
             self._row_hook.remove()
             self._row_hook = None
@@ -475,6 +470,8 @@ class TransferRun:
             "epochs_run": out["epochs_run"],
             "lr": out["lr"],
         }
+        if refit:
+            self.choices["refit"] = {"examples": len(train), "epochs": out["best_epoch"]}
         if len(out["trials"]) > 1:
             self.choices["lr_trials"] = out["trials"]
         val_score = out["val_score"] if val_idx else None
@@ -486,6 +483,27 @@ class TransferRun:
             "val_score": val_score,
             "choices": self.choices,
         }
+
+    def _fit_plan(self, data: TaskData, store: RowStore | None, metric: str) -> FitPlan:
+        """What a fit trains on for ``data``; frozen and features heads read vectors standardised over it."""
+        encs = self.encode(data)
+        if self.cfg.mode == "frozen" and encs:  # the head reads standardised vectors, as in features mode
+            mean, std = RowStore(*self.extract(encs)).stats()
+            self.model.head.set_standardization(*self._head_stats(mean, std))
+        if store is not None:
+            store = self._head_store(store)
+            if store.vectors.shape[0]:
+                mean, std = store.stats()
+                self.model.head.set_standardization(mean.to(self.device), std.to(self.device))
+        return FitPlan(
+            encs=encs,
+            targets=self.spec.prepare(data, encs, self.fmt, self.label_index),
+            units=self.spec.units(encs),
+            store=store,
+            val=None,
+            val_store=None,
+            metric=metric,
+        )
 
     def _fit_logreg(self, train: TaskData, store: RowStore | None, t0: float, metric: str) -> dict:
         """features + logreg: scikit-learn chooses the layer and the strength by cross-validation."""
