@@ -101,9 +101,10 @@ class TransferConfig:
         val_fraction: fraction of the training examples held out to choose the epoch, the learning rate
             and (features) the classifier's strength; 0 trains on everything for ``epochs`` epochs.
         patience: stop after this many epochs without a better validation score (default by mode).
-        refit: once the validation split has chosen the lr and the epoch, train again from the start on
-            every training example (the held-out ones included) for that many epochs, and keep that
-            model; False keeps the best state of the trial itself.
+        refit: once the validation split has chosen the lr and the epochs (the later of the best-metric
+            and the least-loss epoch), train again from the start on every training example (the
+            held-out ones included) for that many epochs, and keep that model; False keeps the best
+            state of the trial itself.
         cv_folds: features + logreg: cross-validation folds over the training data.
         from_scratch: re-initialise the body from its config (finetune: the no-pretraining baseline).
         lm_weight: GPT finetune: weight of GPT-1's auxiliary language-modelling loss on the task's own

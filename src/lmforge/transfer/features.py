@@ -81,7 +81,13 @@ def _folds(y: np.ndarray, groups: np.ndarray, n_folds: int, seed: int, grouped: 
 
 
 def fit_logreg(
-    X_by_layer: dict[int, np.ndarray], y: np.ndarray, groups: np.ndarray, n_folds: int, seed: int, grouped: bool
+    X_by_layer: dict[int, np.ndarray],
+    y: np.ndarray,
+    groups: np.ndarray,
+    n_folds: int,
+    seed: int,
+    grouped: bool,
+    score_classes: list[int] | None = None,
 ) -> dict:
     """Choose a layer and ``C`` by cross-validation, refit on everything.
 
@@ -89,6 +95,8 @@ def fit_logreg(
         X_by_layer: the read-out vectors (N, D) of each candidate layer.
         y: (N,) class ids; groups: (N,) the example each row belongs to.
         grouped: keep all rows of an example in one fold (tagging) instead of stratifying by class.
+        score_classes: score the folds by the micro F1 over these classes instead of by accuracy (tagging:
+            every tag but ``O``, so that predicting ``O`` everywhere scores 0, as it does in entity F1).
 
     Returns:
         ``{"layer", "C", "cv_accuracy", "mean" (D,), "scale" (D,), "coef" (K', D), "intercept" (K',),
@@ -103,6 +111,11 @@ def fit_logreg(
     from sklearn.preprocessing import StandardScaler
 
     classes = np.unique(y)
+    scoring = "accuracy"
+    if score_classes is not None:
+        from sklearn.metrics import f1_score, make_scorer
+
+        scoring = make_scorer(f1_score, labels=list(score_classes), average="micro", zero_division=0)
     folds = _folds(y, groups, n_folds, seed, grouped) if len(classes) > 1 else None
     grid = C_GRID_LARGE if len(y) > LARGE_ROWS else C_GRID
     per_layer: dict[int, tuple[float, float]] = {}
@@ -112,11 +125,11 @@ def fit_logreg(
             for layer, X in X_by_layer.items():
                 # the scaler is fitted inside each fold, so no held-out statistics leak into training
                 pipe = make_pipeline(StandardScaler(), LogisticRegression(max_iter=1000))
-                search = GridSearchCV(pipe, {"logisticregression__C": grid}, cv=folds, scoring="accuracy", refit=False)
+                search = GridSearchCV(pipe, {"logisticregression__C": grid}, cv=folds, scoring=scoring, refit=False)
                 scores = search.fit(X, y).cv_results_["mean_test_score"]
                 best = int(np.argmax(scores))  # the first of equal scores: the strongest regularisation
                 per_layer[layer] = (float(scores[best]), float(grid[best]))
-            # the best mean CV accuracy; ties go to the higher layer
+            # the best mean CV score; ties go to the higher layer
             layer = max(per_layer, key=lambda k: (round(per_layer[k][0], 9), k))
             cv_acc, C = per_layer[layer]
         else:  # one class, or too few examples of a class to cross-validate: a moderate default

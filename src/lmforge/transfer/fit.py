@@ -2,11 +2,15 @@
 
 One trial trains the head (and the body in finetune mode) with AdamW under the linear warm-up /
 linear decay of :class:`lmforge.train.schedule.LRSchedule`, scores the validation split after every
-epoch with the task's main metric, keeps the best state and stops after ``patience`` epochs without
-improvement (counted once the warm-up is over).  :func:`fit_trials` runs one trial per learning rate of
+epoch with the task's main metric and its loss, keeps the best state (the best metric; of equal
+metrics, the lower loss) and stops after ``patience`` epochs in which neither the metric nor the loss
+improved (counted once the warm-up is over).  The loss matters where the metric sits flat for a while:
+a tagger first learns to predict ``O`` everywhere (entity F1 0) and only then finds the entities.  :func:`fit_trials` runs one trial per learning rate of
 the grid from the same initial state and keeps the trial that scored best on validation.  A refit
 (``stop_epoch``) trains once more on every training example, held-out ones included, under the same
-per-epoch schedule, and stops at the epoch validation chose.
+per-epoch schedule, and stops at the later of the best-metric epoch and the least-loss epoch: on a
+small validation split the metric can peak early by chance while the loss says the model is still
+learning, and more training data rarely wants fewer epochs.
 """
 
 from __future__ import annotations
@@ -22,6 +26,8 @@ import torch
 from ..train.schedule import LRSchedule
 
 logger = logging.getLogger(__name__)
+
+LOSS_PROGRESS = 1e-3  # a validation loss this much (relative) below the least so far counts as progress
 
 
 def _snapshot(module: torch.nn.Module) -> dict[str, torch.Tensor]:
@@ -51,7 +57,9 @@ def train_trial(
     base = [g["lr"] for g in opt.param_groups]
     rng = np.random.default_rng(cfg.seed)
     torch.manual_seed(cfg.seed)  # dropout: every trial draws the same masks
-    best = {"score": -math.inf, "epoch": 0, "state": None}
+    best = {"score": -math.inf, "loss": math.inf, "epoch": 0, "state": None}
+    least_loss, progress_epoch = math.inf, 0
+    least_loss_any, least_loss_epoch = math.inf, 0
     history: list[dict] = []
     warm_epoch = None
     step = 0
@@ -89,13 +97,19 @@ def train_trial(
         rec = {"epoch": epoch, "train_loss": round(ep_loss / max(1, ep_n), 5)}
         if plan.val is not None:
             score = run.score(plan.val, store=plan.val_store)
-            rec["val"] = round(score, 5)
-            if score > best["score"]:
-                best = {"score": score, "epoch": epoch, "state": run.trainable_state()}
+            vloss = run.plan_loss(plan.val_plan) if plan.val_plan is not None else math.inf
+            rec["val"], rec["val_loss"] = round(score, 5), round(vloss, 5)
+            if score > best["score"] or (score == best["score"] and vloss < best["loss"]):
+                best = {"score": score, "loss": vloss, "epoch": epoch, "state": run.trainable_state()}
+                progress_epoch = epoch
+            if vloss < least_loss * (1 - LOSS_PROGRESS):
+                least_loss, progress_epoch = vloss, epoch
+            if vloss < least_loss_any:
+                least_loss_any, least_loss_epoch = vloss, epoch
         history.append(rec)
         tag = "refit on all, " if stop_epoch is not None else ""
         msg = f"{tag}lr {lr:g} epoch {epoch}/{last_epoch}: train loss {rec['train_loss']:.4f}" + (
-            f", val {plan.metric} {rec['val']:.4f}" if "val" in rec else ""
+            f", val {plan.metric} {rec['val']:.4f}, val loss {rec['val_loss']:.4f}" if "val" in rec else ""
         )
         logger.info(msg)
         if progress is not None:
@@ -106,7 +120,7 @@ def train_trial(
         if (
             plan.val is not None
             and warm_epoch is not None
-            and epoch - max(best["epoch"], warm_epoch) >= recipe.patience
+            and epoch - max(progress_epoch, warm_epoch) >= recipe.patience
         ):
             logger.info(
                 "early stop after epoch %d: best val %s %.4f at epoch %d",
@@ -121,7 +135,9 @@ def train_trial(
     return {
         "lr": lr,
         "val_score": best["score"],
+        "val_loss": best.get("loss", math.nan),
         "best_epoch": best["epoch"],
+        "least_loss_epoch": least_loss_epoch,
         "epochs_run": len(history),
         "steps": step,
         "train_loss": history[-1]["train_loss"] if history else None,
@@ -144,7 +160,7 @@ def fit_trials(run, plan, progress: Callable[[str], None] | None = None) -> dict
             run.model.load_state_dict(start)
         out = train_trial(run, plan, lr, progress)
         trials.append({"lr": lr, "val_score": round(out["val_score"], 5), "best_epoch": out["best_epoch"]})
-        if best is None or out["val_score"] > best["val_score"]:
+        if best is None or (out["val_score"], -out["val_loss"]) > (best["val_score"], -best["val_loss"]):
             best = out
         else:
             out["state"] = None

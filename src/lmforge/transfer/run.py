@@ -66,6 +66,7 @@ class FitPlan:
     val: TaskData | None
     val_store: RowStore | None
     metric: str
+    val_plan: FitPlan | None = None  # the validation split as training data: its loss tells progress
 
 
 def resolve_device(name: str) -> torch.device:
@@ -452,10 +453,12 @@ class TransferRun:
         if val_idx:
             plan.val = val_d
             plan.val_store = self._head_store(full.subset(val_idx)) if full is not None else None
+            plan.val_plan = self._fit_plan(val_d, plan.val_store, metric, standardize=False)
         out = fit_trials(self, plan, progress)
         if refit:  # the choices are made: train again on every example, up to the chosen epoch
             self.model.load_state_dict(start)
-            again = train_trial(self, self._fit_plan(train, full, metric), out["lr"], progress, out["best_epoch"])
+            refit_epochs = max(out["best_epoch"], out["least_loss_epoch"])
+            again = train_trial(self, self._fit_plan(train, full, metric), out["lr"], progress, refit_epochs)
             self.load_trainable_state(again.pop("state"))
             out["steps"] += again["steps"]
             out["train_loss"] = again["train_loss"]
@@ -471,7 +474,7 @@ class TransferRun:
             "lr": out["lr"],
         }
         if refit:
-            self.choices["refit"] = {"examples": len(train), "epochs": out["best_epoch"]}
+            self.choices["refit"] = {"examples": len(train), "epochs": refit_epochs}
         if len(out["trials"]) > 1:
             self.choices["lr_trials"] = out["trials"]
         val_score = out["val_score"] if val_idx else None
@@ -484,15 +487,16 @@ class TransferRun:
             "choices": self.choices,
         }
 
-    def _fit_plan(self, data: TaskData, store: RowStore | None, metric: str) -> FitPlan:
-        """What a fit trains on for ``data``; frozen and features heads read vectors standardised over it."""
+    def _fit_plan(self, data: TaskData, store: RowStore | None, metric: str, standardize: bool = True) -> FitPlan:
+        """What a fit trains on for ``data``; with ``standardize`` frozen and features heads read vectors
+        standardised over it (off for a validation split)."""
         encs = self.encode(data)
-        if self.cfg.mode == "frozen" and encs:  # the head reads standardised vectors, as in features mode
+        if standardize and self.cfg.mode == "frozen" and encs:  # standardised vectors, as in features mode
             mean, std = RowStore(*self.extract(encs)).stats()
             self.model.head.set_standardization(*self._head_stats(mean, std))
         if store is not None:
             store = self._head_store(store)
-            if store.vectors.shape[0]:
+            if standardize and store.vectors.shape[0]:
                 mean, std = store.stats()
                 self.model.head.set_standardization(mean.to(self.device), std.to(self.device))
         return FitPlan(
@@ -537,7 +541,13 @@ class TransferRun:
             y, groups = np.asarray(ys, dtype=np.int64), np.asarray(gs)
         if len(y) == 0:
             raise LmforgeError("features: the training data has no labelled rows to fit a classifier on")
-        fit = FT.fit_logreg(X_by_layer, y, groups, self.cfg.cv_folds, self.cfg.seed, grouped=not self.spec.sentence)
+        # tagging is scored like entity F1 (tags other than O), classification by accuracy
+        score_classes = None if self.spec.sentence else [i for i, t in enumerate(self.labels) if t != "O"]
+        score_name = "accuracy" if score_classes is None else "tag_f1"
+        fit = FT.fit_logreg(
+            X_by_layer, y, groups, self.cfg.cv_folds, self.cfg.seed, grouped=not self.spec.sentence,
+            score_classes=score_classes,
+        )
         self.build([fit["layer"]])
         FT.fold_into_linear(self.model.head.out, fit, self.spec.num_outputs(self.labels))
         self.model.eval()
@@ -545,7 +555,7 @@ class TransferRun:
             "layer": fit["layer"],
             "C": fit["C"],
             "cv_folds": self.cfg.cv_folds,
-            "cv_accuracy_by_layer": fit["per_layer"],
+            f"cv_{score_name}_by_layer": fit["per_layer"],
         }
         cv = fit["cv_accuracy"]
         return {
@@ -554,7 +564,7 @@ class TransferRun:
             "steps": 0,
             "train_seconds": round(time.time() - t0, 2),
             "val_score": None if math.isnan(cv) else round(cv, 6),
-            "val_metric": "cv_accuracy",
+            "val_metric": f"cv_{score_name}",
             "choices": self.choices,
         }
 
@@ -567,6 +577,26 @@ class TransferRun:
         labels = ids["input_ids"].masked_fill(ids["attention_mask"] == 0, -100).to(top.device)
         targets = shift_labels(labels).reshape(-1)  # (B*T,)
         return linear_cross_entropy(top.reshape(-1, top.shape[-1]).float(), self.body.lm_head.weight, targets)
+
+    @torch.no_grad()
+    def plan_loss(self, plan: FitPlan) -> float:
+        """The task loss over ``plan``'s examples (eval mode, no auxiliary LM loss), per unit as in training."""
+        self.model.eval()
+        total, n = 0.0, 0
+        for k in range(0, len(plan.units), self.cfg.batch_size):
+            b_units = plan.units[k : k + self.cfg.batch_size]
+            idx = [i for u in b_units for i in u]
+            b_encs = [plan.encs[i] for i in idx]
+            y = self.spec.batch(plan.targets, b_units).to(self.device)
+            with self.autocast():
+                if plan.store is not None:
+                    blocks, mask = (t.to(self.device) for t in plan.store.batch(idx))
+                else:
+                    blocks, mask = self.body_blocks(b_encs)
+                logits = self.model.head(blocks, mask).float()
+                total += float(self.spec.loss(logits, y, b_encs, b_units)) * len(b_units)
+            n += len(b_units)
+        return total / max(1, n)
 
     # -- inference ------------------------------------------------------------------------------------
     @torch.no_grad()
