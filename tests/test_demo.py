@@ -143,8 +143,10 @@ def test_quick_demo_end_to_end_then_reused(tmp_path, capsys):
     for fam in ("word2vec", "ELMo", "GPT"):
         assert re.search(rf"\| {fam} \| features \| {_NUM}% \|", tr), fam
     cur = _section(report, "## Learning curve")
-    for n in D.QUICK.curve_sizes:
-        assert re.search(rf"\| {n} \| {_NUM}% ± {_NUM}", cur), n
+    for n in D.QUICK.curve_sizes:  # scratch, features, finetune, then the reference's features
+        assert re.search(rf"\| {n} \| {_NUM}% ± {_NUM} \| {_NUM}% ± {_NUM} \| {_NUM}% ± {_NUM} \| {_NUM}% ± {_NUM} \|",
+                         cur), n
+    assert "all-MiniLM-L6-v2 (bert, reference): features |" in cur and "against scratch" in cur
 
     # the figures the report links exist and are PNGs: 3 training curves, polysemy, learning curve
     pngs = re.findall(r"!\[[^\]]*\]\(([^)]+\.png)\)", report)

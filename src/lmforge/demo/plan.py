@@ -21,7 +21,7 @@ POLYSEMY_SENTENCES = ("He got bit by Python.", "Python is my favorite programmin
 FAMILY_ORDER = ("word2vec", "elmo", "gpt", "bert")
 FAMILY_LABEL = {f: FAMILIES[f].label for f in FAMILY_ORDER}
 TRANSFER_BENCH = "en-tweets"
-CURVE_MODES = ("scratch", "frozen", "features", "finetune")
+CURVE_MODES = ("scratch", "features", "finetune")  # frozen is in the transfer table; the curve keeps to time
 
 
 @dataclasses.dataclass(frozen=True)
@@ -65,7 +65,8 @@ class DemoPlan:
         vocab_size: of both tokenizers.
         families: one :class:`FamilyPlan` per family, in the order they are trained.
         wic_pairs: WordNet word-in-context pairs (dev + test).
-        reference: add the real all-MiniLM-L6-v2 BERT to the polysemy table when it is installed.
+        reference: add the real all-MiniLM-L6-v2 BERT to the polysemy table and (features mode) to the
+            learning curve when it is installed: what a model pretrained far longer gives on the same draws.
         n_train, n_test: labelled tweets for the transfer table (class-balanced draws, disjoint).
         transfer: TransferConfig fields given to every transfer run: only sizes (``max_len``); the
             modes' hyper-parameters are the transfer module's defaults.
@@ -135,7 +136,7 @@ FULL = DemoPlan(
     n_train=500,
     n_test=1000,
     transfer={"max_len": 64},
-    curve_sizes=(100, 300, 1000),
+    curve_sizes=(100, 300),  # 1,000 labels took 4 of the curve's 7 minutes; docs/transfer.md has them
     curve_seeds=(0, 1, 2),
     curve_min_steps=30,  # runs stop early on their validation split; 30 steps bound the smallest sets' epochs
 )
@@ -163,7 +164,7 @@ QUICK = DemoPlan(
                    {**_QUICK_TRAIN, "lr": 3e-3, "max_steps": 6}),
     ),
     wic_pairs=80,
-    reference=False,
+    reference=True,  # a few seconds: the tests check the reference rows
     n_train=48,
     n_test=48,
     transfer={"max_len": 32},

@@ -369,7 +369,8 @@ def curve_step() -> Step:
         p = ctx.plan
         return jsonable({"bert": ctx.results["pretrain-bert"]["weights_sha256"], "bench": TRANSFER_BENCH,
                          "sizes": p.curve_sizes, "seeds": p.curve_seeds, "min_steps": p.curve_min_steps,
-                         "n_test": p.n_test, "transfer": p.transfer})
+                         "n_test": p.n_test, "transfer": p.transfer, "modes": CURVE_MODES,
+                         "reference": p.reference})
 
     def build(ctx: DemoContext) -> dict:
         from ..transfer import learning_curve
@@ -378,24 +379,44 @@ def curve_step() -> Step:
         p = ctx.plan
         pool, test = load_benchmark(TRANSFER_BENCH, max(p.curve_sizes), p.n_test, seed=0)
         kwargs = {} if p.curve_min_steps is None else {"min_steps": p.curve_min_steps}
-        total = len(p.curve_sizes) * len(p.curve_seeds) * len(CURVE_MODES)
+        reference = None
+        if p.reference:
+            try:
+                from ..evaluate import load_reference
+
+                reference = load_reference("minilm")
+            except LmforgeError as e:
+                logger.info("learning curve: no reference model (%s)", e)
+        runs = len(p.curve_sizes) * len(p.curve_seeds)
+        total = runs * (len(CURVE_MODES) + (reference is not None))
         with ctx.progress(total, "learning curve", "run") as update:
             def line(text: str) -> None:
                 logger.info("learning curve: %s", text)
                 update(1)
 
             result = learning_curve(ctx.path(ctx.results["pretrain-bert"]["path"]), "classify", pool, test,
-                                    sizes=list(p.curve_sizes), seeds=list(p.curve_seeds), out_dir=ctx.path("curve"),
-                                    progress=line, **kwargs, **transfer_options(ctx))
+                                    sizes=list(p.curve_sizes), seeds=list(p.curve_seeds), modes=list(CURVE_MODES),
+                                    out_dir=ctx.path("curve"), progress=line, **kwargs, **transfer_options(ctx))
+            ref = None
+            if reference is not None:  # the same draws and test tweets, features of a model pretrained elsewhere
+                model, label = reference
+                res = learning_curve(model, "classify", pool, test, sizes=list(p.curve_sizes),
+                                     seeds=list(p.curve_seeds), modes=["features"], progress=line, **kwargs,
+                                     **transfer_options(ctx))
+                ref = {"label": label, "mode": "features", "seconds": res["seconds"],
+                       "summary": {str(n): s for n, s in res["summary"]["features"].items()}}
         return {"sizes": result["sizes"], "modes": result["modes"], "metric": result["metric"],
                 "n_test": result["n_test"], "seeds": result["seeds"],
                 "summary": {m: {str(n): s for n, s in v.items()} for m, v in result["summary"].items()},
-                "seconds": result["seconds"], "plot": "curve/curve.png", "table": "curve/curve.md"}
+                "reference": ref, "seconds": result["seconds"], "plot": "curve/curve.png", "table": "curve/curve.md"}
 
     def summary(info: dict) -> str:
         n = info["sizes"][-1]
         cells = ", ".join(f"{m} {100 * info['summary'][m][str(n)]['mean']:.1f}%" for m in info["modes"])
+        ref = info.get("reference")
+        if ref:
+            cells += f"; reference {ref['label'].split(' (')[0]} features {100 * ref['summary'][str(n)]['mean']:.1f}%"
         return f"learning curve at n={info['sizes']}: at {n} labels {cells}"
 
     return Step("curve", "learning curve: accuracy vs labelled tweets, scratch vs each mode", inputs, build, summary,
-                lambda i: ["curve/curve.json", i["plot"]], version=2)
+                lambda i: ["curve/curve.json", i["plot"]], version=3)
