@@ -5,8 +5,9 @@ linear decay of :class:`lmforge.train.schedule.LRSchedule`, scores the validatio
 epoch with the task's main metric and its loss, keeps the best state (the best metric; of equal
 metrics, the lower loss) and stops after ``patience`` epochs in which neither the metric nor the loss
 improved (counted once the warm-up is over).  The loss matters where the metric sits flat for a while:
-a tagger first learns to predict ``O`` everywhere (entity F1 0) and only then finds the entities.  :func:`fit_trials` runs one trial per learning rate of
-the grid from the same initial state and keeps the trial that scored best on validation.  A refit
+a tagger first learns to predict ``O`` everywhere (entity F1 0) and only then finds the entities.
+:func:`fit_trials` runs one trial per learning rate of the grid from the same initial state and keeps
+the trial that scored best on validation.  A refit
 (``stop_epoch``) trains once more on every training example, held-out ones included, under the same
 per-epoch schedule, and stops at the later of the best-metric epoch and the least-loss epoch: on a
 small validation split the metric can peak early by chance while the loss says the model is still
