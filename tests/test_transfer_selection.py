@@ -118,6 +118,12 @@ def test_refit_trains_on_every_example_for_the_chosen_epochs(wordpiece_tokenizer
     again.fit(train)
     for (k, a), b in zip(run.model.state_dict().items(), again.model.state_dict().values()):
         assert torch.equal(a, b), k  # seeded: the refit is deterministic
+    # the one-pass validation scores what the prediction path scores on the held-out examples
+    no_refit = TransferRun(tiny_bert(wordpiece_tokenizer), TransferConfig(task="classify", refit=False, **common),
+                           train.labels)
+    kept_facts = no_refit.fit(train)
+    held_out = train.subset(validation_split(train, 0.2, 0)[1])
+    assert no_refit.score(held_out) == pytest.approx(kept_facts["val_score"], abs=1e-6)
     metrics, _ = run.evaluate(test)
     assert ch["best_epoch"] >= 2 and metrics["accuracy"] >= floor and kept["accuracy"] >= floor
 

@@ -68,7 +68,8 @@ def register(sub) -> None:
     )
     p.add_argument(
         "--patience", type=int, default=None, metavar="N",
-        help="stop after N epochs (past the warm-up) without a better validation score (default by mode: 3-8)",
+        help="stop after N epochs (past the warm-up) in which neither the validation score nor the validation loss "
+        "improved (default by mode: 3-8)",
     )
     p.add_argument(
         "--no-refit", dest="refit", action="store_false",

@@ -14,7 +14,7 @@ steps at all: scikit-learn's ``LogisticRegression`` on standardised vectors, its
 chosen by cross-validation on the training data (see :mod:`lmforge.transfer.features`).
 
 Every run that trains by steps holds out ``val_fraction`` of its training examples, scores them after
-each epoch, keeps the best state and stops after ``patience`` epochs without improvement.  ``lr_grid``
+each epoch, keeps the best state and stops after ``patience`` epochs without progress (metric or loss).  ``lr_grid``
 tries several peak learning rates and keeps the one that scores best on the same validation split:
 the from-scratch baseline and the pretrained run get the same number of trials.  Then (``refit``) the
 run trains once more from the start on all its training examples, held-out ones included, with the
@@ -100,7 +100,8 @@ class TransferConfig:
         warmup: fraction of the steps with a linear warm-up; then linear decay to zero (default by mode).
         val_fraction: fraction of the training examples held out to choose the epoch, the learning rate
             and (features) the classifier's strength; 0 trains on everything for ``epochs`` epochs.
-        patience: stop after this many epochs without a better validation score (default by mode).
+        patience: stop after this many epochs in which neither the validation score nor the validation
+            loss improved (default by mode).
         refit: once the validation split has chosen the lr and the epochs (the later of the best-metric
             and the least-loss epoch), train again from the start on every training example (the
             held-out ones included) for that many epochs, and keep that model; False keeps the best

@@ -7,11 +7,11 @@ metrics, the lower loss) and stops after ``patience`` epochs in which neither th
 improved (counted once the warm-up is over).  The loss matters where the metric sits flat for a while:
 a tagger first learns to predict ``O`` everywhere (entity F1 0) and only then finds the entities.
 :func:`fit_trials` runs one trial per learning rate of the grid from the same initial state and keeps
-the trial that scored best on validation.  A refit
-(``stop_epoch``) trains once more on every training example, held-out ones included, under the same
-per-epoch schedule, and stops at the later of the best-metric epoch and the least-loss epoch: on a
-small validation split the metric can peak early by chance while the loss says the model is still
-learning, and more training data rarely wants fewer epochs.
+the trial that scored best on validation.  A refit (``stop_epoch``) trains once more on every
+training example, held-out ones included, under the same per-epoch schedule, and stops at the later
+of the best-metric epoch and the least-loss epoch: on a small validation split the metric can peak
+early by chance while the loss says the model is still learning, and more training data rarely wants
+fewer epochs.
 """
 
 from __future__ import annotations
@@ -97,8 +97,7 @@ def train_trial(
             ep_n += len(b_units)
         rec = {"epoch": epoch, "train_loss": round(ep_loss / max(1, ep_n), 5)}
         if plan.val is not None:
-            score = run.score(plan.val, store=plan.val_store)
-            vloss = run.plan_loss(plan.val_plan) if plan.val_plan is not None else math.inf
+            score, vloss = run.validate(plan.val_plan, plan.val)
             rec["val"], rec["val_loss"] = round(score, 5), round(vloss, 5)
             if score > best["score"] or (score == best["score"] and vloss < best["loss"]):
                 best = {"score": score, "loss": vloss, "epoch": epoch, "state": run.trainable_state()}
@@ -148,12 +147,15 @@ def train_trial(
     }
 
 
-def fit_trials(run, plan, progress: Callable[[str], None] | None = None) -> dict:
+def fit_trials(
+    run, plan, progress: Callable[[str], None] | None = None, start: dict[str, torch.Tensor] | None = None
+) -> dict:
     """One trial per learning rate of ``cfg.lr_grid`` (or the recipe's one lr), each from the same start;
     the run ends in the state of the best trial's best epoch.  Returns that trial's facts plus
     ``trials``: ``[{"lr", "val_score", "best_epoch"}]``."""
     lrs = run.cfg.lr_grid or [run.recipe.lr]
-    start = _snapshot(run.model) if len(lrs) > 1 else None
+    if start is None and len(lrs) > 1:
+        start = _snapshot(run.model)
     trials = []
     best = None
     for i, lr in enumerate(lrs):

@@ -44,7 +44,7 @@ from . import features as FT
 from .batching import RowStore, TransferModel, collate, with_twins
 from .config import TransferConfig, check_supported
 from .encoding import Encoding, InputFormat
-from .fit import fit_trials, train_trial
+from .fit import _snapshot, fit_trials, train_trial
 from .heads import TaskHead
 from .specs import SPECS
 from .tasks import TaskData, check_labels, load_task
@@ -64,9 +64,8 @@ class FitPlan:
     units: list[list[int]]
     store: RowStore | None
     val: TaskData | None
-    val_store: RowStore | None
     metric: str
-    val_plan: FitPlan | None = None  # the validation split as training data: its loss tells progress
+    val_plan: FitPlan | None = None  # the validation split, encoded like training data (one pass scores it)
 
 
 def resolve_device(name: str) -> torch.device:
@@ -448,13 +447,13 @@ class TransferRun:
         if cfg.mode == "features":
             full = store if store is not None else self.features(train)
         refit = cfg.refit and bool(val_idx)
-        start = {k: v.detach().clone() for k, v in self.model.state_dict().items()} if refit else None
+        start = _snapshot(self.model) if refit or len(cfg.lr_grid or []) > 1 else None
         plan = self._fit_plan(fit_d, full.subset(fit_idx) if full is not None and val_idx else full, metric)
         if val_idx:
             plan.val = val_d
-            plan.val_store = self._head_store(full.subset(val_idx)) if full is not None else None
-            plan.val_plan = self._fit_plan(val_d, plan.val_store, metric, standardize=False)
-        out = fit_trials(self, plan, progress)
+            val_store = full.subset(val_idx) if full is not None else None
+            plan.val_plan = self._fit_plan(val_d, val_store, metric, standardize=False)
+        out = fit_trials(self, plan, progress, start)
         if refit:  # the choices are made: train again on every example, up to the chosen epoch
             self.model.load_state_dict(start)
             refit_epochs = max(out["best_epoch"], out["least_loss_epoch"])
@@ -505,7 +504,6 @@ class TransferRun:
             units=self.spec.units(encs),
             store=store,
             val=None,
-            val_store=None,
             metric=metric,
         )
 
@@ -579,10 +577,12 @@ class TransferRun:
         return linear_cross_entropy(top.reshape(-1, top.shape[-1]).float(), self.body.lm_head.weight, targets)
 
     @torch.no_grad()
-    def plan_loss(self, plan: FitPlan) -> float:
-        """The task loss over ``plan``'s examples (eval mode, no auxiliary LM loss), per unit as in training."""
+    def validate(self, plan: FitPlan, data: TaskData) -> tuple[float, float]:
+        """The main metric and the task loss (per unit as in training, no auxiliary LM loss) of labelled
+        ``data`` encoded as ``plan``, from one eval-mode pass of the body."""
         self.model.eval()
         total, n = 0.0, 0
+        per_enc: list[torch.Tensor | None] = [None] * len(plan.encs)
         for k in range(0, len(plan.units), self.cfg.batch_size):
             b_units = plan.units[k : k + self.cfg.batch_size]
             idx = [i for u in b_units for i in u]
@@ -596,7 +596,12 @@ class TransferRun:
                 logits = self.model.head(blocks, mask).float()
                 total += float(self.spec.loss(logits, y, b_encs, b_units)) * len(b_units)
             n += len(b_units)
-        return total / max(1, n)
+            logits, mask = logits.cpu(), mask.cpu()
+            for j, i in enumerate(idx):  # per encoding, as _logits gives them to the spec
+                per_enc[i] = logits[j] if self.spec.sentence else logits[j, : int(mask[j].sum())]
+        preds = self.spec.predict(data, plan.encs, per_enc, self.labels, self.cfg)
+        metrics, _ = self.spec.evaluate(data, preds, self.labels)
+        return float(metrics[self.spec.main_metric(self.labels)]), total / max(1, n)
 
     # -- inference ------------------------------------------------------------------------------------
     @torch.no_grad()
