@@ -14,8 +14,7 @@ def register(sub) -> None:
         "step counts; compare 'python' the snake and the language across models and layers, and score WordNet "
         "word-in-context pairs; transfer to English tweet sentiment (BERT frozen and features, every family's "
         "features; a learning curve of BERT features / finetune vs from scratch); write report.md with the tables "
-        "and plots. A second run reuses "
-        "every step whose inputs did not change.",
+        "and plots. A second run reuses every step whose inputs did not change.",
         formatter_class=argparse.RawDescriptionHelpFormatter,
         epilog="examples:\n  lmforge demo                      # about 15 minutes on 2 CPU cores\n"
         "  lmforge demo --quick              # tiny models, about a minute\n"

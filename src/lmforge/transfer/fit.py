@@ -31,7 +31,8 @@ logger = logging.getLogger(__name__)
 LOSS_PROGRESS = 1e-3  # a validation loss this much (relative) below the least so far counts as progress
 
 
-def _snapshot(module: torch.nn.Module) -> dict[str, torch.Tensor]:
+def snapshot(module: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """A detached copy of every tensor of ``module``'s state: the start that lr trials and the refit return to."""
     return {k: v.detach().clone() for k, v in module.state_dict().items()}
 
 
@@ -155,7 +156,7 @@ def fit_trials(
     ``trials``: ``[{"lr", "val_score", "best_epoch"}]``."""
     lrs = run.cfg.lr_grid or [run.recipe.lr]
     if start is None and len(lrs) > 1:
-        start = _snapshot(run.model)
+        start = snapshot(run.model)
     trials = []
     best = None
     for i, lr in enumerate(lrs):

@@ -44,7 +44,7 @@ from . import features as FT
 from .batching import RowStore, TransferModel, collate, with_twins
 from .config import TransferConfig, check_supported
 from .encoding import Encoding, InputFormat
-from .fit import _snapshot, fit_trials, train_trial
+from .fit import fit_trials, snapshot, train_trial
 from .heads import TaskHead
 from .specs import SPECS
 from .tasks import TaskData, check_labels, load_task
@@ -447,7 +447,7 @@ class TransferRun:
         if cfg.mode == "features":
             full = store if store is not None else self.features(train)
         refit = cfg.refit and bool(val_idx)
-        start = _snapshot(self.model) if refit or len(cfg.lr_grid or []) > 1 else None
+        start = snapshot(self.model) if refit or len(cfg.lr_grid or []) > 1 else None
         plan = self._fit_plan(fit_d, full.subset(fit_idx) if full is not None and val_idx else full, metric)
         if val_idx:
             plan.val = val_d
