@@ -6,7 +6,8 @@
 - features + logreg: the fitted scikit-learn model folded into the head gives scikit-learn's own
   probabilities, and the layer and strength are chosen by cross-validation;
 - GPT-1's task-token rows train while the rest of the embeddings stay frozen; the auxiliary LM weight
-  defaults to 0.5; ``--pool pooler`` reads BERT's tanh pooler.
+  defaults to 0.5; ``--pool pooler`` reads BERT's tanh pooler; a BERT pretrained without next-sentence
+  prediction is fine-tuned on its mean vector.
 """
 
 from __future__ import annotations
@@ -193,6 +194,22 @@ def test_pool_pooler_reads_bert_tanh_pooler(wordpiece_tokenizer, bpe_tokenizer):
     assert blocks.shape == (1, 1, 1, 32) and torch.allclose(blocks[0, 0, 0], want[0], atol=1e-6)
     with pytest.raises(LmforgeError, match="pooler"):
         TransferRun(tiny_gpt(bpe_tokenizer), TransferConfig(mode="frozen", pool="pooler"), ["neg", "pos"])
+
+
+def test_mlm_only_bert_is_fine_tuned_on_its_mean_vector(wordpiece_tokenizer):
+    # [CLS] learns to summarise only from next-sentence prediction: without it, single texts read the mean
+    nsp = tiny_bert(wordpiece_tokenizer)
+    mlm = tiny_bert(wordpiece_tokenizer)
+    mlm.config.next_sentence = False
+
+    def pool(body, **kw):
+        return TransferRun(body, TransferConfig(mode="finetune", max_len=32, **kw), ["neg", "pos"]).fmt.pool
+
+    assert pool(nsp) == "cls" and pool(mlm) == "mean"
+    assert pool(mlm, from_scratch=True) == "mean"  # the baseline of the same architecture reads the same way
+    assert pool(mlm, pool="cls") == "cls"  # an explicit --pool wins
+    assert pool(mlm, task="pair") == "cls"  # a pair is read where the body attended across both texts
+    assert TransferConfig(mode="finetune", task="tokens").pool_choice("bert", summary_trained=False) is None
 
 
 def test_defaults_depend_on_pretrained_or_scratch():

@@ -91,8 +91,9 @@ def register(sub) -> None:
         choices=["cls", "pooler", "last", "mean", "tokens"],
         default=None,
         help="how a sentence is read: cls (BERT's top [CLS]), pooler (BERT's NSP-trained tanh pooler on [CLS]), "
-        "last (GPT's extract token), mean, tokens (bilstm) (default: mean in features mode; else BERT cls, "
-        "GPT last, ELMo/word2vec mean)",
+        "last (GPT's extract token), mean, tokens (bilstm) (default: mean for single texts in features and frozen "
+        "mode and for a BERT pretrained without next-sentence prediction; else BERT cls, GPT last, ELMo/word2vec "
+        "mean)",
     )
     p.add_argument(
         "--layer", default=None, metavar="K|mix|auto",

@@ -87,8 +87,10 @@ class TransferConfig:
         pool: how a sentence is read: ``cls`` (BERT's top ``[CLS]``), ``pooler`` (BERT's NSP-trained tanh
             pooler on ``[CLS]``), ``last`` (GPT's extract token), ``mean``, or ``tokens`` (every token, for
             the ``bilstm`` head); default: ``mean`` for single texts in frozen and features mode (a frozen
-            body's mean vector measures best there), else BERT ``cls`` and GPT ``last`` (a pair is read where
-            the body attended across both texts), ELMo / word2vec ``mean``.
+            body's mean vector measures best there) and for single texts fine-tuned on a BERT pretrained
+            without next-sentence prediction (its ``[CLS]`` was never trained as a summary), else BERT ``cls``
+            and GPT ``last`` (a pair is read where the body attended across both texts), ELMo / word2vec
+            ``mean``.
         layer: which layer the head reads: an index into the body's hidden states (0 = embeddings,
             negative from the top), ``"mix"`` (all layers mixed by a learned ScalarMix) or ``"auto"``
             (features + logreg: the layer that cross-validates best). Default: ``auto`` for features +
@@ -218,8 +220,13 @@ class TransferConfig:
             return -1
         return "mix" if family == "elmo" or self.mode in ("frozen", "features") else -1
 
-    def pool_choice(self, family: str) -> str | None:
-        """The sentence read-out (None for token-level tasks)."""
+    def pool_choice(self, family: str, summary_trained: bool = True) -> str | None:
+        """The sentence read-out (None for token-level tasks).
+
+        ``summary_trained``: whether the body's default read-out token was trained to summarise the input
+        (False for a BERT pretrained without next-sentence prediction: see
+        :func:`lmforge.transfer.encoding.summary_trained`).
+        """
         if not SPECS[self.task].sentence:
             return None
         if self.head_classifier == "bilstm":
@@ -227,6 +234,8 @@ class TransferConfig:
         if self.pool is not None:
             return self.pool
         if family in ("elmo", "word2vec") or (self.mode in ("frozen", "features") and self.task == "classify"):
+            return "mean"
+        if self.task == "classify" and not summary_trained:
             return "mean"
         return DEFAULT_POOL[family]
 

@@ -34,6 +34,19 @@ DEFAULT_POOL = {"bert": "cls", "gpt": "last", "elmo": "mean", "word2vec": "mean"
 POOLS = ("cls", "pooler", "last", "mean", "tokens")  # pooler: read at [CLS], through BERT's tanh pooler
 
 
+def summary_trained(body) -> bool:
+    """Whether the position a family reads a sentence at by default was trained to summarise the input.
+
+    BERT's top ``[CLS]`` learns that only from next-sentence prediction: a BERT pretrained on MLM alone
+    (``next_sentence=False``) has a ``[CLS]`` that no loss ever asked to describe the text, and fine-tuned
+    on single texts it reads the mean of its token vectors instead (docs/transfer.md measures both).
+    GPT's extract position sees the whole input under the LM objective; ELMo and word2vec read the mean.
+    """
+    if getattr(body, "model_type", None) == "bert":
+        return bool(getattr(getattr(body, "config", None), "next_sentence", True))
+    return True
+
+
 @dataclasses.dataclass
 class Encoding:
     """One example as body input plus what the head reads.

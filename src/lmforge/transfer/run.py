@@ -43,7 +43,7 @@ from ..utils import atomic_write_text, file_sha256, load_safetensors, save_safet
 from . import features as FT
 from .batching import RowStore, TransferModel, collate, with_twins
 from .config import TransferConfig, check_supported
-from .encoding import Encoding, InputFormat
+from .encoding import Encoding, InputFormat, summary_trained
 from .fit import fit_trials, snapshot, train_trial
 from .heads import TaskHead
 from .specs import SPECS
@@ -140,7 +140,7 @@ class TransferRun:
             self.family,
             body.tokenizer,
             cfg.max_len,
-            cfg.pool_choice(self.family),
+            cfg.pool_choice(self.family, summary_trained(body)),
             gpt=gpt,
             doc_stride=cfg.doc_stride,
             both_orders=cfg.both_orders,
