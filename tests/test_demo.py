@@ -70,6 +70,11 @@ def test_plans_and_budget():
             assert ("max_steps" in f.train) != (f.family == "word2vec") and "max_time" not in f.train
         # the modes' hyper-parameters are the transfer module's defaults: the plan gives sizes only
         assert not {"lr", "epochs", "pool"} & set(plan.transfer)
+        # the learning curve's BERT: the general one's architecture, MLM only, on the tweets, fixed steps
+        dom = plan.family(D.DOMAIN_BERT)
+        assert dom is plan.domain and dom.family == "bert" and dom.tokenizer == D.DOMAIN
+        assert dom.config == {**plan.family("bert").config, "next_sentence": False}
+        assert "max_steps" in dom.train and "max_time" not in dom.train
     # --budget scales the step counts (epochs for word2vec), nothing else
     double = D.make_plan(budget="30m")
     for f, g in zip(D.FULL.families, double.families):
@@ -80,8 +85,27 @@ def test_plans_and_budget():
             assert {k: v for k, v in g.train.items() if k != "max_steps"} == \
                 {k: v for k, v in f.train.items() if k != "max_steps"}
         assert g.config.get("vector_size") == f.config.get("vector_size")
+    assert double.domain.train["max_steps"] == 2 * D.FULL.domain.train["max_steps"]
     assert D.make_plan(budget="15m") == D.FULL
     assert D.make_plan(quick=True, budget="1s").family("gpt").train["max_steps"] == 1  # at least one step
+
+
+def test_curve_verdicts_compare_seed_by_seed():
+    from lmforge.demo.report import curve_verdicts
+
+    def stat(*scores):
+        return {"mean": sum(scores) / len(scores), "scores": list(scores)}
+
+    C = {"modes": ["scratch", "features", "finetune"], "sizes": [100, 300, 1000], "summary": {
+        "scratch": {"100": stat(0.48, 0.34, 0.48), "300": stat(0.54, 0.52, 0.49), "1000": stat(0.60, 0.61, 0.59)},
+        "features": {"100": stat(0.49, 0.48, 0.51), "300": stat(0.53, 0.50, 0.56), "1000": stat(0.55, 0.56, 0.54)},
+        "finetune": {"100": stat(0.49, 0.46, 0.46), "300": stat(0.52, 0.49, 0.53), "1000": stat(0.58, 0.59, 0.57)}}}
+    v = curve_verdicts(C)
+    assert v[0] == ("n=100: features 49.3% vs scratch 43.3% (+6.0 points; pretraining wins, on every seed: "
+                    "+1.0 / +14.0 / +3.0)")
+    # ahead on average, but behind on two of the three draws: no clear win
+    assert "features 53.0% vs scratch 51.7% (+1.3 points; ahead on 1 of 3 seeds (-1.0 / -2.0 / +7.0)" in v[1]
+    assert v[2].startswith("n=1000: finetune 58.0%") and "pretraining does not win yet" in v[2]
 
 
 def test_bad_budget_is_one_line_error(tmp_path, capsys):
@@ -126,10 +150,13 @@ def test_quick_demo_end_to_end_then_reused(tmp_path, capsys):
 
     # every section, with real numbers
     pre = _section(report, "## Pretraining")
-    for fam in ("word2vec", "ELMo", "GPT", "BERT"):
+    for fam in ("word2vec", "ELMo", "GPT", "BERT", r"BERT \(tweets\)"):
         assert re.search(rf"\| {fam} \| \d+\.\d+M \|", pre), fam
     assert re.search(rf"mlm_acc {_NUM}%, .*nsp_acc {_NUM}%", pre)  # the model's own metric names
-    assert len(re.findall(r"\| \d+ ms/step \||\| \d+\.\d+ s/step \|", pre)) == 3  # each Trainer run's step time
+    assert len(re.findall(r"\| \d+ ms/step \||\| \d+\.\d+ s/step \|", pre)) == 4  # each Trainer run's step time
+    tok = _section(report, "## Corpus")  # the in-domain corpus: one document per training-side tweet
+    tweets = re.search(r"\| wordpiece \(tweets\) \| \d+ \| \w+ \| [\d,]+ \| [\d,]+ \| ([\d,]+) \|", tok)
+    assert tweets and int(tweets.group(1).replace(",", "")) == D.QUICK.domain_lines
     assert len(re.findall(r"\*Built in \d+\.\d s\.\*", report)) == 4  # each section says what it took
     pol = _section(report, "## Polysemy")
     assert "| word2vec | word2vec | 1.0000 |" in pol  # a static vector is the same in both sentences
@@ -149,9 +176,11 @@ def test_quick_demo_end_to_end_then_reused(tmp_path, capsys):
         assert re.search(rf"\| {n} \| {cell} \| {cell} \| {cell} \| {cell} \|", cur), n
     assert "all-MiniLM-L6-v2 (bert, reference): features |" in cur and "against scratch" in cur
 
-    # the figures the report links exist and are PNGs: 3 training curves, polysemy, learning curve
+    assert "The BERT (tweets) (best mode) against scratch" in cur
+
+    # the figures the report links exist and are PNGs: 4 training curves, polysemy, learning curve
     pngs = re.findall(r"!\[[^\]]*\]\(([^)]+\.png)\)", report)
-    assert len(pngs) == 5 and "polysemy.png" in pngs and "curve/curve.png" in pngs
+    assert len(pngs) == 6 and "polysemy.png" in pngs and "curve/curve.png" in pngs
     for p in pngs:
         assert (out / p).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n", p
 
@@ -159,11 +188,12 @@ def test_quick_demo_end_to_end_then_reused(tmp_path, capsys):
     state = json.loads((out / D.STATE_FILE).read_text())
     acc = {r["name"]: r["score"] for r in state["transfer"]["info"]["rows"]}
     assert f"| BERT | frozen | {100 * acc['frozen']:.1f}% |" in tr
-    for fam in ("elmo", "gpt", "bert"):  # every Trainer run took exactly its planned steps
+    for fam in ("elmo", "gpt", "bert", D.DOMAIN_BERT):  # every Trainer run took exactly its planned steps
         info = state[f"pretrain-{fam}"]["info"]
         assert info["step"] == D.QUICK.family(fam).train["max_steps"] and info["stop_reason"] == "max_steps"
         assert info["sec_per_step"] > 0
-    for m in ("models/word2vec", "models/elmo", "models/gpt", "models/bert"):
+    assert state["curve"]["info"]["model"] == D.DOMAIN_BERT
+    for m in ("models/word2vec", "models/elmo", "models/gpt", "models/bert", f"models/{D.DOMAIN_BERT}"):
         assert (out / m / "model.safetensors").is_file()
 
     # a second run (through the CLI) reuses every step: same report, same figures, fast

