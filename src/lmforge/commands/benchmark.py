@@ -34,18 +34,9 @@ def register(sub) -> None:
 
 
 def run_text(args) -> int:
-    import gzip
+    from ..transfer.benchmarks import write_domain_text
 
-    from ..data.corpus import builtin_corpus_path
-    from ..transfer.benchmarks import domain_text
-    from ..utils import atomic_write_text
-
-    docs = domain_text(args.name)
-    text = "\n\n".join(docs) + "\n"
-    if args.with_general:
-        with gzip.open(builtin_corpus_path(), "rt", encoding="utf-8") as f:
-            text += "\n" + f.read()
-    atomic_write_text(args.out, text)
+    docs = write_domain_text(args.name, args.out, with_general=args.with_general)
     general = " plus the built-in English corpus" if args.with_general else ""
     print(f"wrote {len(docs)} {args.name} documents ({sum(map(len, docs))} characters){general} to {args.out}")
     return 0

@@ -111,13 +111,10 @@ def domain_text_step() -> Step:
         return {"bench": TRANSFER_BENCH, "lines": ctx.plan.domain_lines}
 
     def build(ctx: DemoContext) -> dict:
-        from ..transfer.benchmarks import domain_text
+        from ..transfer.benchmarks import write_domain_text
 
-        lines = domain_text(TRANSFER_BENCH)
-        if ctx.plan.domain_lines is not None:
-            lines = lines[: ctx.plan.domain_lines]
         path = ctx.path(f"{DOMAIN}.txt")
-        atomic_write_text(path, "\n\n".join(lines) + "\n")  # one document per tweet, as `benchmark text` writes
+        lines = write_domain_text(TRANSFER_BENCH, path, max_docs=ctx.plan.domain_lines)  # a document per tweet
         return {"path": ctx.rel(path), "sha256": file_sha256(path), "lines": len(lines),
                 "chars": sum(len(t) for t in lines)}
 

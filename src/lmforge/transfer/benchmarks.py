@@ -28,6 +28,7 @@ The scripts ``scripts/eval_*.py`` and ``scripts/learning_curve.py`` are thin wra
 
 from __future__ import annotations
 
+import gzip
 import hashlib
 import json
 import logging
@@ -36,6 +37,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from ..data import labelled as L
+from ..data.corpus import builtin_corpus_path
 from ..errors import LmforgeError
 from ..models.registry import folder_family
 from ..utils import atomic_write_text
@@ -153,6 +155,28 @@ def domain_text(name: str) -> list[str]:
         held_out = set(sents[start:])  # a sentence repeated in the test region (a dateline...) stays out too
         return [t for t in sents[:start] if t not in held_out]
     raise LmforgeError(f"unknown benchmark '{name}'; choose one of {', '.join(BENCHMARKS)}")
+
+
+def write_domain_text(
+    name: str, path: str | Path, max_docs: int | None = None, with_general: bool = False
+) -> list[str]:
+    """Write :func:`domain_text` of benchmark ``name`` to ``path`` (atomically), one document per item.
+
+    Documents are separated by blank lines, so ``prepare --layout lines`` keeps each tweet / review /
+    sentence its own document.  ``max_docs``: only the first this many; ``with_general``: the built-in
+    English corpus follows, as the general-domain part.
+    Returns:
+        The documents written (the general corpus not included).
+    """
+    docs = domain_text(name)
+    if max_docs is not None:
+        docs = docs[:max_docs]
+    text = "\n\n".join(docs) + "\n"
+    if with_general:
+        with gzip.open(builtin_corpus_path(), "rt", encoding="utf-8") as f:
+            text += "\n" + f.read()
+    atomic_write_text(path, text)
+    return docs
 
 
 def compare(
