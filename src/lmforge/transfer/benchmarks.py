@@ -19,8 +19,9 @@ comparison table over models and modes.
 
 :func:`domain_text` gives each benchmark's unlabelled in-domain text from outside its test partition
 (every review / tweet / People's Daily sentence on the training side, labels dropped), for domain- and
-task-adaptive pretraining (``lmforge benchmark text NAME OUT.txt``, then ``prepare`` and
-``pretrain --init``; see docs/training.md).
+task-adaptive pretraining; :func:`write_domain_text` writes it as a file, one document per item
+(``lmforge benchmark text NAME OUT.txt``, then ``prepare --layout lines`` and ``pretrain --init``; see
+docs/training.md).
 
 The scripts ``scripts/eval_*.py`` and ``scripts/learning_curve.py`` are thin wrappers of
 :func:`load_benchmark`, :func:`compare` and :func:`lmforge.transfer.learning_curve`.
