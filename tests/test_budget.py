@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+from pathlib import Path
 
 import pytest
 import torch
@@ -77,7 +78,7 @@ def _expected_choice(cands, k, seconds, probe_seconds, train, probed):
         if c.name not in probed:
             continue
         steps = int(k / c.params * train_s / (c.tokens_per_step * B._eval_factor(train)))
-        r = steps * c.tokens_per_step / c.params / B.TOKENS_PER_PARAM
+        r = steps * c.tokens_per_step / c.body_params / B.TOKENS_PER_PARAM  # the rule counts body parameters
         score = math.log(r) if r >= 1 else -B.UNDERTRAIN_WEIGHT * math.log(r)
         if steps >= B.MIN_STEPS and (best is None or (round(score, 4), -c.params) < best[0]):
             best = ((round(score, 4), -c.params), c.name, steps)
@@ -89,11 +90,12 @@ def test_plan_is_deterministic_and_follows_the_rule(bpe_shards, unlimited_data):
     train = B._train_config("gpt", {})
     cands = B.make_candidates("gpt", shards, train, None, SMALL)
     assert [c.name for c in cands][:3] == ["tiny", "mini", "small"]  # smallest first
-    assert all(a.params < b.params for a, b in zip(cands, cands[1:]))
-    # 15 minutes at k / N tokens/s with k chosen so that 'mini' sees about 10 tokens per parameter: the
-    # compute-optimal rule with the cramming tilt prefers it to 'tiny' (far over 20 tokens/param)
+    assert all(a.params < b.params and a.body_params < b.body_params for a, b in zip(cands, cands[1:]))
+    assert all(c.body_params < c.params for c in cands)  # the embeddings are left out
+    # 15 minutes at k / N tokens/s with k chosen so that 'mini' sees about 10 tokens per body parameter:
+    # the compute-optimal rule with the cramming tilt prefers it to 'tiny' (far over 20 tokens/param)
     mini = cands[1]
-    k = 10 * mini.params * mini.params / (900 * 0.9)
+    k = 10 * mini.body_params * mini.params / (900 * 0.9)
     probe = FakeProbe(k)
     plan = B.plan_budget("gpt", shards, "15m", model_overrides=SMALL, probe=probe)
     again = B.plan_budget("gpt", shards, "15m", model_overrides=SMALL, probe=FakeProbe(k))
@@ -104,7 +106,8 @@ def test_plan_is_deterministic_and_follows_the_rule(bpe_shards, unlimited_data):
     assert (plan.preset, plan.max_steps) == (name, steps) == ("mini", steps)
     assert plan.tokens_per_param < B.TOKENS_PER_PARAM < plan.candidates[0]["tokens_per_param"]
     assert plan.expected_tokens == int(steps * mini.tokens_per_step)
-    assert plan.params == mini.params and plan.seq_len == 32 and plan.batch_size == train.batch_size
+    assert plan.params == mini.params and plan.body_params == mini.body_params
+    assert plan.seq_len == 32 and plan.batch_size == train.batch_size
     # training hyper-parameters come from the family's defaults, the warm-up is capped at 10 % of the steps
     assert plan.train["lr"] == train.lr and plan.train["beta2"] == train.beta2
     assert plan.warmup_steps == min(train.warmup_steps, int(0.1 * steps)) == plan.train["warmup_steps"]
@@ -121,7 +124,7 @@ def test_twice_the_budget_buys_a_larger_shape(bpe_shards, unlimited_data):
     train = B._train_config("gpt", {})
     cands = B.make_candidates("gpt", shards, train, None, SMALL)
     mini = cands[1]
-    k = 10 * mini.params * mini.params / (900 * 0.9)
+    k = 10 * mini.body_params * mini.params / (900 * 0.9)
     small_budget = B.plan_budget("gpt", shards, "15m", model_overrides=SMALL, probe=FakeProbe(k))
     big_budget = B.plan_budget("gpt", shards, "16h", model_overrides=SMALL, probe=FakeProbe(k))
     assert big_budget.params > small_budget.params
@@ -134,7 +137,7 @@ def test_token_budget_needs_no_probe(bpe_shards, unlimited_data):
     shards = Shards.open(bpe_shards)
     train = B._train_config("gpt", {})
     cands = {c.name: c for c in B.make_candidates("gpt", shards, train, None, SMALL)}
-    tokens = int(20 * cands["mini"].params)  # exactly Chinchilla's 20 tokens per parameter for 'mini'
+    tokens = int(20 * cands["mini"].body_params)  # exactly Chinchilla's 20 tokens per body parameter for 'mini'
     plan = B.plan_budget("gpt", shards, f"{tokens}tok", model_overrides=SMALL, probe=no_probe)
     assert plan.preset == "mini" and plan.max_steps == int(tokens / cands["mini"].tokens_per_step)
     assert plan.probe_tokens_per_s is None and plan.expected_seconds is None and plan.budget_kind == "tokens"
@@ -167,6 +170,52 @@ def test_budget_too_small_for_one_step(bpe_shards):
     with pytest.raises(ConfigError, match="too small for even one step"):  # 1 s at 1 token/s
         B.plan_budget("gpt", shards, "1s", preset_or_file="tiny", model_overrides=SMALL,
                       probe=lambda *a: B.ProbeResult(1.0, 2, 0.01))
+
+
+def test_body_parameters_leave_out_embeddings_and_an_untied_softmax(wordpiece_shards, bpe_shards):
+    from lmforge.models import elmo, gpt
+
+    shards = Shards.open(wordpiece_shards)
+    tok = shards.tokenizer()
+    cfg = elmo.ElmoConfig(vocab_size=tok.vocab_size, **elmo.PRESETS["tiny"])
+    model, _ = B._module("elmo").pretraining_setup(cfg, shards, tok)
+    total = sum(p.numel() for p in model.parameters())
+    chars = model.token_encoder.char_embedding.weight.numel()
+    softmax = model.softmax.weight.numel() + model.softmax.bias.numel()
+    assert B.body_parameters(model, tok.vocab_size) == total - chars - softmax
+    # GPT's output layer is the token embedding: left out once, with the positions
+    shards = Shards.open(bpe_shards)
+    tok = shards.tokenizer()
+    cfg = gpt.GPTConfig(vocab_size=tok.vocab_size, n_positions=32, n_embd=32, n_layer=1, n_head=2)
+    model, _ = B._module("gpt").pretraining_setup(cfg, shards, tok)
+    assert model.lm_head.weight is model.wte.weight
+    total = sum(p.numel() for p in model.parameters())
+    emb = model.wte.weight.numel() + model.wpe.weight.numel()
+    assert B.body_parameters(model, tok.vocab_size) == total - emb
+
+
+def test_elmo_ladder_has_a_shape_between_tiny_and_small(wordpiece_shards, unlimited_data):
+    # an hour's budget on a few million tokens must not fall back to 'tiny' (0.1M body parameters) for
+    # want of a probed shape below 'small' (14M): the char-CNN presets are probed smallest first
+    shards = Shards.open(wordpiece_shards)
+    train = B._train_config("elmo", {})
+    names = [c.name for c in B.make_candidates("elmo", shards, train)]
+    assert names[:3] == ["tiny", "mini", "small"] and "small-word" not in names
+    probe = FakeProbe(k=5e9)
+    plan = B.plan_budget("elmo", shards, "60m", probe=probe)
+    assert probe.calls[:2] == ["tiny", "mini"]
+    assert plan.candidates[1]["name"] == "mini" and plan.candidates[1]["tokens_per_s"] is not None
+    # at this throughput 'tiny' gets hundreds of tokens per body parameter, 'mini' about ten: 'mini' wins
+    assert plan.candidates[0]["tokens_per_param"] > 100 and plan.preset == "mini"
+
+
+def test_a_plan_saved_before_body_parameters_still_replays(tmp_path):
+    plan = json.loads((Path(__file__).parents[1] / "docs/plans/bert_en_tweets_60m.json").read_text())
+    assert "body_params" not in plan
+    (tmp_path / "plan.json").write_text(json.dumps(plan))
+    loaded = B.load_plan(tmp_path)
+    assert loaded.body_params == 0 and loaded.max_steps == plan["max_steps"]
+    assert "outside the embeddings" not in loaded.describe()
 
 
 # -- the real probe -----------------------------------------------------------------------------------------

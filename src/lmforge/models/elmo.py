@@ -113,6 +113,19 @@ PRESETS: dict[str, dict] = {
         char_filters=[[1, 16], [2, 16], [3, 32], [4, 32]],
         max_chars_per_token=20,
     ),
+    # between them: 128-wide LSTMs without a separate projection, char widths 1..5 (the demo's ELMo; about
+    # 0.4M parameters outside the embeddings and the softmax, where 'small' has 14M): what an hour of
+    # two CPU cores trains on a few million tokens (docs/elmo_word2vec.md)
+    "mini": dict(
+        projection_dim=128,
+        cell_size=128,
+        char_embed_dim=16,
+        char_filters=[[1, 32], [2, 32], [3, 64], [4, 128], [5, 128]],
+        max_chars_per_token=20,
+        num_highway=1,
+        dropout=0.0,
+        seq_len=48,
+    ),
     # the default: the original's shape at a quarter of its width (P 256, cell 1024, widths 1..7)
     "small": dict(projection_dim=256, cell_size=1024, char_filters=[list(f) for f in SMALL_FILTERS]),
     # the same with a word-embedding token encoder (faster; the bench's configuration uses cell 256)

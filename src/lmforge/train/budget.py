@@ -16,9 +16,11 @@ How a plan is made (the numbers are the module constants below; docs/training.md
    would already be under-trained (``tokens/param < TOKENS_PER_PARAM``: larger ones only more so) or
    that could not take ``MIN_STEPS`` steps.  What the probe took, and ``RESERVE`` of the rest (start-up,
    evaluation, checkpoints, the final save), is not training time.  A token budget needs no probe.
-3. Each candidate gets ``D`` training tokens (``steps * tokens_per_step``) for ``N`` parameters.  The
-   compute of a run is ``C ~= 6 * N * D`` FLOPs; Chinchilla (Hoffmann et al. 2022) found the loss at a
-   fixed ``C`` lowest near ``D ~= 20 N``.  The planner scores ``|ln((D_eff/N) / 20)|``, counting the
+3. Each candidate gets ``D`` training tokens (``steps * tokens_per_step``) for ``N`` body parameters
+   (all but the token / position embeddings and an untied output layer over the vocabulary: Kaplan et
+   al. 2020 found the loss follows these, and in the small presets the embeddings are most of the
+   total).  The compute of a run is ``C ~= 6 * N * D`` FLOPs; Chinchilla (Hoffmann et al. 2022) found the
+   loss at a fixed ``C`` lowest near ``D ~= 20 N``.  The planner scores ``|ln((D_eff/N) / 20)|``, counting the
    under-trained side (``D/N < 20``) at ``UNDERTRAIN_WEIGHT`` (cramming, Geiping & Goldstein 2022: at
    tiny budgets the largest model that still gets enough steps learns most per token), where
    ``D_eff = min(D, FULL_VALUE_EPOCHS * unique tokens)`` (repeated text is worth about as much as new
@@ -131,6 +133,7 @@ class Candidate:
     name: str
     model: dict  # the model config fields (vocab_size etc. are replaced by the tokenizer at build time)
     params: int
+    body_params: int  # params outside the embeddings and an untied output layer (what the plan's rule counts)
     tokens_per_step: float  # tokens of one optimizer step, counted on the first training batch
     seq_len: int
 
@@ -154,7 +157,9 @@ class BudgetPlan:
         max_steps: optimizer steps (``None`` for word2vec); epochs: passes over the training split.
         warmup_steps: the planned warm-up.
         tokens_per_step, expected_tokens: training tokens per step and in the whole run.
-        params: parameters of the chosen shape; tokens_per_param: ``expected_tokens / params``.
+        params: parameters of the chosen shape; body_params: those outside the token / position embeddings
+            and an untied output layer (0 in a plan saved before the planner counted them);
+            tokens_per_param: ``expected_tokens / body_params`` (the figure the rule scores).
         probe_tokens_per_s: the probe's throughput of the chosen shape (``None`` for a token budget).
         expected_seconds: training time the probe predicts (``None`` without a probe).
         candidates: one record per shape considered (params, tok/s, steps, tokens/param, score, note).
@@ -186,6 +191,7 @@ class BudgetPlan:
     machine: str
     lmforge_version: str
     torch_version: str
+    body_params: int = 0
     format: str = PLAN_FORMAT
 
     def to_json(self) -> dict:
@@ -209,15 +215,18 @@ class BudgetPlan:
         if not isinstance(data, dict) or data.get("format") != PLAN_FORMAT:
             raise LmforgeError(f"{p} is not an lmforge budget plan; give the {PLAN_FILE} of a --budget run")
         names = {f.name for f in dataclasses.fields(cls)}
-        missing = sorted(names - set(data) - {"format"})
+        optional = {f.name for f in dataclasses.fields(cls) if f.default is not dataclasses.MISSING}
+        missing = sorted(names - set(data) - optional)
         if missing:
             raise LmforgeError(f"{p} lacks {', '.join(missing)}; give the {PLAN_FILE} of a --budget run")
         return cls(**{k: v for k, v in data.items() if k in names})
 
     def describe(self) -> str:
         """A few lines for the terminal: the choice, the numbers behind it, the warnings."""
+        body = (f" ({self.body_params / 1e6:.2f}M outside the embeddings)"
+                if self.body_params and self.body_params != self.params else "")
         lines = [f"budget {self.budget} ({self.budget_kind}) -> {self.family} '{self.preset}': "
-                 f"{self.params / 1e6:.2f}M parameters"]
+                 f"{self.params / 1e6:.2f}M parameters{body}"]
         if self.max_steps is not None:
             lines.append(
                 f"  {self.max_steps:,} steps x {self.batch_size} rows x {self.seq_len} tokens "
@@ -236,7 +245,8 @@ class BudgetPlan:
                     f"{c['tokens_per_param']:.1f} tok/param" if c.get("steps") else ""
             score = f", score {c['score']:.2f}" if c.get("score") is not None else ""
             mark = "*" if c["name"] == self.preset else " "
-            lines.append(f"  {mark} {c['name']}: {c['params'] / 1e6:.2f}M{tps}{steps}{score}"
+            body = f" ({c['body_params'] / 1e6:.2f}M body)" if c.get("body_params") else ""
+            lines.append(f"  {mark} {c['name']}: {c['params'] / 1e6:.2f}M{body}{tps}{steps}{score}"
                          + (f"; {c['note']}" if c.get("note") else ""))
         lines += [f"  warning: {w}" for w in self.warnings]
         return "\n".join(lines)
@@ -304,18 +314,34 @@ def _build(family: str, module, model_cfg, shards, tokenizer):
     return module.pretraining_setup(model_cfg, shards, tokenizer)
 
 
-def _count_params(family: str, module, model_cfg, shards, tokenizer) -> int:
+def body_parameters(model, vocab_size: int) -> int:
+    """Parameters of ``model`` outside its embeddings: every ``nn.Embedding`` (tokens, positions,
+    segments, characters) and every ``nn.Linear`` onto ``vocab_size`` outputs (an untied softmax) are left
+    out; a weight shared by both is left out once."""
+    from torch import nn
+
+    skip: set[int] = set()
+    for m in model.modules():
+        if isinstance(m, nn.Embedding) or (isinstance(m, nn.Linear) and m.out_features == vocab_size):
+            skip.update(id(p) for p in m.parameters())
+    return sum(p.numel() for p in model.parameters() if id(p) not in skip)
+
+
+def _count_params(family: str, module, model_cfg, shards, tokenizer) -> tuple[int, int]:
+    """(all parameters, body parameters) of a shape."""
     import torch
 
     if not _is_trainer_family(module):
-        # word2vec: one vector per vocabulary entry
-        return int(tokenizer.vocab_size) * int(getattr(model_cfg, "vector_size", 0))
+        # word2vec: one vector per vocabulary entry, nothing else (its body is its vectors)
+        n = int(tokenizer.vocab_size) * int(getattr(model_cfg, "vector_size", 0))
+        return n, n
     try:  # large presets are counted without allocating their weights
         with torch.device("meta"):
             model, _ = module.pretraining_setup(model_cfg, shards, tokenizer)
     except Exception:  # a model whose init needs real tensors
         model, _ = module.pretraining_setup(model_cfg, shards, tokenizer)
-    return sum(p.numel() for p in model.parameters())
+    total = sum(p.numel() for p in model.parameters())
+    return total, max(1, body_parameters(model, int(tokenizer.vocab_size)))
 
 
 def make_candidates(family: str, shards, train: TrainConfig, preset_or_file: str | None = None,
@@ -329,16 +355,16 @@ def make_candidates(family: str, shards, train: TrainConfig, preset_or_file: str
     out = []
     for name in names:
         cfg = apply_overrides(build_model_config(family, module, name), dict(model_overrides or {}))
-        params = _count_params(family, module, cfg, shards, tokenizer)
+        params, body = _count_params(family, module, cfg, shards, tokenizer)
         if _is_trainer_family(module):
             _, sampler = _build(family, module, cfg, shards, tokenizer)
             tokens, seq = _batch_shape(sampler.batch(_first_rows(train), "train"))
             tokens *= train.grad_accum
         else:
             tokens, seq = 0, 0
-        out.append(Candidate(Path(name).name if name == preset_or_file else name, to_dict(cfg), params,
+        out.append(Candidate(Path(name).name if name == preset_or_file else name, to_dict(cfg), params, body,
                              float(tokens), seq))
-    out.sort(key=lambda c: c.params)
+    out.sort(key=lambda c: (c.body_params, c.params))
     return out
 
 
@@ -517,8 +543,8 @@ def plan_budget(
     if b.kind == "time":
         cap = min(PROBE_MAX_SECONDS, PROBE_FRACTION * b.seconds)
         for i, c in enumerate(cands):
-            rec = {"name": c.name, "params": c.params, "tokens_per_s": None, "steps": None, "tokens_per_param": None,
-                   "score": None, "note": ""}
+            rec = {"name": c.name, "params": c.params, "body_params": c.body_params, "tokens_per_s": None,
+                   "steps": None, "tokens_per_param": None, "score": None, "note": ""}
             records.append(rec)
             if i > 0:
                 last = next(r for r in reversed(records[:-1]) if r["tokens_per_s"])
@@ -544,7 +570,8 @@ def plan_budget(
                 _fill(rec, c, b, train, unique, trainer_family, rec["tokens_per_s"] * train_s)
     else:
         for c in cands:
-            rec = {"name": c.name, "params": c.params, "tokens_per_s": None, "note": ""}
+            rec = {"name": c.name, "params": c.params, "body_params": c.body_params, "tokens_per_s": None,
+                   "note": ""}
             records.append(rec)
             _fill(rec, c, b, train, unique, trainer_family, float(b.tokens))
 
@@ -607,7 +634,8 @@ def plan_budget(
         tokens_per_step=cand.tokens_per_step,
         expected_tokens=int(tokens),
         params=cand.params,
-        tokens_per_param=round(tokens / max(cand.params, 1), 3),
+        body_params=cand.body_params,
+        tokens_per_param=round(tokens / max(cand.body_params, 1), 3),
         probe_tokens_per_s=round(tps, 1) if tps else None,
         expected_seconds=round(expected_s, 1) if expected_s is not None else None,
         candidates=[{k: v for k, v in r.items() if k not in ("capped", "probe_seconds")} for r in records],
@@ -643,9 +671,9 @@ def _fill(rec: dict, c: Candidate, b: Budget, train: TrainConfig, unique: int, t
         d = min(steps, cap) * unique
     rec["capped"] = steps > cap
     rec["steps"] = min(steps, cap)
-    rec["tokens_per_param"] = round(d / max(c.params, 1), 3)
+    rec["tokens_per_param"] = round(d / max(c.body_params, 1), 3)
     d_eff = min(d, FULL_VALUE_EPOCHS * unique)
-    rec["score"] = round(_score(d_eff / max(c.params, 1)), 4) if rec["steps"] else None
+    rec["score"] = round(_score(d_eff / max(c.body_params, 1)), 4) if rec["steps"] else None
 
 
 def _unit_cost(rec: dict, c: Candidate, b: Budget, trainer_family: bool) -> str:
