@@ -8,9 +8,9 @@ Sources (all installed on the machine, all redistributable; see CORPUS_NOTICE.tx
    docstrings of the standard library's top-level modules (read with ``ast``, never imported) —
    this is where the *programming language* sense of "python" lives.
 2. WordNet 3.0 (Debian ``wordnet-base``): every synset that has example sentences (or mentions
-   "python") as ``lemma, lemma: gloss.`` followed by its example sentences; consecutive synsets
-   of one lexicographer file are grouped into documents of 8 synsets. The *snake* sense of
-   "python" lives here.
+   "python") as ``lemma, lemma: gloss.``; consecutive synsets of one lexicographer file are grouped
+   into documents of 8 synsets. The *snake* sense of "python" lives here. The example sentences go
+   only to the example table, never into the corpus: they are the word-in-context test sentences.
 3. The King James Bible (Debian ``bible-kjv``): one verse per line, one chapter per document, in
    canonical order until the size budget is used up.
 
@@ -157,9 +157,11 @@ def wordnet_documents_and_examples() -> tuple[list[list[str]], list[tuple[str, s
     cur_key = None
     n_in_doc = 0
     for synset_id, ss_type, lexfile, lemmas, definition, examples in _wordnet_synsets():
-        # Keep the synsets with example sentences (real sentences, and the WiC-style table) and every
-        # synset that mentions python (the snake senses, which have no examples); glosses alone
-        # would exceed the size budget.
+        # Keep the synsets with example sentences (the WiC-style table) and every synset that mentions
+        # python (the snake senses, which have no examples); all glosses would exceed the size budget.
+        # The corpus gets the glosses only: the example sentences are what `lmforge evaluate wic` and the
+        # polysemy probes score, and a model pretrained on them next to their synset's gloss and
+        # same-sense neighbours would be tested on its training text.
         if not examples and not any("python" in x.lower() for x in [*lemmas, definition]):
             continue
         key = (ss_type if ss_type != "s" else "a", lexfile)
@@ -172,7 +174,6 @@ def wordnet_documents_and_examples() -> tuple[list[list[str]], list[tuple[str, s
             d = definition if definition[-1] in ".!?" else definition + "."
             cur.append(f"{', '.join(lemmas)}: {d}")
         for ex in examples:
-            cur.append(ex)
             lemma = next((lem for lem in lemmas if _contains_word(ex, lem)), None)
             if lemma is not None:
                 rows.append((synset_id, "a" if ss_type == "s" else ss_type, lemma, ex))
@@ -230,11 +231,11 @@ Rebuilt by scripts/build_corpus.py from three redistributable sources:
    Copyright (c) 2001 Python Software Foundation; All Rights Reserved. Distributed under the
    PSF License Agreement (https://docs.python.org/3/license.html).
 
-2. WordNet 3.0 glosses and example sentences (Debian package wordnet-base), under the WordNet 3.0
-   licence reproduced below.
+2. WordNet 3.0 (Debian package wordnet-base), under the WordNet 3.0 licence reproduced below: the
+   glosses in the corpus, the example sentences in the example table only.
 
-3. The King James Version of the Bible (Debian package bible-kjv): public domain text. Only the
-   first part, in canonical order, is included to keep the corpus under the size budget.
+3. The King James Version of the Bible (Debian package bible-kjv): public domain text, in canonical
+   order, as many chapters as the size budget allows.
 
 Counts: {counts}
 

@@ -190,6 +190,19 @@ def test_wordnet_examples_table():
     assert len(bank) >= 3
 
 
+def test_builtin_corpus_holds_no_word_in_context_sentence():
+    # the example sentences are what `lmforge evaluate wic` scores; the corpus keeps only their glosses
+    with gzip.open(wordnet_examples_path(), "rt", encoding="utf-8") as f:
+        examples = {ln.rstrip("\n").split("\t")[3] for ln in f}
+    lines = _builtin_sentences()
+    assert len(examples) > 30_000
+    assert not examples & set(lines)
+    text = "\n".join(lines)
+    long = sorted(e for e in examples if len(e) > 40)  # nor inside a longer line
+    assert not [e for e in long[::50] if e in text]
+    assert any(s.startswith("bank, ") or s.startswith("bank: ") for s in lines)  # the glosses stay
+
+
 def test_people_daily_raw_text():
     from lmforge.data.corpus import iter_people_daily
 
