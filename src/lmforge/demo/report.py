@@ -158,7 +158,7 @@ def report_step() -> Step:
         return file_sha256(ctx.path(info["path"])) == info["sha256"]
 
     return Step("report", "write report.md", inputs, build, lambda i: f"report: {i['path']}",
-                lambda i: [i["path"]], valid, version=5)
+                lambda i: [i["path"]], valid, version=6)
 
 
 def _md_table(head: list[str], rows: list[list[str]]) -> str:
@@ -190,7 +190,7 @@ def render_report(ctx: DemoContext) -> str:
     parts.append(_built(R, "corpus", "tokenizer-wordpiece", "tokenizer-bpe", "shards-wordpiece", "shards-bpe",
                         f"{DOMAIN}-text", f"tokenizer-{DOMAIN}", f"shards-{DOMAIN}"))
     parts.append(f"{'The built-in corpus' if c['builtin'] else 'A slice of the built-in corpus'}: "
-                 f"{c['chars']:,} characters (Python's documentation, WordNet glosses and examples, the King James "
+                 f"{c['chars']:,} characters (Python's documentation, WordNet glosses, the King James "
                  f"Bible).\n\n")
     rows = []
     for kind in ("wordpiece", "bpe"):
