@@ -159,9 +159,9 @@ def wordnet_documents_and_examples() -> tuple[list[list[str]], list[tuple[str, s
     for synset_id, ss_type, lexfile, lemmas, definition, examples in _wordnet_synsets():
         # Keep the synsets with example sentences (the WiC-style table) and every synset that mentions
         # python (the snake senses, which have no examples); all glosses would exceed the size budget.
-        # The corpus gets the glosses only: the example sentences are what `lmforge evaluate wic` and the
-        # polysemy probes score, and a model pretrained on them next to their synset's gloss and
-        # same-sense neighbours would be tested on its training text.
+        # The corpus gets the glosses only: the example sentences are what `lmforge evaluate wic` scores,
+        # and a model pretrained on them next to their synset's gloss and same-sense neighbours would be
+        # tested on its training text.
         if not examples and not any("python" in x.lower() for x in [*lemmas, definition]):
             continue
         key = (ss_type if ss_type != "s" else "a", lexfile)

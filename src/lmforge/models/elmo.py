@@ -114,7 +114,7 @@ PRESETS: dict[str, dict] = {
         max_chars_per_token=20,
     ),
     # between them: 128-wide LSTMs without a separate projection, char widths 1..5 (the demo's ELMo; about
-    # 0.4M parameters outside the embeddings and the softmax, where 'small' has 14M): what an hour of
+    # 0.9M parameters outside the embeddings and the softmax, where 'small' has 14M): what an hour of
     # two CPU cores trains on a few million tokens (docs/elmo_word2vec.md)
     "mini": dict(
         projection_dim=128,
