@@ -390,9 +390,23 @@ def test_word2vec_features_mean_and_bilstm(wordpiece_tokenizer, cls_files, tmp_p
         cache_dir=str(tmp_path),
     )
     assert m2["accuracy"] >= 0.75
+
+
+def test_word2vec_frozen_keeps_and_finetune_moves_the_vectors(wordpiece_tokenizer, cls_files):
+    from lmforge.transfer import TransferConfig
+
+    assert TransferConfig(mode="finetune").resolved("word2vec", hidden_size=32).lr == 1e-2  # an embedding-bag rate
     for mode in ("frozen", "finetune"):
-        with pytest.raises(LmforgeError, match="word2vec models support --mode features"):
-            run_transfer(body, "classify", *cls_files, mode=mode)
+        body = tiny_word2vec(wordpiece_tokenizer)
+        before = body.embeddings.weight.detach().clone()
+        m = run_transfer(body, "classify", *cls_files, mode=mode, seed=0)
+        assert m["accuracy"] >= 0.75, mode
+        after = body.embeddings.weight.detach()
+        if mode == "frozen":
+            assert torch.equal(after, before)
+        else:  # started from the pretrained vectors (not re-initialised) and moved them
+            moved = (after - before).norm(dim=1)
+            assert 0 < moved.max() < before.norm(dim=1).mean()
 
 
 def who_wrote_it(path, n: int, rng: random.Random, pre_words: int):

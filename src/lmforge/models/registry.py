@@ -94,7 +94,7 @@ FAMILIES: dict[str, Family] = {
     ),
     "word2vec": Family(
         "word2vec", "word2vec", "lmforge.models.word2vec", "Word2Vec", "Word2VecConfig", None, trainer=False,
-        transfer_modes=("features",),
+        transfer_modes=("frozen", "features", "finetune"),
     ),
 }
 # the family names, for membership tests (``model_type in MODEL_TYPES``)

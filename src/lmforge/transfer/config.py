@@ -63,6 +63,8 @@ _RECIPES = {
 }
 # A bag of word vectors trained from zero learns at an embedding-bag rate (fastText uses 0.1-1.0).
 _SCRATCH_BY_FAMILY = {"word2vec": (1e-2, 20, 0.1, None, 5)}
+# Fine-tuning pretrained word vectors (Kim 2014's "non-static") moves them at the same embedding-bag rate.
+_FINETUNE_BY_FAMILY = {"word2vec": (1e-2, 20, 0.1, None, 5)}
 
 
 @dataclasses.dataclass
@@ -248,6 +250,9 @@ class TransferConfig:
         """
         if self.mode == "finetune" and self.from_scratch:
             base = _SCRATCH_BY_FAMILY.get(family, _RECIPES["scratch"])
+        elif self.mode == "finetune" and family in _FINETUNE_BY_FAMILY:
+            base = _FINETUNE_BY_FAMILY[family]
+            hidden_size = None  # the width rule is for transformer bodies
         else:
             base = _RECIPES[self.mode]
         lr, epochs, warmup, decay, patience = base
