@@ -52,3 +52,30 @@ def test_benchmark_cli_writes_text_and_files(tmp_path, capsys):
     assert main(["benchmark", "data", "zh-ner", str(tmp_path / "n"), "--n-train", "5", "--n-test", "5"]) == 0
     assert (tmp_path / "n" / "train.conll").is_file()
     assert set(BENCHMARKS) == {"zh-sentiment", "zh-ner", "zh-pos", "en-tweets"}
+
+
+def test_benchmark_cli_learning_curve(tmp_path, capsys):
+    import torch
+
+    from lmforge.models.word2vec import Word2Vec, Word2VecConfig
+    from lmforge.tokenization import Tokenizer
+
+    tok = Tokenizer.train(iter(domain_text("en-tweets")[:2000]), kind="wordpiece", vocab_size=1000)
+    torch.manual_seed(0)
+    body = Word2Vec(Word2VecConfig(vocab_size=tok.vocab_size, vector_size=16))
+    torch.nn.init.normal_(body.embeddings.weight)  # stands in for trained vectors
+    body.save_pretrained(tmp_path / "w2v", tok)
+    argv = ["benchmark", "curve", "en-tweets", str(tmp_path / "w2v"), "--out", str(tmp_path / "c"), "--sizes", "30",
+            "--seeds", "0", "1", "--n-test", "60", "--pool", "200", "--max-len", "32", "--min-steps", "5",
+            "--cache-dir", str(tmp_path / "cache")]
+    assert main([*argv, "--modes", "scratch", "features"]) == 0
+    res = json.loads((tmp_path / "c" / "curve.json").read_text())
+    assert res["task"] == "classify" and res["modes"] == ["scratch", "features"]
+    assert [(r["mode"], r["seed"]) for r in res["runs"]] == [("scratch", 0), ("features", 0), ("scratch", 1),
+                                                             ("features", 1)]
+    assert all(0 <= r["score"] <= 1 for r in res["runs"])
+    assert "| 30 |" in capsys.readouterr().out
+    # the baseline gets as many learning-rate trials as the pretrained model, or nothing runs
+    assert main([*argv, "--lr-grid-finetune", "1e-3", "--lr-grid-scratch", "1e-3", "3e-3"]) == 2
+    err = capsys.readouterr().err
+    assert "as many lrs" in err and "Traceback" not in err and len(err.strip().splitlines()) == 1

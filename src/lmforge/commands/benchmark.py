@@ -1,4 +1,5 @@
-"""``lmforge benchmark text|data NAME ...``: a real benchmark's in-domain text, or its labelled splits as files."""
+"""``lmforge benchmark text|data|curve NAME ...``: a real benchmark's in-domain text, its labelled splits as
+files, or a learning curve of a pretrained model against the same architecture trained from scratch."""
 
 from __future__ import annotations
 
@@ -6,11 +7,12 @@ from __future__ import annotations
 def register(sub) -> None:
     p = sub.add_parser(
         "benchmark",
-        help="write a real benchmark's unlabelled in-domain text or its labelled train/test files",
+        help="a real benchmark's unlabelled in-domain text, its labelled train/test files, or a learning curve",
         description="The real benchmarks (zh-sentiment, zh-ner, zh-pos, en-tweets) have a fixed test partition. "
         "'text' writes the benchmark's unlabelled in-domain text from outside it (for domain-adaptive "
         "pretraining: prepare it with the model's tokenizer, then pretrain --init MODEL); 'data' writes a seeded "
-        "training draw and the fixed test set as files for finetune.",
+        "training draw and the fixed test set as files for finetune; 'curve' scores a pretrained model in each "
+        "transfer mode against the same architecture trained from scratch, at several numbers of labels and seeds.",
     )
     verbs = p.add_subparsers(dest="verb", metavar="VERB", required=True)
     from ..transfer.benchmarks import BENCHMARKS
@@ -31,6 +33,36 @@ def register(sub) -> None:
     d.add_argument("--n-test", type=int, default=1000)
     d.add_argument("--seed", type=int, default=0, help="draws the training set (the test set is the same for all)")
     d.set_defaults(func=run_data)
+    c = verbs.add_parser(
+        "curve",
+        help="learning curve: each transfer mode vs the same architecture from scratch, by number of labels",
+        description="Draw training sets of each size (one draw per seed, shared by every mode) from the "
+        "benchmark's training side, train each mode on them and score it on the fixed test set. Writes "
+        "curve.json (every run, its choices and validation score), curve.md (mean and spread per size and mode) "
+        "and curve.png into --out.",
+    )
+    c.add_argument("name", choices=BENCHMARKS)
+    c.add_argument("model_dir", help="pretrained model folder")
+    c.add_argument("--out", required=True, help="folder for curve.json, curve.md and curve.png")
+    c.add_argument("--sizes", type=int, nargs="+", default=[100, 300, 1000], help="training-set sizes")
+    c.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    c.add_argument("--modes", nargs="+", default=None,
+                   help="subset of scratch frozen features finetune (default: scratch and every mode the family has)")
+    c.add_argument("--n-test", type=int, default=1000, help="test examples (the start of the fixed test partition)")
+    c.add_argument("--pool", type=int, default=10000, help="labelled examples the training sets are drawn from")
+    c.add_argument("--min-steps", type=int, default=100, help="every run trains at least this many steps")
+    c.add_argument("--max-len", type=int, default=128)
+    c.add_argument("--batch-size", type=int, default=32)
+    c.add_argument("--cache-dir", default=None, help="features mode: vector cache (default ~/.cache/lmforge/features)")
+    c.add_argument("--finetune-lr", type=float, default=None, help="lr of finetune and scratch runs")
+    c.add_argument("--finetune-epochs", type=int, default=None, help="epochs of finetune and scratch runs")
+    c.add_argument("--lr-grid-finetune", type=float, nargs="+", default=None, metavar="LR",
+                   help="finetune: try these lrs, keep the best on the validation split")
+    c.add_argument("--lr-grid-scratch", type=float, nargs="+", default=None, metavar="LR",
+                   help="scratch: as many trials on the same validation split (give both grids or neither)")
+    c.add_argument("--no-refit", dest="refit", action="store_false",
+                   help="keep each run's best validation epoch instead of refitting on all its examples")
+    c.set_defaults(func=run_curve)
 
 
 def run_text(args) -> int:
@@ -55,4 +87,41 @@ def run_data(args) -> int:
     write_task(train, out / f"train.{ext}")
     write_task(test, out / f"test.{ext}")
     print(f"wrote {len(train)} training and {len(test)} test examples ({train.task}) to {out}/train.{ext}, test.{ext}")
+    return 0
+
+
+def run_curve(args) -> int:
+    from ..errors import LmforgeError
+    from ..transfer import learning_curve
+    from ..transfer.benchmarks import load_benchmark
+    from ..transfer.curve import curve_table
+
+    grids = (args.lr_grid_finetune, args.lr_grid_scratch)
+    if (grids[0] is None) != (grids[1] is None) or (grids[0] and len(grids[0]) != len(grids[1])):
+        raise LmforgeError(
+            "give --lr-grid-finetune and --lr-grid-scratch together, with as many lrs each: the baseline gets "
+            "as many trials as the pretrained model"
+        )
+    train, test = load_benchmark(args.name, max(args.pool, max(args.sizes)), args.n_test, seed=0)
+    res = learning_curve(
+        args.model_dir,
+        train.task,
+        train,
+        test,
+        sizes=args.sizes,
+        seeds=args.seeds,
+        modes=args.modes,
+        out_dir=args.out,
+        min_steps=args.min_steps,
+        max_len=args.max_len,
+        batch_size=args.batch_size,
+        cache_dir=args.cache_dir,
+        refit=args.refit,
+        mode_options={
+            "finetune": {"lr": args.finetune_lr, "epochs": args.finetune_epochs, "lr_grid": args.lr_grid_finetune},
+            "scratch": {"lr": args.finetune_lr, "epochs": args.finetune_epochs, "lr_grid": args.lr_grid_scratch},
+        },
+    )
+    print(curve_table(res))
+    print(f"wrote {args.out}/curve.png, curve.md, curve.json")
     return 0
