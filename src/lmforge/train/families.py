@@ -105,7 +105,8 @@ def setup_bert(config: BertConfig, shards, tokenizer) -> tuple[BertForPreTrainin
         config.num_attention_heads,
         config.vocab_size,
         model.num_parameters() / 1e6,
-        "MLM + NSP" if config.next_sentence else "MLM only",
+        ("MLM + NSP" if config.next_sentence else "MLM only")
+        + (", whole-word masking" if config.whole_word_mask else ""),
     )
     return model, sampler
 
