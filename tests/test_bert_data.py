@@ -88,6 +88,8 @@ def draw(sampler, n: int, seed: int = 0, batch: int = 1000, split: str = "train"
         "token_type_ids": cat("token_type_ids", 0),
         "labels": cat("labels", -100),
     }
+    if "document_ids" in batches[0]:
+        out["document_ids"] = cat("document_ids", 0)
     if "next_sentence_label" in batches[0]:
         out["next_sentence_label"] = torch.cat([b["next_sentence_label"] for b in batches])
     return {k: v.numpy() for k, v in out.items()}
@@ -209,6 +211,52 @@ def test_mlm_only_single_segments(positional):
         assert n <= 64 and row[0] == CLS and row[n - 1] == SEP and (row[1 : n - 1] >= N_SPECIAL).all()
         pos = row[1 : n - 1] - N_SPECIAL
         assert (np.diff(pos) == 1).all() and doc_of[pos[0]] == doc_of[pos[-1]]
+
+
+def test_packed_rows_fill_up_with_the_following_documents(positional):
+    shards, doc_of, sent_starts = positional
+    packed = BertPretrainingSampler(
+        shards, max_seq_length=64, next_sentence=False, short_seq_prob=0.0, pack_documents=True
+    )
+    d = draw(packed, 2000, batch=500)
+    assert (d["token_type_ids"] == 0).all()
+    original = np.where(d["labels"] != -100, d["labels"], d["input_ids"])
+    boundaries = set(sent_starts.tolist())
+    crossed = 0
+    for row, att, docs in zip(original, d["attention_mask"], d["document_ids"]):
+        n = int(att.sum())
+        assert row[0] == CLS and row[n - 1] == SEP
+        assert (docs[n:] == 0).all() and docs[0] == 1 and docs[n - 1] == (row[: n] == SEP).sum()
+        assert ((np.diff(docs[:n]) == 1) == (row[: n - 1] == SEP)).all()  # a new document after each [SEP]
+        body = row[1 : n - 1]
+        pieces = np.split(body, np.flatnonzero(body == SEP))
+        pieces = [p[p != SEP] - N_SPECIAL for p in pieces]
+        assert all(len(p) for p in pieces)
+        for i, p in enumerate(pieces):
+            # each piece is one stretch of one document; pieces are consecutive documents in the stream
+            assert (np.diff(p) == 1).all() and doc_of[p[0]] == doc_of[p[-1]]
+            if i:
+                assert doc_of[p[0]] == doc_of[pieces[i - 1][-1]] + 1 or p[0] == pieces[i - 1][-1] + 1
+                assert p[0] in boundaries  # a later document is read from its first sentence
+        crossed += len(pieces) > 1
+        # a row is full (or one short, where a separator would end it) unless the split ran out of text
+        assert n >= 63 or pieces[-1][-1] == len(doc_of) - 1
+    assert crossed > 400  # a row that starts late in its document (about a third here) spans two or more
+    # on one-line documents of 1-20 tokens (tweets, reviews) rows without packing are mostly empty
+    rng = np.random.default_rng(1)
+    lines = [int(x) for x in rng.integers(1, 21, size=3000)]
+    vocab = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"] + [f"w{i}" for i in range(sum(lines))]
+    short = StandInShards(np.arange(5, sum(lines) + 5, dtype=np.uint32), lines, [1] * len(lines),
+                          StandInTokenizer(vocab))
+    plain = BertPretrainingSampler(short, max_seq_length=64, next_sentence=False, short_seq_prob=0.0)
+    full = BertPretrainingSampler(short, max_seq_length=64, next_sentence=False, pack_documents=True,
+                                  short_seq_prob=0.0)
+    assert draw(plain, 1000, batch=500)["attention_mask"].sum(1).mean() < 13
+    assert draw(full, 1000, batch=500)["attention_mask"].sum(1).mean() > 63
+    masked = (d["labels"] != -100).sum() / ((original >= N_SPECIAL) & (d["attention_mask"] == 1)).sum()
+    assert abs(masked - 0.15) < 0.01
+    with pytest.raises(DataError, match="next_sentence"):
+        BertPretrainingSampler(shards, max_seq_length=64, pack_documents=True)
 
 
 def test_short_seq_prob():

@@ -52,6 +52,9 @@ def test_config_checks_and_presets():
         tiny_config(hidden_act="swish")
     with pytest.raises(ConfigError, match="unknown config key"):
         from_dict(BertConfig, {"hidden_sise": 3})
+    with pytest.raises(ConfigError, match="next_sentence=false"):
+        tiny_config(pack_documents=True)  # packing fills MLM-only rows; NSP needs its A and B
+    assert tiny_config(pack_documents=True, next_sentence=False).pack_documents
     assert DEFAULT_PRESET in PRESETS
     sizes = {name: (p["num_hidden_layers"], p["hidden_size"]) for name, p in PRESETS.items()}
     assert sizes == {"tiny": (2, 128), "mini": (4, 256), "small": (4, 512), "medium": (8, 512), "base": (12, 768)}
@@ -244,3 +247,38 @@ def test_fill_mask_command(tmp_path, request, capsys):
     assert probs == sorted(probs, reverse=True) and 0 < sum(probs) <= 1.0001
     assert main(["fill-mask", str(tmp_path / "bert"), "no mask here"]) == 2
     assert "[MASK]" in capsys.readouterr().err
+
+
+def test_packed_documents_see_only_themselves():
+    """A packed row with document_ids gives each document the states it would have in a row of its own."""
+    torch.manual_seed(0)
+    model = BertForPreTraining(tiny_config(next_sentence=False)).eval()
+    CLS, SEP = 2, 3
+    g = torch.Generator().manual_seed(1)
+    a1, a2 = torch.randint(5, V, (7,), generator=g), torch.randint(5, V, (11,), generator=g)
+    b = torch.randint(5, V, (9,), generator=g)
+
+    def packed(a):
+        ids = torch.cat([torch.tensor([CLS]), a, torch.tensor([SEP]), b, torch.tensor([SEP])])
+        docs = torch.tensor([1] * (len(a) + 2) + [2] * (len(b) + 1))
+        with torch.no_grad():
+            return model.bert(ids[None], document_ids=docs[None])[0]
+
+    one, two = packed(a1), packed(a2)
+    # the second document does not see the first, whatever its length: positions restart at 1
+    torch.testing.assert_close(one[len(a1) + 2 :], two[len(a2) + 2 :], rtol=0, atol=1e-5)
+    # the first document equals the same tokens alone, padded in a batch with a longer row
+    alone = torch.cat([torch.tensor([CLS]), a1, torch.tensor([SEP])])
+    batch = torch.zeros(2, 20, dtype=torch.long)
+    batch[0, : len(alone)], batch[1] = alone, torch.randint(5, V, (20,), generator=g)
+    mask = torch.zeros(2, 20, dtype=torch.long)
+    mask[0, : len(alone)], mask[1] = 1, 1
+    with torch.no_grad():
+        ref = model.bert(batch, mask)[0, : len(alone)]
+    torch.testing.assert_close(one[: len(alone)], ref, rtol=0, atol=1e-5)
+    # and the packed second document equals that document alone at positions 1.. (no [CLS] before it)
+    with torch.no_grad():
+        x = model.bert.embeddings(torch.cat([b, torch.tensor([SEP])])[None],
+                                  position_ids=torch.arange(1, len(b) + 2)[None])
+        solo = model.bert.encoder(x, None)[0]
+    torch.testing.assert_close(one[len(a1) + 2 :], solo, rtol=0, atol=1e-5)

@@ -18,6 +18,12 @@ from the token shards instead of writing ``dupe_factor`` masked copies to disk:
    With ``whole_word_mask`` whole words are picked: a word is a token plus its ``##``
    continuations, or, for Chinese (one token per character, no ``##``), a ``jieba`` word.
 
+Without NSP a row is one stretch of one document, so a corpus of short lines (tweets, reviews) leaves
+most of each padded batch empty.  ``pack_documents`` fills the row instead with the stretch and the
+documents after it, a ``[SEP]`` between two documents (RoBERTa's FULL-SENTENCES inputs), and numbers
+the documents (``document_ids``) so that the model keeps attention inside each and restarts its
+positions: a packed row costs one row but teaches like several short ones.
+
 IsNext is decided first (a fair coin) and its chunk starts at a sentence that has a successor in its
 document, so the IsNext share is exactly 50 % in expectation (the original forces NotNext for
 one-sentence chunks, which biases it below half).  Every row is a pure function of its own
@@ -68,6 +74,8 @@ class BertPretrainingSampler:
         next_sentence: build ``[CLS] A [SEP] B [SEP]`` pairs with an NSP label; False builds
             ``[CLS] A [SEP]`` from one stretch of a document (RoBERTa-style MLM only).
         whole_word_mask: mask whole words (``##`` continuations; ``jieba`` words for Chinese).
+        pack_documents: without NSP, carry on into the following documents until the row is full,
+            with ``[SEP]`` between documents.
         tokenizer: the shards' tokenizer (default: ``shards.tokenizer()``).
     """
 
@@ -80,6 +88,7 @@ class BertPretrainingSampler:
         max_predictions_per_seq: int | None = None,
         next_sentence: bool = True,
         whole_word_mask: bool = False,
+        pack_documents: bool = False,
         tokenizer=None,
     ):
         tok = tokenizer if tokenizer is not None else shards.tokenizer()
@@ -100,6 +109,9 @@ class BertPretrainingSampler:
         self.max_predictions_per_seq = max_predictions_per_seq
         self.next_sentence = next_sentence
         self.whole_word_mask = whole_word_mask
+        if pack_documents and next_sentence:
+            raise DataError("pack_documents fills MLM-only rows; turn next_sentence off to pack documents")
+        self.pack_documents = pack_documents
         self.cls_id, self.sep_id, self.pad_id, self.mask_id = tok.cls_id, tok.sep_id, tok.pad_id, tok.mask_id
         V = tok.vocab_size
         specials = sorted(int(i) for i in tok.special_ids)
@@ -189,8 +201,11 @@ class BertPretrainingSampler:
         toks = idx.tokens
         if not self.next_sentence:
             s = int(rng.integers(len(idx.start)))
-            e = self._chunk_end(idx, s, target, 1)
-            a = np.asarray(toks[idx.start[s] : idx.end[e - 1]], dtype=np.int64)
+            if self.pack_documents:
+                a = self._packed(idx, s, target)
+            else:
+                e = self._chunk_end(idx, s, target, 1)
+                a = np.asarray(toks[idx.start[s] : idx.end[e - 1]], dtype=np.int64)
             a = self._truncate_one(a, len(a) - max_num, rng) if len(a) > max_num else a
             ids = np.concatenate([[self.cls_id], a, [self.sep_id]])
             return ids, np.zeros(len(ids), dtype=np.int64), -1
@@ -218,6 +233,23 @@ class BertPretrainingSampler:
         seg = np.zeros(len(ids), dtype=np.int64)
         seg[len(a) + 2 :] = 1
         return ids, seg, 0 if is_next else 1
+
+    def _packed(self, idx: _SplitIndex, s: int, target: int) -> np.ndarray:
+        """Sentences from ``s`` on, across documents (``[SEP]`` between two), cut at ``target`` tokens."""
+        parts = []
+        n = 0
+        while n < target and s < len(idx.start):
+            if parts:
+                if n + 1 >= target:  # no room for a token after the separator
+                    break
+                parts.append(np.array([self.sep_id], dtype=np.int64))
+                n += 1
+            e = self._chunk_end(idx, s, target - n, 1)  # within the document of sentence s
+            piece = np.asarray(idx.tokens[idx.start[s] : idx.end[e - 1]], dtype=np.int64)[: target - n]
+            parts.append(piece)
+            n += len(piece)
+            s = e
+        return np.concatenate(parts)
 
     @staticmethod
     def _truncate_one(x: np.ndarray, k: int, rng: np.random.Generator) -> np.ndarray:
@@ -321,7 +353,8 @@ class BertPretrainingSampler:
 
         Returns:
             ``input_ids``, ``attention_mask``, ``token_type_ids``, ``labels`` (B, T) int64 with
-            T = the longest row, and ``next_sentence_label`` (B,) when NSP is on.
+            T = the longest row, ``next_sentence_label`` (B,) when NSP is on, and with
+            ``pack_documents`` ``document_ids`` (B, T): 1, 2, ... for the documents of a row, 0 for padding.
         """
         rows = []
         for rng in rngs:
@@ -344,6 +377,13 @@ class BertPretrainingSampler:
         }
         if self.next_sentence:
             out["next_sentence_label"] = torch.tensor([r[3] for r in rows], dtype=torch.long)
+        if self.pack_documents:
+            # document k of a row: its tokens and the [SEP] that ends it (the [CLS] joins document 1)
+            docs = np.zeros((B, T), dtype=np.int64)
+            for i, (m, *_) in enumerate(rows):
+                sep = (m == self.sep_id).astype(np.int64)
+                docs[i, : len(m)] = 1 + np.cumsum(sep) - sep
+            out["document_ids"] = torch.from_numpy(docs)
         return out
 
 

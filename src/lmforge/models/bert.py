@@ -67,6 +67,7 @@ class BertConfig:
     masked_lm_prob: float = 0.15
     max_predictions_per_seq: int | None = None  # None: round(masked_lm_prob * max_seq_length)
     whole_word_mask: bool = False
+    pack_documents: bool = False  # MLM only: fill each row with several documents, [SEP] between them
 
     def __post_init__(self) -> None:
         for name in ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size",
@@ -95,6 +96,8 @@ class BertConfig:
             raise ConfigError(
                 f"BertConfig: pad_token_id {self.pad_token_id} is outside the vocabulary (size {self.vocab_size})"
             )
+        if self.pack_documents and self.next_sentence:
+            raise ConfigError("BertConfig: pack_documents fills MLM-only rows; set next_sentence=false with it")
         if self.next_sentence and self.type_vocab_size < 2:
             raise ConfigError("BertConfig: next_sentence needs type_vocab_size >= 2 (segments A and B)")
         if not 5 <= self.max_seq_length <= self.max_position_embeddings:
@@ -170,8 +173,13 @@ class BertEmbeddings(nn.Module):
         self.LayerNorm = nn.LayerNorm(hidden_size, eps=layer_norm_eps)
         self.dropout = Dropout(dropout)
 
-    def forward(self, input_ids: torch.Tensor, token_type_ids: torch.Tensor | None = None) -> torch.Tensor:
-        """(B, T) ids (and segment ids) -> (B, T, C) embeddings."""
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        token_type_ids: torch.Tensor | None = None,
+        position_ids: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """(B, T) ids (and segment ids, and positions: default 0..T-1) -> (B, T, C) embeddings."""
         T = input_ids.shape[1]
         n_pos = self.position_embeddings.num_embeddings
         if T > n_pos:
@@ -181,7 +189,10 @@ class BertEmbeddings(nn.Module):
             x = x + self.token_type_embeddings.weight[0]
         else:
             x = x + self.token_type_embeddings(token_type_ids)
-        x = x + self.position_embeddings.weight[:T]  # (T, C) broadcast over B
+        if position_ids is None:
+            x = x + self.position_embeddings.weight[:T]  # (T, C) broadcast over B
+        else:
+            x = x + self.position_embeddings(position_ids)
         return self.dropout(self.LayerNorm(x))
 
 
@@ -252,10 +263,27 @@ class BertBody(nn.Module):
         attention_mask: torch.Tensor | None = None,
         token_type_ids: torch.Tensor | None = None,
         all_states: bool = False,
+        document_ids: torch.Tensor | None = None,
     ):
-        """Returns the (B, T, C) top layer, or every layer (embeddings first) when ``all_states``."""
-        x = self.embeddings(input_ids, token_type_ids)
-        return self.encoder(x, padding_mask(attention_mask), all_states)
+        """Returns the (B, T, C) top layer, or every layer (embeddings first) when ``all_states``.
+
+        ``document_ids`` (B, T) (0 = padding, 1, 2, ... = the documents of a packed row, each a contiguous
+        run) keeps attention inside each document and restarts positions in each: document 1 from 0 (its
+        ``[CLS]``), later ones from 1, as if each were a row of its own.
+        """
+        if document_ids is None:
+            x = self.embeddings(input_ids, token_type_ids)
+            return self.encoder(x, padding_mask(attention_mask), all_states)
+        d = document_ids
+        t = torch.arange(d.shape[1], device=d.device).expand_as(d)
+        starts = torch.ones_like(d, dtype=torch.bool)
+        starts[:, 1:] = d[:, 1:] != d[:, :-1]
+        first = torch.cummax(torch.where(starts, t, torch.zeros_like(t)), dim=1).values
+        positions = t - first + (d > 1).long()
+        mask = (d[:, :, None] == d[:, None, :]) & (d[:, None, :] > 0)  # (B, T, T) block-diagonal
+        mask = mask | torch.eye(d.shape[1], dtype=torch.bool, device=d.device)  # padding rows attend to themselves
+        x = self.embeddings(input_ids, token_type_ids, positions)
+        return self.encoder(x, mask[:, None], all_states)
 
 
 class BertPredictionHeadTransform(nn.Module):
@@ -321,6 +349,7 @@ class BertForPreTraining(PretrainedModel):
         token_type_ids: torch.Tensor | None = None,
         labels: torch.Tensor | None = None,
         next_sentence_label: torch.Tensor | None = None,
+        document_ids: torch.Tensor | None = None,
     ) -> BertPreTrainingOutput:
         """Score masked tokens and the sentence relation; add the losses when labels are given.
 
@@ -332,12 +361,15 @@ class BertForPreTraining(PretrainedModel):
                 masked positions go through the MLM output layer: the loss is the same as scoring
                 every position, at ~15 % of the cost of the largest matmul.
             next_sentence_label: (B,) 0 = IsNext, 1 = NotNext (HF convention).
+            document_ids: (B, T) for rows packed with several documents (``pack_documents``): 1, 2, ...
+                per document, 0 for padding; attention stays within each document and positions
+                restart in each (:class:`BertBody`).
         Returns:
             :class:`BertPreTrainingOutput`: ``loss`` = MLM + NSP (mean cross-entropies), ``logits``
             (B, T, V) without labels or (N, V) at the N masked positions with labels, ``nsp_logits``
             (B, 2), and ``metrics`` ``mlm_loss``, ``mlm_acc``, ``nsp_loss``, ``nsp_acc``.
         """
-        h = self.bert(input_ids, attention_mask, token_type_ids)  # (B, T, C)
+        h = self.bert(input_ids, attention_mask, token_type_ids, document_ids=document_ids)  # (B, T, C)
         nsp_logits = self.cls.seq_relationship(self.bert.pooler(h))  # (B, 2)
         if labels is None:
             return BertPreTrainingOutput(logits=self.cls.predictions(h), nsp_logits=nsp_logits)

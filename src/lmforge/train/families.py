@@ -96,6 +96,7 @@ def setup_bert(config: BertConfig, shards, tokenizer) -> tuple[BertForPreTrainin
         max_predictions_per_seq=config.max_predictions_per_seq,
         next_sentence=config.next_sentence,
         whole_word_mask=config.whole_word_mask,
+        pack_documents=config.pack_documents,
         tokenizer=tokenizer,
     )
     logger.info(
@@ -106,7 +107,8 @@ def setup_bert(config: BertConfig, shards, tokenizer) -> tuple[BertForPreTrainin
         config.vocab_size,
         model.num_parameters() / 1e6,
         ("MLM + NSP" if config.next_sentence else "MLM only")
-        + (", whole-word masking" if config.whole_word_mask else ""),
+        + (", whole-word masking" if config.whole_word_mask else "")
+        + (", documents packed" if config.pack_documents and not config.next_sentence else ""),
     )
     return model, sampler
 
