@@ -27,7 +27,7 @@ from torch import nn
 
 from ..errors import ConfigError, DataError, LmforgeError
 from ..nn.cpu_ops import Dropout, Linear, linear
-from ..nn.transformer import TransformerBlock, init_weights, padding_mask
+from ..nn.transformer import TransformerBlock, document_mask, init_weights, padding_mask
 from .base import ModelOutput, PretrainedModel, TokenLayers
 
 logger = logging.getLogger(__name__)
@@ -274,16 +274,9 @@ class BertBody(nn.Module):
         if document_ids is None:
             x = self.embeddings(input_ids, token_type_ids)
             return self.encoder(x, padding_mask(attention_mask), all_states)
-        d = document_ids
-        t = torch.arange(d.shape[1], device=d.device).expand_as(d)
-        starts = torch.ones_like(d, dtype=torch.bool)
-        starts[:, 1:] = d[:, 1:] != d[:, :-1]
-        first = torch.cummax(torch.where(starts, t, torch.zeros_like(t)), dim=1).values
-        positions = t - first + (d > 1).long()
-        mask = (d[:, :, None] == d[:, None, :]) & (d[:, None, :] > 0)  # (B, T, T) block-diagonal
-        mask = mask | torch.eye(d.shape[1], dtype=torch.bool, device=d.device)  # padding rows attend to themselves
+        mask, positions = document_mask(document_ids)
         x = self.embeddings(input_ids, token_type_ids, positions)
-        return self.encoder(x, mask[:, None], all_states)
+        return self.encoder(x, mask, all_states)
 
 
 class BertPredictionHeadTransform(nn.Module):

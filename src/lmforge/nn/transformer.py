@@ -156,6 +156,27 @@ def padding_mask(attention_mask: torch.Tensor | None) -> torch.Tensor | None:
     return attention_mask.bool()[:, None, None, :]
 
 
+def document_mask(document_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Rows packed with several documents -> their SDPA mask and positions.
+
+    Args:
+        document_ids: (B, T) 1, 2, ... for the documents of a row (each a contiguous run), 0 for padding.
+    Returns:
+        ``(mask, positions)``: a (B, 1, T, T) boolean mask that keeps attention inside each document
+        (a padding position attends to itself only) and (B, T) positions that restart in each
+        document: the first from 0, later ones from 1 (the first holds the row's leading token).
+    """
+    d = document_ids
+    t = torch.arange(d.shape[1], device=d.device).expand_as(d)
+    starts = torch.ones_like(d, dtype=torch.bool)
+    starts[:, 1:] = d[:, 1:] != d[:, :-1]
+    first = torch.cummax(torch.where(starts, t, torch.zeros_like(t)), dim=1).values
+    positions = t - first + (d > 1).long()
+    mask = (d[:, :, None] == d[:, None, :]) & (d[:, None, :] > 0)
+    mask |= torch.eye(d.shape[1], dtype=torch.bool, device=d.device)
+    return mask[:, None], positions
+
+
 def init_weights(module: nn.Module, std: float = 0.02) -> None:
     """BERT/GPT initialisation: N(0, std) for Linear/Embedding, ones/zeros for LayerNorm."""
     if isinstance(module, nn.Linear):
@@ -178,5 +199,6 @@ __all__ = [
     "TransformerBlock",
     "KVCache",
     "padding_mask",
+    "document_mask",
     "init_weights",
 ]

@@ -108,7 +108,7 @@ def setup_bert(config: BertConfig, shards, tokenizer) -> tuple[BertForPreTrainin
         model.num_parameters() / 1e6,
         ("MLM + NSP" if config.next_sentence else "MLM only")
         + (", whole-word masking" if config.whole_word_mask else "")
-        + (", documents packed" if config.pack_documents and not config.next_sentence else ""),
+        + (", documents packed" if config.pack_documents else ""),
     )
     return model, sampler
 
