@@ -172,7 +172,9 @@ def linear_cross_entropy(
     """
     V = weight.shape[0]
     block_rows = max(1, block_scores // V)
-    chunk_rows = max(8, (1 << 21) // V)  # ~8 MB of fp32 scores: the softmax passes stay in cache
+    # On CPU, chunks of ~8 MB of fp32 scores keep the softmax passes in cache.  A GPU gains nothing from
+    # that and pays a launch per small kernel instead: there a chunk is the whole block.
+    chunk_rows = max(8, (1 << 21) // V) if x.device.type == "cpu" else block_rows
     need_grad = torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad)
     if torch.is_autocast_enabled(x.device.type):  # matmuls in the autocast dtype, softmax in fp32
         dt = torch.get_autocast_dtype(x.device.type)

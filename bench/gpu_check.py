@@ -1,0 +1,196 @@
+"""The CUDA paths against the CPU ones, through the CLI a user runs (needs one CUDA device).
+
+On a few thousand lines of the built-in corpus, with dropout off and TF32 off
+(``NVIDIA_TF32_OVERRIDE=0``), this script runs and compares:
+
+1. ``lmforge pretrain bert|gpt|elmo --config tiny`` for ``--steps`` steps with ``device=cpu`` and
+   ``device=cuda``: the largest gap between the two runs' per-step training losses, and their final
+   validation losses;
+2. the same runs in bf16 on the GPU: the final validation loss beside fp32's;
+3. ``--resume`` on the GPU: half the steps, then resume to the end, against the uninterrupted run;
+4. ``torchrun --nproc_per_node 1`` (the NCCL process group) against the plain GPU run;
+5. ``lmforge finetune`` (finetune and features modes) and greedy ``lmforge generate`` with
+   ``--device cuda`` against ``--device cpu``;
+6. training throughput of the larger shapes (BERT 'base', GPT 'gpt2-small') in bf16, as tokens/s.
+
+Usage: ``python bench/gpu_check.py --out DIR [--steps 40] [--lmforge "python -m lmforge.cli"]``.
+It prints one line per check and writes ``DIR/gpu_check.json``; the exit status is 1 when a check fails.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import gzip
+import json
+import os
+import shlex
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+CORPUS = Path(__file__).resolve().parents[1] / "src" / "lmforge" / "resources" / "corpus_en.txt.gz"
+NO_DROPOUT = {
+    "bert": ["hidden_dropout_prob=0", "attention_probs_dropout_prob=0"],
+    "gpt": ["resid_pdrop=0", "embd_pdrop=0", "attn_pdrop=0"],
+    "elmo": ["dropout=0"],
+}
+SHARDS = {"bert": "wp", "gpt": "bpe", "elmo": "wp"}
+LOSS_TOL = 2e-3  # largest allowed |cpu - cuda| training-loss gap, fp32, per step
+BF16_TOL = 0.05  # largest allowed relative gap of bf16's final validation loss to fp32's
+
+
+def sh(cmd: list[str], log: Path, env: dict | None = None) -> float:
+    """Run ``cmd``, appending its output to ``log``; the wall time; raise on a non-zero exit."""
+    t0 = time.perf_counter()
+    with log.open("a") as f:
+        f.write("$ " + shlex.join(cmd) + "\n")
+        f.flush()
+        r = subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT, env={**os.environ, **(env or {})})
+    if r.returncode != 0:
+        raise SystemExit(f"failed ({r.returncode}): {shlex.join(cmd)}; see {log}")
+    return time.perf_counter() - t0
+
+
+def events(model_dir: Path, split: str) -> list[dict]:
+    rows = [json.loads(line) for line in (model_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
+    return [r for r in rows if r.get("split") == split]
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", required=True, type=Path)
+    ap.add_argument("--steps", type=int, default=40)
+    ap.add_argument("--lines", type=int, default=4000, help="lines of the built-in corpus to train on")
+    ap.add_argument("--gpu", default="cuda", help="the device under test (cpu: the plumbing, on a machine without one)")
+    ap.add_argument("--no-throughput", action="store_true", help="skip the large shapes' tokens/s")
+    ap.add_argument("--lmforge", default=f"{sys.executable} -m lmforge.cli", help="how to call the CLI")
+    args = ap.parse_args()
+    out: Path = args.out
+    out.mkdir(parents=True, exist_ok=True)
+    log = out / "commands.log"
+    lm = shlex.split(args.lmforge)
+    env = {"NVIDIA_TF32_OVERRIDE": "0", "PYTHONUNBUFFERED": "1"}
+    results: dict = {}
+    failed: list[str] = []
+
+    def check(name: str, ok: bool, text: str) -> None:
+        print(f"{'ok  ' if ok else 'FAIL'} {name}: {text}", flush=True)
+        if not ok:
+            failed.append(name)
+
+    # data: a slice of the built-in corpus, a WordPiece and a BPE tokenizer, shards of each
+    corpus = out / "corpus.txt"
+    with gzip.open(CORPUS, "rt", encoding="utf-8") as f:
+        lines = [line for _, line in zip(range(args.lines), f)]
+    corpus.write_text("".join(lines), encoding="utf-8")
+    for kind, short in (("wordpiece", "wp"), ("bpe", "bpe")):
+        if not (out / f"shards-{short}").exists():
+            sh([*lm, "tokenizer", "train", "--kind", kind, "--vocab-size", "4096", "--out", str(out / f"tok-{short}"),
+                "--overwrite", str(corpus)], log, env)
+            sh([*lm, "prepare", "--tokenizer", str(out / f"tok-{short}"), "--out", str(out / f"shards-{short}"),
+                str(corpus)], log, env)
+
+    def pretrain(family: str, name: str, device: str, extra: list[str] = (), steps: int | None = None,
+                 prefix: list[str] | None = None) -> tuple[Path, float]:
+        model = out / name
+        sets = [f"device={device}", "seed=0", "log_every=1", "batch_size=8", "eval_batches=4",
+                f"eval_every={steps or args.steps}", f"save_every={steps or args.steps}", *NO_DROPOUT[family], *extra]
+        cmd = [*(prefix or lm), "pretrain", family, "--data", str(out / f"shards-{SHARDS[family]}"), "--out",
+               str(model), "--overwrite", "--config", "tiny", "--max-steps", str(steps or args.steps), "--set", *sets]
+        return model, sh(cmd, log, env)
+
+    # 1-2: CPU vs CUDA (fp32), CUDA bf16
+    for family in ("bert", "gpt", "elmo"):
+        cpu, t_cpu = pretrain(family, f"{family}-cpu", "cpu")
+        gpu, t_gpu = pretrain(family, f"{family}-cuda", args.gpu)
+        bf, _ = pretrain(family, f"{family}-bf16", args.gpu, ["bf16=true"])
+        a = [e["loss"] for e in events(cpu, "train")]
+        b = [e["loss"] for e in events(gpu, "train")]
+        gap = max(abs(x - y) for x, y in zip(a, b))
+        va, vb, vbf = (events(m, "val")[-1]["loss"] for m in (cpu, gpu, bf))
+        results[family] = dict(steps=len(a), max_train_loss_gap=gap, val_cpu=va, val_cuda=vb, val_bf16=vbf,
+                               first_loss=a[0], last_loss=a[-1], seconds_cpu=t_cpu, seconds_cuda=t_gpu)
+        check(f"{family} fp32 cpu vs cuda", len(a) == len(b) == args.steps and gap < LOSS_TOL,
+              f"{len(a)} steps, loss {a[0]:.4f} -> {a[-1]:.4f}, largest per-step gap {gap:.2e}; "
+              f"val {va:.4f} / {vb:.4f}")
+        check(f"{family} bf16 on cuda", abs(vbf - vb) / vb < BF16_TOL, f"val {vbf:.4f} vs fp32 {vb:.4f}")
+
+    # 3: resume on the GPU equals the uninterrupted run (a fixed linear schedule over all the steps)
+    half = args.steps // 2
+    sched = ["schedule=linear", f"decay_steps={args.steps}", "warmup_steps=2"]
+    full, _ = pretrain("gpt", "gpt-cuda-full", args.gpu, sched)
+    split, _ = pretrain("gpt", "gpt-cuda-split", args.gpu, sched, steps=half)
+    sh([*lm, "pretrain", "gpt", "--data", str(out / "shards-bpe"), "--out", str(split), "--resume",
+        "--max-steps", str(args.steps)], log, env)
+    a = [e["loss"] for e in events(full, "train")]
+    b = [e["loss"] for e in events(split, "train")]
+    gap = max(abs(x - y) for x, y in zip(a, b))
+    results["resume"] = dict(steps=len(b), max_train_loss_gap=gap)
+    check("gpt resume on cuda", len(a) == len(b) == args.steps and gap < 1e-4,
+          f"{half} + {args.steps - half} steps vs {args.steps}: largest per-step gap {gap:.2e}")
+
+    # 4: one process under torchrun (NCCL) against the plain GPU run
+    try:
+        tr, _ = pretrain("gpt", "gpt-torchrun", args.gpu, prefix=[sys.executable, "-m", "torch.distributed.run",
+                                                                 "--nproc_per_node", "1", "-m", "lmforge.cli"])
+        a = [e["loss"] for e in events(out / "gpt-cuda", "train")]
+        b = [e["loss"] for e in events(tr, "train")]
+        gap = max(abs(x - y) for x, y in zip(a, b))
+        results["torchrun"] = dict(max_train_loss_gap=gap)
+        check("gpt torchrun (nccl, 1 process) vs plain", gap < LOSS_TOL, f"largest per-step gap {gap:.2e}")
+    except SystemExit as e:
+        check("gpt torchrun (nccl, 1 process)", False, str(e))
+
+    # 5: transfer and generation on the GPU against the CPU
+    rows = [line.strip() for line in lines if len(line.split()) >= 4][:600]
+    labelled = [(t[:300], int(" the " in f" {t.lower()} ")) for t in rows]
+    for name, part in (("train.csv", labelled[:400]), ("test.csv", labelled[400:])):
+        with (out / name).open("w", newline="", encoding="utf-8") as f:
+            w = csv.writer(f)
+            w.writerow(["text", "label"])
+            w.writerows(part)
+    for mode in ("finetune", "features"):
+        scores = {}
+        for device in ("cpu", "cuda"):
+            run = out / f"ft-{mode}-{device}"
+            sh([*lm, "finetune", str(out / "bert-cpu"), "--task", "classify", "--train", str(out / "train.csv"),
+                "--test", str(out / "test.csv"), "--mode", mode, "--out", str(run), "--overwrite", "--epochs", "3",
+                *(["--lr", "3e-4", "--val-fraction", "0"] if mode == "finetune" else []),
+                "--seed", "0", "--max-len", "64", "--device", device if device == "cpu" else args.gpu], log, env)
+            scores[device] = json.loads((run / "metrics.json").read_text())
+        acc = {d: s["accuracy"] if "accuracy" in s else s.get("test", {}).get("accuracy") for d, s in scores.items()}
+        results[f"finetune_{mode}"] = acc
+        check(f"finetune --mode {mode} cpu vs cuda", acc["cpu"] is not None and abs(acc["cpu"] - acc["cuda"]) <= 0.01,
+              f"test accuracy {acc['cpu']} / {acc['cuda']}")
+    texts = {}
+    for device in ("cpu", "cuda"):
+        dev = device if device == "cpu" else args.gpu
+        r = subprocess.run([*lm, "-q", "generate", str(out / "gpt-cpu"), "--prompt", "The history of",
+                            "--max-new-tokens", "30", "--device", dev], capture_output=True, text=True,
+                           env={**os.environ, **env})
+        texts[device] = r.stdout.strip() if r.returncode == 0 else f"(exit {r.returncode}: {r.stderr.strip()[-200:]})"
+    results["generate"] = texts
+    check("greedy generate cpu vs cuda", texts["cpu"] == texts["cuda"] and not texts["cpu"].startswith("(exit"),
+          repr(texts["cuda"][:80]))
+
+    # 6: throughput of the larger shapes in bf16 (tokens/s over the last half of the steps)
+    for family, preset, extra in (() if args.no_throughput else
+                                  (("bert", "base", ["batch_size=64"]), ("gpt", "gpt2-small", ["batch_size=32"]))):
+        model = out / f"{family}-{preset}-bf16"
+        sh([*lm, "pretrain", family, "--data", str(out / f"shards-{SHARDS[family]}"), "--out", str(model),
+            "--overwrite", "--config", preset, "--max-steps", "60", "--set", f"device={args.gpu}", "bf16=true",
+            "log_every=5", "eval_every=60", "save_every=60", "eval_batches=2", *extra], log, env)
+        tps = [e["tokens_per_s"] for e in events(model, "train")][-6:]
+        results[f"throughput_{family}_{preset}"] = sum(tps) / len(tps)
+        print(f"info {family} '{preset}' bf16 on cuda: {sum(tps) / len(tps):,.0f} tokens/s "
+              f"({extra[0]}, last {len(tps)} logs)", flush=True)
+
+    (out / "gpu_check.json").write_text(json.dumps(results, indent=1))
+    print(f"{'all checks passed' if not failed else 'failed: ' + ', '.join(failed)}; wrote {out / 'gpu_check.json'}")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
