@@ -67,6 +67,11 @@ def main() -> int:
     ap.add_argument("--no-throughput", action="store_true", help="skip the large shapes' tokens/s")
     ap.add_argument("--lmforge", default=f"{sys.executable} -m lmforge.cli", help="how to call the CLI")
     args = ap.parse_args()
+    if args.gpu.startswith("cuda"):
+        import torch
+
+        if not torch.cuda.is_available():
+            raise SystemExit("gpu_check: no CUDA device here; run it on a machine with a GPU (or --gpu cpu)")
     out: Path = args.out
     out.mkdir(parents=True, exist_ok=True)
     log = out / "commands.log"
