@@ -7,7 +7,8 @@ import json
 import pytest
 
 from lmforge.cli import main
-from lmforge.transfer.benchmarks import BENCHMARKS, domain_text, in_test_partition, load_benchmark
+from lmforge.errors import LmforgeError
+from lmforge.transfer.benchmarks import BENCHMARKS, domain_text, hold_out_dev, in_test_partition, load_benchmark
 
 
 def _key(ex) -> str:
@@ -33,6 +34,20 @@ def test_test_set_is_fixed_and_never_in_training_or_domain_text(name):
     assert not norm & test_keys, "in-domain pretraining text must hold no test example"
     if name != "zh-ner":  # the partition is a property of the text itself, so duplicates fall on one side
         assert all(in_test_partition(t) for t in test_keys) and not any(in_test_partition(t) for t in norm)
+
+
+@pytest.mark.parametrize("name", ["zh-sentiment", "zh-pos"])
+def test_held_out_dev_is_disjoint_from_the_draw_pool_and_the_test_set(name):
+    train, test = load_benchmark(name, 1200, 500, 0)
+    pool, dev = hold_out_dev(train, 200)
+    assert 990 <= len(pool) <= 1000 and len(dev) == 200  # a pool text repeated in dev leaves the pool
+    pool_keys, dev_keys = {_key(ex) for ex in pool.examples}, {_key(ex) for ex in dev.examples}
+    assert len(dev_keys) > 150 and not pool_keys & dev_keys
+    assert not dev_keys & {_key(ex) for ex in test.examples}
+    assert [_key(ex) for ex in dev.examples] == [_key(ex) for ex in train.examples[1000:]]
+    assert "held-out dev" in dev.source and dev.labels == train.labels
+    with pytest.raises(LmforgeError, match="--dev-size"):
+        hold_out_dev(train, 1200)
 
 
 def test_classification_draws_are_balanced():
@@ -75,6 +90,13 @@ def test_benchmark_cli_learning_curve(tmp_path, capsys):
                                                              ("features", 1)]
     assert all(0 <= r["score"] <= 1 for r in res["runs"])
     assert "| 30 |" in capsys.readouterr().out
+    assert res["n_test"] == 60 and res["scored_on"].endswith(":test")
+    # method selection without the test set: scored on held-out training-side examples
+    assert main([*argv, "--score-on", "dev", "--dev-size", "50", "--modes", "features"]) == 0
+    res = json.loads((tmp_path / "c" / "curve.json").read_text())
+    assert res["n_test"] == 50 and "held-out dev" in res["scored_on"]
+    assert "not on the test set" in capsys.readouterr().out
+    assert "held-out dev" in (tmp_path / "c" / "curve.md").read_text()
     # the baseline gets as many learning-rate trials as the pretrained model, or nothing runs
     assert main([*argv, "--lr-grid-finetune", "1e-3", "--lr-grid-scratch", "1e-3", "3e-3"]) == 2
     err = capsys.readouterr().err

@@ -37,7 +37,8 @@ def register(sub) -> None:
         "curve",
         help="learning curve: each transfer mode vs the same architecture from scratch, by number of labels",
         description="Draw training sets of each size (one draw per seed, shared by every mode) from the "
-        "benchmark's training side, train each mode on them and score it on the fixed test set. Writes "
+        "benchmark's training side, train each mode on them and score it on the fixed test set (or, with "
+        "--score-on dev, on held-out training-side examples: for choosing a method). Writes "
         "curve.json (every run, its choices and validation score), curve.md (mean and spread per size and mode) "
         "and curve.png into --out.",
     )
@@ -49,7 +50,13 @@ def register(sub) -> None:
     c.add_argument("--modes", nargs="+", default=None,
                    help="subset of scratch frozen features finetune (default: scratch and every mode the family has)")
     c.add_argument("--n-test", type=int, default=1000, help="test examples (the start of the fixed test partition)")
-    c.add_argument("--pool", type=int, default=10000, help="labelled examples the training sets are drawn from")
+    c.add_argument("--pool", type=int, default=10000,
+                   help="labelled training-side examples the training sets are drawn from (with --score-on dev, "
+                   "the held-out dev examples included)")
+    c.add_argument("--score-on", choices=["test", "dev"], default="test",
+                   help="test: the fixed test partition (report this); dev: the last --dev-size examples of the "
+                   "training pool, never drawn, so methods can be compared without looking at the test set")
+    c.add_argument("--dev-size", type=int, default=2000, help="held-out dev examples with --score-on dev")
     c.add_argument("--min-steps", type=int, default=100, help="every run trains at least this many steps")
     c.add_argument("--max-len", type=int, default=128)
     c.add_argument("--batch-size", type=int, default=32)
@@ -93,7 +100,7 @@ def run_data(args) -> int:
 def run_curve(args) -> int:
     from ..errors import LmforgeError
     from ..transfer import learning_curve
-    from ..transfer.benchmarks import load_benchmark
+    from ..transfer.benchmarks import hold_out_dev, load_benchmark
     from ..transfer.curve import curve_table
 
     grids = (args.lr_grid_finetune, args.lr_grid_scratch)
@@ -102,7 +109,11 @@ def run_curve(args) -> int:
             "give --lr-grid-finetune and --lr-grid-scratch together, with as many lrs each: the baseline gets "
             "as many trials as the pretrained model"
         )
-    train, test = load_benchmark(args.name, max(args.pool, max(args.sizes)), args.n_test, seed=0)
+    if args.score_on == "dev":
+        train, _ = load_benchmark(args.name, args.pool, args.n_test, seed=0)
+        train, test = hold_out_dev(train, args.dev_size)
+    else:
+        train, test = load_benchmark(args.name, max(args.pool, max(args.sizes)), args.n_test, seed=0)
     res = learning_curve(
         args.model_dir,
         train.task,
@@ -123,5 +134,7 @@ def run_curve(args) -> int:
         },
     )
     print(curve_table(res))
+    if args.score_on == "dev":
+        print(f"scored on {len(test)} held-out training-side examples (--score-on dev), not on the test set")
     print(f"wrote {args.out}/curve.png, curve.md, curve.json")
     return 0

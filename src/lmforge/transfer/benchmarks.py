@@ -133,6 +133,27 @@ def load_benchmark(name: str, n_train: int, n_test: int, seed: int = 0) -> tuple
     raise LmforgeError(f"unknown benchmark '{name}'; choose one of {', '.join(BENCHMARKS)}")
 
 
+def _example_key(ex) -> str:
+    return "".join(ex.words) if hasattr(ex, "words") else _norm(ex.text)
+
+
+def hold_out_dev(train: TaskData, n_dev: int) -> tuple[TaskData, TaskData]:
+    """Split a benchmark's training side into a pool to draw from and ``n_dev`` held-out examples to
+    score on (the last ``n_dev`` of ``train``): choosing between methods on the dev examples leaves the
+    test partition untouched.  No text is on both sides: a pool example repeating a dev example's text
+    (the review corpus has duplicates) leaves the pool."""
+    if not 0 < n_dev < len(train):
+        raise LmforgeError(
+            f"--dev-size must be between 1 and {len(train) - 1}: the training pool has {len(train)} examples"
+        )
+    cut = len(train) - n_dev
+    dev = train.subset(list(range(cut, len(train))))
+    held = {_example_key(ex) for ex in dev.examples}
+    pool = train.subset([i for i in range(cut) if _example_key(train.examples[i]) not in held])
+    pool.source, dev.source = f"{train.source} (draw pool)", f"{train.source} (held-out dev)"
+    return pool, dev
+
+
 def domain_text(name: str) -> list[str]:
     """Benchmark ``name``'s unlabelled in-domain text: one document per item, none from its test partition.
 

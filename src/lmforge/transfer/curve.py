@@ -187,6 +187,7 @@ def learning_curve(
         "seeds": list(seeds),
         "modes": modes,
         "n_test": len(test_d),
+        "scored_on": test_d.source,
         "seconds": round(time.time() - t_start, 1),
         "runs": runs,
         "summary": summary,
@@ -217,7 +218,8 @@ def write_curve(result: dict, out_dir: str | Path) -> Path:
     atomic_write_text(out / "curve.json", json.dumps(result, indent=2) + "\n")
     seeds = len(result["seeds"])
     md = (
-        f"{result['metric']} on {result['n_test']} test examples ({result['family']}, task {result['task']}), "
+        f"{result['metric']} on {result['n_test']} examples of {result.get('scored_on', 'the test set')} "
+        f"({result['family']}, task {result['task']}), "
         f"mean ± std over {seeds} seed(s)\n\n" + curve_table(result)
     )
     atomic_write_text(out / "curve.md", md)
