@@ -8,6 +8,8 @@ that the two compute the same loss.
     python bench/bench_bert.py                 # default: hidden 256, 4 layers, seq 128, batch 16
     python bench/bench_bert.py --steps 10      # shorter
     python bench/bench_bert.py --onednn both   # once with lmforge's oneDNN linear on, once off
+    python bench/bench_bert.py --device cuda --hidden 768 --layers 12 --heads 12 --intermediate 3072 \
+        --vocab 30522 --batch 32               # BERT-base on a GPU (TF32 off: fp32 against fp32)
 
 What is measured:
 * training tokens/s: forward + backward + AdamW step, with dropout 0.1 as in pretraining;
@@ -41,12 +43,25 @@ import onednn_setting  # noqa: E402
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 
-def measure_peak_gflops(n: int = 1024, reps: int = 30) -> float:
+def sync(device: str) -> None:
+    if device.startswith("cuda"):
+        torch.cuda.synchronize()
+
+
+def measure_peak_gflops(n: int = 1024, reps: int = 30, device: str = "cpu") -> float:
     """Best fp32 GEMM throughput of this machine at the current thread count, in GFLOP/s.
 
     Both of PyTorch's CPU GEMM back ends are tried (MKL via ``torch.mm``, oneDNN via the fused linear
     kernel): on AMD CPUs MKL runs well below oneDNN, and the machine's peak is what the best reaches.
+    On a GPU: ``torch.mm`` on 8192 x 8192 matrices (TF32 off).
     """
+    if device.startswith("cuda"):
+        size = 8192
+        a, b = torch.randn(size, size, device=device), torch.randn(size, size, device=device)
+        best = 0.0
+        for _ in range(reps // 3 + 1):
+            best = max(best, 2 * size**3 / timed(lambda: torch.mm(a, b), device) / 1e9)
+        return best
     # the machine's peak, whatever --onednn says for lmforge: MFUs stay comparable across the two settings
     onednn = getattr(getattr(torch.ops, "mkldnn", None), "_linear_pointwise", None)
     best = 0.0
@@ -105,9 +120,11 @@ def forward_flops(cfg, B: int, T: int, n_scored: int) -> float:
     return B * T * per_token + heads
 
 
-def timed(fn) -> float:
+def timed(fn, device: str = "cpu") -> float:
+    sync(device)
     t = time.perf_counter()
     fn()
+    sync(device)
     return time.perf_counter() - t
 
 
@@ -126,6 +143,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--intermediate", type=int, default=1024)
     ap.add_argument("--vocab", type=int, default=8192)
     ap.add_argument("--lr", type=float, default=1e-3)
+    ap.add_argument("--device", default="cpu", help="cpu or cuda (a GPU: fp32 matmuls without TF32)")
     onednn_setting.add_flag(ap)
     args = ap.parse_args(argv)
     rc = onednn_setting.apply(args.onednn, __file__, sys.argv[1:] if argv is None else argv)
@@ -141,10 +159,18 @@ def main(argv: list[str] | None = None) -> int:
 
     torch.set_num_threads(args.threads)
     transformers.logging.set_verbosity_error()
+    dev = args.device
+    if dev.startswith("cuda"):
+        if not torch.cuda.is_available():
+            print("--device cuda: no CUDA device here", file=sys.stderr)
+            return 1
+        torch.backends.cuda.matmul.allow_tf32 = False
+        torch.backends.cudnn.allow_tf32 = False
     B, T = args.batch, args.seq
-    print(f"torch {torch.__version__}, transformers {transformers.__version__}, {args.threads} threads; "
+    where = torch.cuda.get_device_name() if dev.startswith("cuda") else f"{args.threads} threads"
+    print(f"torch {torch.__version__}, transformers {transformers.__version__}, {where}; "
           f"lmforge's oneDNN linear {'on' if onednn_enabled() else 'off'}")
-    peak = measure_peak_gflops()
+    peak = measure_peak_gflops(device=dev)
     print(f"measured fp32 matmul peak: {peak:.1f} GFLOP/s (re-measured at the end; the higher one is used)")
 
     cfg = BertConfig(vocab_size=args.vocab, hidden_size=args.hidden, num_hidden_layers=args.layers,
@@ -158,11 +184,13 @@ def main(argv: list[str] | None = None) -> int:
     assert not unexpected and set(missing) <= {"cls.predictions.decoder.weight", "cls.predictions.decoder.bias"}, (
         missing, unexpected)
     hf.tie_weights()
+    ours.to(dev)
+    hf.to(dev)
     assert hf.cls.predictions.decoder.weight.data_ptr() == hf.bert.embeddings.word_embeddings.weight.data_ptr()
     print(f"config: hidden {args.hidden}, {args.layers} layers, {args.heads} heads, intermediate {args.intermediate}, "
           f"vocab {args.vocab}, seq {T}, batch {B}; {ours.num_parameters() / 1e6:.2f}M parameters")
 
-    batches = make_batches(4, B, T, args.vocab)
+    batches = [{k: v.to(dev) for k, v in b.items()} for b in make_batches(4, B, T, args.vocab)]
     n_masked = statistics.mean(int((b["labels"] != -100).sum()) for b in batches)
 
     # 1. same loss from the same weights (eval mode: no dropout)
@@ -189,7 +217,7 @@ def main(argv: list[str] | None = None) -> int:
             order = list(models) if step % 2 == 0 else list(models)[::-1]
             for name in order:
                 model = models[name]
-                dt = timed(lambda model=model: model(**infer_in))
+                dt = timed(lambda model=model: model(**infer_in), dev)
                 if step >= args.warmup:
                     itimes[name].append(dt)
     infer_tps = {k: tok_step * len(v) / sum(v) for k, v in itimes.items()}
@@ -224,7 +252,7 @@ def main(argv: list[str] | None = None) -> int:
                 opt.zero_grad(set_to_none=True)
                 losses[name].append(loss.item())
 
-            dt = timed(train_step)
+            dt = timed(train_step, dev)
             if step >= args.warmup:
                 times[name].append(dt)
     train_tps = {k: tok_step * len(v) / sum(v) for k, v in times.items()}
@@ -246,15 +274,15 @@ def main(argv: list[str] | None = None) -> int:
 
     # 4. bf16 autocast vs fp32, both lmforge, alternating, same weights / batches / dropout masks
     torch.manual_seed(0)
-    fp32 = BertForPreTraining(cfg)
-    bf16 = BertForPreTraining(cfg)
+    fp32 = BertForPreTraining(cfg).to(dev)
+    bf16 = BertForPreTraining(cfg).to(dev)
     bf16.load_state_dict(fp32.state_dict())
     fp32.train()
     bf16.train()
     runs = {
         "fp32": (fp32, torch.optim.AdamW(fp32.parameters(), lr=args.lr, weight_decay=0.01), contextlib.nullcontext),
         "bf16": (bf16, torch.optim.AdamW(bf16.parameters(), lr=args.lr, weight_decay=0.01),
-                 lambda: torch.autocast("cpu", dtype=torch.bfloat16)),
+                 lambda: torch.autocast(torch.device(dev).type, dtype=torch.bfloat16)),
     }
     btimes: dict[str, list[float]] = {k: [] for k in runs}
     blosses: dict[str, list[float]] = {k: [] for k in runs}
@@ -273,7 +301,7 @@ def main(argv: list[str] | None = None) -> int:
                 opt.zero_grad(set_to_none=True)
                 blosses[name].append(loss.item())
 
-            dt = timed(train_step)
+            dt = timed(train_step, dev)
             if step >= args.warmup:
                 btimes[name].append(dt)
     btps = {k: tok_step * len(v) / sum(v) for k, v in btimes.items()}
@@ -290,7 +318,7 @@ def main(argv: list[str] | None = None) -> int:
           f"loss fell {blosses['fp32'][0] - blosses['fp32'][-1]:.3f} (fp32) vs "
           f"{blosses['bf16'][0] - blosses['bf16'][-1]:.3f} (bf16)")
 
-    peak_end = measure_peak_gflops()
+    peak_end = measure_peak_gflops(device=dev)
     if peak_end > peak * 1.05:
         print(f"note: the peak measured at the end was higher ({peak_end:.1f} GFLOP/s): the MFUs above are "
               f"{peak / peak_end:.2f}x too high; the machine's load changed during the run")
