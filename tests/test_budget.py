@@ -68,6 +68,7 @@ class FakeProbe:
 def unlimited_data(monkeypatch):
     """The planner as if the shards were endless: only the compute-optimal rule chooses."""
     monkeypatch.setattr(B, "MAX_EPOCHS", 1e12)
+    monkeypatch.setattr(B, "MAX_EPOCHS_BY_FAMILY", {})
     monkeypatch.setattr(B, "FULL_VALUE_EPOCHS", 1e12)
 
 
@@ -151,6 +152,17 @@ def test_small_data_caps_the_epochs_and_warns(bpe_shards):
     assert plan.max_steps == int(B.MAX_EPOCHS * unique / plan.tokens_per_step)
     assert any("prepare more text" in w for w in plan.warnings)
     assert plan.candidates == [c for c in plan.candidates if c["name"] == "tiny"]  # --config: one candidate
+
+
+def test_bert_plans_up_to_twice_the_passes(wordpiece_shards):
+    """Masked-LM pretraining draws new masks on every pass: BERT's cap is 32 passes, the others' 16."""
+    assert B.max_epochs("bert") == 32.0 and B.max_epochs("gpt") == B.max_epochs("elmo") == B.MAX_EPOCHS == 16.0
+    shards = Shards.open(wordpiece_shards)
+    unique = shards.counts("train")["tokens"]
+    plan = B.plan_budget("bert", shards, "500Mtok", preset_or_file="tiny", model_overrides={"max_seq_length": "32"})
+    assert 31 < plan.epochs <= 32
+    assert plan.max_steps == int(32 * unique / plan.tokens_per_step)
+    assert any("more than 32 passes" in w for w in plan.warnings)
 
 
 def test_word2vec_budget_is_epochs(wordpiece_shards):
