@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import argparse
 import logging
-import math
 import statistics
 import sys
 
@@ -50,7 +49,7 @@ def main() -> int:
     from lmforge.nn.transformer import SelfAttention
     from lmforge.transfer.benchmarks import load_benchmark
     from lmforge.transfer.config import TransferConfig
-    from lmforge.transfer.curve import _copy_body
+    from lmforge.transfer.curve import _copy_body, with_min_steps
     from lmforge.transfer.run import TransferRun, load_body
 
     class HeadOnly(TransferRun):
@@ -78,11 +77,9 @@ def main() -> int:
                     if isinstance(m, SelfAttention):
                         m.dropout = args.dropout
             scratch = kind == "scratch"
-            steps_per_epoch = math.ceil(args.size * 0.8 / 32)
             cfg = TransferConfig(task=pool.task, mode="finetune", seed=seed, max_len=args.max_len,
-                                 lr_grid=[3e-4, 1e-3, 3e-3] if scratch else [1e-4, 3e-4, 1e-3],
-                                 epochs=max(40 if scratch else 20, math.ceil(100 / steps_per_epoch)),
-                                 from_scratch=scratch)
+                                 lr_grid=[3e-4, 1e-3, 3e-3] if scratch else [1e-4, 3e-4, 1e-3], from_scratch=scratch)
+            cfg = with_min_steps(cfg, body.model_type, args.size, min_steps=100)
             run = TransferRun(b, cfg, pool.labels, model_dir)
             if kind == "lpft":
                 probe_cfg = TransferConfig(task=pool.task, mode="finetune", seed=seed, max_len=args.max_len, lr=3e-3,

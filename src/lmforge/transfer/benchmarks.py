@@ -120,8 +120,8 @@ def load_benchmark(name: str, n_train: int, n_test: int, seed: int = 0) -> tuple
                 f"asked for {n_train} + {n_test}"
             )
         test_ex = sents[len(sents) - n_test :]
-        held_out = {"".join(ex.words) for ex in sents[start:]}  # a sentence repeated in the test region stays out
-        rest = [i for i in range(start) if "".join(sents[i].words) not in held_out]
+        held_out = {_example_key(ex) for ex in sents[start:]}  # a sentence repeated in the test region stays out
+        rest = [i for i in range(start) if _example_key(sents[i]) not in held_out]
         random.Random(seed).shuffle(rest)
         train_ex = [sents[i] for i in rest[:n_train]]
         tags = sorted(

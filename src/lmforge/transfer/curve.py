@@ -42,6 +42,14 @@ def main_metric(data: TaskData) -> str:
     return SPECS[data.task].main_metric(data.labels)
 
 
+def with_min_steps(cfg: TransferConfig, family: str, n: int, min_steps: int) -> TransferConfig:
+    """``cfg`` with enough epochs that ``n`` training examples (less the validation split) give at least
+    ``min_steps`` optimizer steps, and never fewer epochs than the recipe's."""
+    steps_per_epoch = math.ceil(n * (1 - cfg.val_fraction) / cfg.batch_size)
+    epochs = max(cfg.resolved(family).epochs, math.ceil(min_steps / max(1, steps_per_epoch)))
+    return dataclasses.replace(cfg, epochs=epochs)
+
+
 def _copy_body(body: nn.Module) -> nn.Module:
     """A deep copy of ``body`` sharing its tokenizer (tokenizers need not be copyable)."""
     tok = body.tokenizer
@@ -114,11 +122,7 @@ def learning_curve(
         per_mode = {k: v for k, v in mode_options.get(mode, {}).items() if v is not None}
         opts = {**options, **per_mode}
         cfg = TransferConfig(task=task, mode=real, seed=seed, from_scratch=mode == "scratch", **opts)
-        if "epochs" not in opts:  # a small training set still gets at least min_steps steps
-            steps_per_epoch = math.ceil(n * (1 - cfg.val_fraction) / cfg.batch_size)
-            epochs = max(cfg.resolved(family).epochs, math.ceil(min_steps / max(1, steps_per_epoch)))
-            cfg = dataclasses.replace(cfg, epochs=epochs)
-        return cfg
+        return cfg if "epochs" in opts else with_min_steps(cfg, family, n, min_steps)
 
     for mode in modes:  # fail before any training when a mode does not fit the family
         check_supported(family, config(mode, usable[0], seeds[0]))
