@@ -101,3 +101,34 @@ def test_benchmark_cli_learning_curve(tmp_path, capsys):
     assert main([*argv, "--lr-grid-finetune", "1e-3", "--lr-grid-scratch", "1e-3", "3e-3"]) == 2
     err = capsys.readouterr().err
     assert "as many lrs" in err and "Traceback" not in err and len(err.strip().splitlines()) == 1
+
+
+def test_benchmark_cli_curve_with_a_prompt(tmp_path, capsys):
+    import torch
+
+    from lmforge.models.bert import BertConfig, BertForPreTraining
+    from lmforge.tokenization import Tokenizer
+
+    tok = Tokenizer.train(iter(domain_text("en-tweets")[:2000]), kind="wordpiece", vocab_size=1000)
+    torch.manual_seed(0)
+    body = BertForPreTraining(BertConfig(vocab_size=tok.vocab_size, hidden_size=32, num_hidden_layers=1,
+                                         num_attention_heads=2, intermediate_size=64, max_position_embeddings=64,
+                                         max_seq_length=64))
+    body.save_pretrained(tmp_path / "bert", tok)
+    argv = ["benchmark", "curve", "en-tweets", str(tmp_path / "bert"), "--out", str(tmp_path / "c"), "--sizes", "30",
+            "--seeds", "0", "--n-test", "40", "--pool", "200", "--max-len", "32", "--min-steps", "5"]
+    words = ["--verbalizer", "negative=bad", "neutral=the", "positive=good"]
+    assert main([*argv, "--modes", "scratch", "finetune", "--prompt", "[MASK] : {text}", *words]) == 0
+    res = json.loads((tmp_path / "c" / "curve.json").read_text())
+    assert [r["mode"] for r in res["runs"]] == ["scratch", "finetune"]
+    assert all(0 <= r["score"] <= 1 for r in res["runs"])
+    capsys.readouterr()
+    # --prompt default: the benchmark's own template and words (here a word the tiny vocabulary splits)
+    assert main([*argv, "--modes", "finetune", "--prompt", "default"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "'interesting' is 3 tokens" in err and len(err.splitlines()) == 1
+    for extra, msg in ((["--prompt", "default"], "no default prompt"), (["--prompt-modes", "features"], "takes")):
+        bench = "zh-ner" if "default" in extra else "en-tweets"
+        assert main([*argv[:2], bench, *argv[3:], *extra]) == 2
+        err = capsys.readouterr().err.strip()
+        assert msg in err and len(err.splitlines()) == 1

@@ -69,6 +69,12 @@ def register(sub) -> None:
                    help="scratch: as many trials on the same validation split (give both grids or neither)")
     c.add_argument("--no-refit", dest="refit", action="store_false",
                    help="keep each run's best validation epoch instead of refitting on all its examples")
+    from .finetune import add_prompt_args
+
+    add_prompt_args(c)
+    c.add_argument("--prompt-modes", nargs="+", default=["finetune", "frozen"], metavar="MODE",
+                   help="the modes that read the --prompt (default: finetune frozen; add scratch to give the "
+                   "baseline the same read-out)")
     c.set_defaults(func=run_curve)
 
 
@@ -100,8 +106,9 @@ def run_data(args) -> int:
 def run_curve(args) -> int:
     from ..errors import LmforgeError
     from ..transfer import learning_curve
-    from ..transfer.benchmarks import hold_out_dev, load_benchmark
+    from ..transfer.benchmarks import BENCHMARK_PROMPTS, hold_out_dev, load_benchmark
     from ..transfer.curve import curve_table
+    from .finetune import verbalizer_option
 
     grids = (args.lr_grid_finetune, args.lr_grid_scratch)
     if (grids[0] is None) != (grids[1] is None) or (grids[0] and len(grids[0]) != len(grids[1])):
@@ -109,6 +116,27 @@ def run_curve(args) -> int:
             "give --lr-grid-finetune and --lr-grid-scratch together, with as many lrs each: the baseline gets "
             "as many trials as the pretrained model"
         )
+    # --prompt default: the benchmark's own template and words; a template of one's own keeps its words
+    prompt = {"prompt": args.prompt, "verbalizer": verbalizer_option(args.verbalizer)}
+    if args.prompt is not None and args.verbalizer is None and args.name in BENCHMARK_PROMPTS:
+        prompt["verbalizer"] = BENCHMARK_PROMPTS[args.name][1]
+    if args.prompt == "default":
+        if args.name not in BENCHMARK_PROMPTS:
+            raise LmforgeError(f"{args.name} has no default prompt; give --prompt TEMPLATE --verbalizer LABEL=WORD ...")
+        prompt["prompt"] = BENCHMARK_PROMPTS[args.name][0]
+    if prompt["prompt"] is not None and prompt["verbalizer"] is None:
+        raise LmforgeError("--prompt needs --verbalizer LABEL=WORD ... (a word for each label)")
+    bad = [m for m in args.prompt_modes if m not in ("scratch", "finetune", "frozen")]
+    if bad:
+        raise LmforgeError(f"--prompt-modes takes scratch, finetune and frozen, got {bad}")
+    per_mode = {
+        "finetune": {"lr": args.finetune_lr, "epochs": args.finetune_epochs, "lr_grid": args.lr_grid_finetune},
+        "scratch": {"lr": args.finetune_lr, "epochs": args.finetune_epochs, "lr_grid": args.lr_grid_scratch},
+        "frozen": {},
+    }
+    if prompt["prompt"] is not None:
+        for m in args.prompt_modes:
+            per_mode[m].update(prompt)
     if args.score_on == "dev":
         train, _ = load_benchmark(args.name, args.pool, args.n_test, seed=0)
         train, test = hold_out_dev(train, args.dev_size)
@@ -128,10 +156,7 @@ def run_curve(args) -> int:
         batch_size=args.batch_size,
         cache_dir=args.cache_dir,
         refit=args.refit,
-        mode_options={
-            "finetune": {"lr": args.finetune_lr, "epochs": args.finetune_epochs, "lr_grid": args.lr_grid_finetune},
-            "scratch": {"lr": args.finetune_lr, "epochs": args.finetune_epochs, "lr_grid": args.lr_grid_scratch},
-        },
+        mode_options=per_mode,
     )
     print(curve_table(res))
     if args.score_on == "dev":

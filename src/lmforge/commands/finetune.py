@@ -4,6 +4,36 @@ from __future__ import annotations
 
 import json
 
+from ..errors import LmforgeError
+
+
+def add_prompt_args(p) -> None:
+    """``--prompt`` and ``--verbalizer``: prompted BERT classification (shared with ``benchmark curve``)."""
+    p.add_argument(
+        "--prompt", default=None, metavar="TEMPLATE",
+        help="BERT classify: read each text inside TEMPLATE at its [MASK] through the masked LM's own head, "
+        "restricted to the --verbalizer words, e.g. '{text} It was [MASK].' (without {text} the text comes first)",
+    )
+    p.add_argument(
+        "--verbalizer", nargs="+", default=None, metavar="LABEL=WORD",
+        help="with --prompt: each label's word, one token each with the model's tokenizer, e.g. pos=great neg=bad",
+    )
+
+
+def verbalizer_option(pairs: list[str] | None) -> dict[str, str] | None:
+    """``["pos=great", "neg=bad"]`` as ``{"pos": "great", "neg": "bad"}`` (one line on a malformed pair)."""
+    if pairs is None:
+        return None
+    out: dict[str, str] = {}
+    for pair in pairs:
+        label, eq, word = pair.partition("=")
+        if not eq or not label or not word.strip():
+            raise LmforgeError(f"--verbalizer takes LABEL=WORD pairs, got {pair!r}")
+        if label in out:
+            raise LmforgeError(f"--verbalizer names label {label!r} twice")
+        out[label] = word.strip()
+    return out
+
 
 def register(sub) -> None:
     p = sub.add_parser(
@@ -88,12 +118,12 @@ def register(sub) -> None:
     )
     p.add_argument(
         "--pool",
-        choices=["cls", "pooler", "last", "mean", "tokens"],
+        choices=["cls", "pooler", "last", "mean", "tokens", "mask"],
         default=None,
         help="how a sentence is read: cls (BERT's top [CLS]), pooler (BERT's NSP-trained tanh pooler on [CLS]), "
-        "last (GPT's extract token), mean, tokens (bilstm) (default: mean for single texts in features and frozen "
-        "mode and for a BERT pretrained without next-sentence prediction; else BERT cls, GPT last, ELMo/word2vec "
-        "mean)",
+        "last (GPT's extract token), mean, tokens (bilstm), mask (a --prompt's [MASK]) (default: mask with "
+        "--prompt; mean for single texts in features and frozen mode and for a BERT pretrained without "
+        "next-sentence prediction; else BERT cls, GPT last, ELMo/word2vec mean)",
     )
     p.add_argument(
         "--layer", default=None, metavar="K|mix|auto",
@@ -120,8 +150,9 @@ def register(sub) -> None:
         type=float,
         default=None,
         metavar="W",
-        help="GPT finetune: add W x GPT-1's auxiliary language-modelling loss (default 0.5, as in the paper; "
-        "0 turns it off)",
+        help="finetune: add W x an auxiliary LM loss on the task's own texts: GPT-1's next-token loss for GPT "
+        "(default 0.5, as in the paper), a masked-LM loss with 15%% of the text hidden for BERT (default 0); "
+        "0 turns it off",
     )
     p.add_argument(
         "--doc-stride",
@@ -144,6 +175,7 @@ def register(sub) -> None:
         help="pair (BERT/GPT): read each pair as (a, b) and (b, a) and add the two read-outs, as GPT-1 did for "
         "similarity, so the order of the two texts does not matter",
     )
+    add_prompt_args(p)
     p.add_argument("--cache-dir", default=None, help="features mode: vector cache (default ~/.cache/lmforge/features)")
     p.add_argument(
         "--device", choices=["auto", "cpu", "cuda"], default="auto", help="where to train (auto: CUDA if any)"
@@ -186,6 +218,8 @@ def run(args) -> int:
         "doc_stride": args.doc_stride,
         "max_answer_tokens": args.max_answer_tokens,
         "both_orders": args.both_orders,
+        "prompt": args.prompt,
+        "verbalizer": verbalizer_option(args.verbalizer),
     }
     # the run is written into a hidden folder beside --out and renamed into place when complete, so a kill
     # at any moment leaves --out as it was

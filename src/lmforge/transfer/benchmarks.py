@@ -51,6 +51,12 @@ logger = logging.getLogger(__name__)
 BENCHMARKS = ("zh-sentiment", "zh-ner", "zh-pos", "en-tweets")
 TEST_SHARE = 0.2  # the fixed share of each benchmark's examples that only ever serves as test data
 _TEST_SEED = 20241203  # the test draw inside the test partition: fixed, whatever the training seed
+# ``benchmark curve NAME --prompt default``: each classification benchmark's template and label words
+# (docs/transfer.md, "Prompts", says how they were chosen: on held-out training-side examples)
+BENCHMARK_PROMPTS: dict[str, tuple[str, dict[str, str]]] = {
+    "zh-sentiment": ("{text}总之很[MASK]。", {"pos": "好", "neg": "差"}),
+    "en-tweets": ("[MASK] : {text}", {"negative": "bad", "neutral": "interesting", "positive": "good"}),
+}
 
 
 def _norm(text: str) -> str:

@@ -88,7 +88,8 @@ class TransferConfig:
             (default 0.9 for a pretrained body, none from scratch; 1 turns it off).
         pool: how a sentence is read: ``cls`` (BERT's top ``[CLS]``), ``pooler`` (BERT's NSP-trained tanh
             pooler on ``[CLS]``), ``last`` (GPT's extract token), ``mean``, or ``tokens`` (every token, for
-            the ``bilstm`` head); default: ``mean`` for single texts in frozen and features mode (a frozen
+            the ``bilstm`` head), ``mask`` (a ``prompt``'s ``[MASK]``, the default with one); default: ``mean``
+            for single texts in frozen and features mode (a frozen
             body's mean vector measures best there) and for single texts fine-tuned on a BERT pretrained
             without next-sentence prediction (its ``[CLS]`` was never trained as a summary), else BERT ``cls``
             and GPT ``last`` (a pair is read where the body attended across both texts), ELMo / word2vec
@@ -112,13 +113,20 @@ class TransferConfig:
             state of the trial itself.
         cv_folds: features + logreg: cross-validation folds over the training data.
         from_scratch: re-initialise the body from its config (finetune: the no-pretraining baseline).
-        lm_weight: GPT finetune: weight of GPT-1's auxiliary language-modelling loss on the task's own
-            input sequences (``loss = task_loss + lm_weight * lm_loss``); default 0.5 as in the paper,
-            0 turns it off.
+        lm_weight: finetune: weight of an auxiliary language-modelling loss on the task's own inputs
+            (``loss = task_loss + lm_weight * lm_loss``): GPT-1's next-token loss for GPT (default 0.5 as
+            in the paper), a masked-LM loss on a second pass with 15 % of the text hidden for BERT
+            (default 0); 0 turns it off.
         max_answer_tokens: QA: the longest answer span considered.
         doc_stride: QA: a context longer than fits is read in windows starting this many tokens apart
             (default: half the room after the question); 0 cuts it instead.
         both_orders: pair: read each pair in both orders and add the two read-outs (GPT-1's similarity).
+        prompt: BERT, ``classify``, finetune or frozen: read each text inside this template at its ``[MASK]``
+            (e.g. ``"{text} It was [MASK]."``; without ``{text}`` the text comes first) through the masked
+            LM's own output layer, restricted to the ``verbalizer`` words: the head starts as the pretrained
+            MLM head scoring those words, so what pretraining learned about them is the starting classifier
+            (pattern-exploiting training, Schick & Schuetze 2021; LM-BFF, Gao et al. 2021).
+        verbalizer: with ``prompt``: each label's word, one token each, e.g. ``{"pos": "great", "neg": "bad"}``.
         device: ``auto`` (CUDA when available), ``cpu`` or ``cuda``.
         bf16: run the body under bfloat16 autocast.
         cache_dir: where features mode caches vectors (default ``~/.cache/lmforge/features``).
@@ -151,6 +159,8 @@ class TransferConfig:
     max_answer_tokens: int = 30
     doc_stride: int | None = None
     both_orders: bool = False
+    prompt: str | None = None
+    verbalizer: dict[str, str] | None = None
     device: str = "auto"
     bf16: bool = False
     cache_dir: str | None = None
@@ -183,6 +193,16 @@ class TransferConfig:
         need(self.doc_stride is None or self.doc_stride >= 0, "doc_stride must be >= 0 (0 = no sliding window)")
         need(self.lm_weight is None or self.lm_weight >= 0, f"lm_weight must be >= 0, got {self.lm_weight}")
         need(self.device in ("auto", "cpu", "cuda"), f"device must be auto, cpu or cuda, got {self.device!r}")
+        need((self.prompt is None) == (self.verbalizer is None), "prompt and verbalizer go together")
+        if self.prompt is not None:
+            need(self.prompt.count("[MASK]") == 1, f"the prompt must hold one [MASK], got {self.prompt!r}")
+            need(self.prompt.count("{text}") <= 1, f"the prompt may hold {{text}} once, got {self.prompt!r}")
+            need(
+                isinstance(self.verbalizer, dict) and len(self.verbalizer) >= 2
+                and all(isinstance(w, str) and w.strip() for w in self.verbalizer.values()),
+                f"the verbalizer maps every label to a word, got {self.verbalizer!r}",
+            )
+            need(len(set(self.verbalizer.values())) == len(self.verbalizer), "the verbalizer's words must differ")
         if isinstance(self.layer, str) and self.layer not in ("mix", "auto"):
             try:
                 self.layer = int(self.layer)
@@ -218,7 +238,7 @@ class TransferConfig:
             return explicit
         if self.uses_sklearn:
             return "auto"
-        if self.pool == "pooler":
+        if self.pool == "pooler" or self.prompt is not None:
             return -1
         return "mix" if family == "elmo" or self.mode in ("frozen", "features") else -1
 
@@ -235,6 +255,8 @@ class TransferConfig:
             return "tokens"
         if self.pool is not None:
             return self.pool
+        if self.prompt is not None:
+            return "mask"
         if family in ("elmo", "word2vec") or (self.mode in ("frozen", "features") and self.task == "classify"):
             return "mean"
         if self.task == "classify" and not summary_trained:
@@ -292,8 +314,8 @@ def check_supported(family: str | None, cfg: TransferConfig) -> None:
         raise LmforgeError("--from-scratch trains the whole randomly initialised body: use it with --mode finetune")
     if cfg.mode != "finetune" and (cfg.freeze_layers is not None or cfg.layer_lr_decay is not None):
         raise LmforgeError("--freeze-layers and --layer-lr-decay apply to --mode finetune only")
-    if cfg.lm_weight and (family != "gpt" or cfg.mode != "finetune"):
-        raise LmforgeError("--lm-weight (the auxiliary LM loss) applies to GPT in --mode finetune only")
+    if cfg.lm_weight and (family not in ("gpt", "bert") or cfg.mode != "finetune"):
+        raise LmforgeError("--lm-weight (the auxiliary LM loss) applies to GPT and BERT in --mode finetune only")
     if cfg.both_orders and cfg.task != "pair":
         raise LmforgeError(f"--both-orders reads a pair in both orders: it serves --task pair, not {cfg.task}")
     if cfg.head_classifier == "bilstm" and cfg.task == "qa":
@@ -303,6 +325,16 @@ def check_supported(family: str | None, cfg: TransferConfig) -> None:
         raise LmforgeError(f"--pool pooler reads BERT's NSP-trained pooler; the {family} model has none")
     if pool == "tokens" and cfg.head_classifier != "bilstm":
         raise LmforgeError("--pool tokens feeds every token vector to a BiLSTM: use it with --classifier bilstm")
+    if cfg.prompt is not None:
+        if family != "bert":
+            raise LmforgeError(f"--prompt is read by a masked LM at its [MASK]: it needs a BERT model, not {family}")
+        if cfg.task != "classify" or cfg.mode not in ("finetune", "frozen"):
+            raise LmforgeError("--prompt serves --task classify in --mode finetune or frozen")
+        if pool != "mask" or cfg.head_classifier != "linear" or cfg._explicit_layer() not in (None, -1):
+            raise LmforgeError("--prompt reads the top layer at [MASK] through the MLM head: leave --pool, "
+                               "--classifier and --layer unset")
+    elif pool == "mask":
+        raise LmforgeError("--pool mask reads a prompt's [MASK]: give --prompt and --verbalizer")
     layer = cfg.layer_choice(family)
     if layer == "auto" and not cfg.uses_sklearn:
         raise LmforgeError(
