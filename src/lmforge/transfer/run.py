@@ -24,7 +24,6 @@ The entry points are :func:`run_transfer` and :func:`load_run`; a run folder hol
 from __future__ import annotations
 
 import contextlib
-import copy
 import dataclasses
 import hashlib
 import json
@@ -230,9 +229,7 @@ class TransferRun:
                     "choose words that are one token each (lmforge fill-mask shows what the model predicts)"
                 )
             ids.append(int(pieces[0]))
-        lm = self.body.cls.predictions
-        weight = self.body.bert.embeddings.word_embeddings.weight  # the MLM decoder is tied to these rows
-        return copy.deepcopy(lm.transform), weight[ids].detach().clone(), lm.bias[ids].detach().clone()
+        return self.body.mlm_head_for(ids)
 
     def encode(self, data: TaskData) -> list[Encoding]:
         """The body inputs of ``data`` in order (QA: one per window; choice: one per choice); each
