@@ -112,7 +112,8 @@ def check_exportable(data: dict) -> tuple[str, str]:
                            "read one input: retrain without --both-orders to export it")
     pool = data.get("pool")
     if family == "bert" and task in ("classify", "pair") and pool != "pooler":
-        what = {"cls": "the raw top [CLS] (--pool cls)", "mean": "the mean of the token vectors (--pool mean)"}
+        what = {"cls": "the raw top [CLS] (--pool cls)", "mean": "the mean of the token vectors (--pool mean)",
+                "mask": "a prompt's [MASK] through the MLM head (--prompt)"}
         raise LmforgeError(
             f"this run reads {what.get(pool, f'--pool {pool}')}, but BertForSequenceClassification reads [CLS] "
             "through BERT's tanh pooler, so it cannot be exported exactly: retrain with --pool pooler"
