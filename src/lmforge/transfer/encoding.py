@@ -279,8 +279,6 @@ class InputFormat:
         la, lb = self._budget(len(a), len(b) if b is not None else None)
         a = a[:la]
         b = b[:lb] if b is not None else None
-        ids, types, seg, a_pos, b_pos = self._assemble(a, b)
-        enc = Encoding(ids, types, seg)
         if self._prompt_ids is not None:
             if b is not None:
                 raise LmforgeError("--prompt reads single texts (--task classify), not pairs")
@@ -289,6 +287,8 @@ class InputFormat:
             seg = [-1] * (1 + len(before)) + [0] * len(a) + [-1] * (len(after) + 1)
             mask_pos = 1 + at if at < len(before) else 1 + len(a) + at
             return Encoding(ids, [0] * len(ids), seg, rows=[mask_pos])
+        ids, types, seg, a_pos, b_pos = self._assemble(a, b)
+        enc = Encoding(ids, types, seg)
         if self.pool in ("cls", "pooler"):
             enc.rows = [0]
         elif self.pool == "last":

@@ -606,10 +606,7 @@ class TransferRun:
         batch = collate(encs, self.fmt.pad_id)
         ids = batch["input_ids"]
         text = batch["segment"] >= 0  # (B, T): text positions, not specials or a prompt's template
-        pick = (torch.rand(ids.shape) < prob) & text
-        if not bool(pick.any()):  # a batch of very short texts: hide one text position of the first row
-            first = int(text[0].nonzero()[0]) if bool(text[0].any()) else 0
-            pick[0, first] = True
+        pick = (torch.rand(ids.shape) < prob) & text  # none picked: the model's forward returns a zero loss
         labels = ids.masked_fill(~pick, -100)
         roll = torch.rand(ids.shape)
         masked = ids.masked_fill(pick & (roll < 0.8), self.body.tokenizer.mask_id)
