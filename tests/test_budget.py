@@ -165,6 +165,46 @@ def test_bert_plans_up_to_twice_the_passes(wordpiece_shards):
     assert any("more than 32 passes" in w for w in plan.warnings)
 
 
+def test_bert_time_left_after_its_passes_buys_a_larger_shape(wordpiece_shards, monkeypatch):
+    """Small text, long budget: 'tiny' would make all its passes early, so the plan takes 'mini' for the whole
+    budget (step 5 of the planner); without that step the same budget stays 'tiny', capped, and warns."""
+    shards = Shards.open(wordpiece_shards)
+    unique = shards.counts("train")["tokens"]
+    over = {"max_seq_length": "32"}
+    train = B._train_config("bert", {})
+    cands = B.make_candidates("bert", shards, train, None, over)
+    tiny, mini = cands[0], cands[1]
+    # the test corpus is small: a pass cap at which the capped 'tiny' sees 40 tokens per body parameter (so
+    # 'mini' is probed), and a throughput at which 15 minutes buy 'tiny' three times the cap's passes: its
+    # passes would take a third of the time, and 'mini' (k / N tokens/s) gets fewer than the cap
+    cap = 40 * tiny.body_params / unique
+    monkeypatch.setitem(B.MAX_EPOCHS_BY_FAMILY, "bert", cap)
+    probe_s = 2.0
+    train_s = (900 - 2 * probe_s) * (1 - B.RESERVE)
+    k = 3 * cap * unique * B._eval_factor(train) * tiny.params / train_s
+    assert B.FULL_VALUE_EPOCHS < 3 * cap * tiny.params / mini.params < cap
+    probe = FakeProbe(k, probe_s)
+    plan = B.plan_budget("bert", shards, "15m", model_overrides=over, probe=probe)
+    assert probe.calls == ["tiny", "mini"]
+    steps = int(k / mini.params * train_s / (mini.tokens_per_step * B._eval_factor(train)))
+    assert (plan.preset, plan.max_steps) == ("mini", steps)
+    assert B.FULL_VALUE_EPOCHS < plan.epochs < cap
+    assert plan.candidates[0]["steps"] == int(cap * unique / tiny.tokens_per_step)  # tiny: capped
+    assert "passes in" in plan.candidates[0]["note"]
+    assert any("would make all" in w and "'mini'" in w for w in plan.warnings)
+    assert not any("prepare more text" in w for w in plan.warnings)
+    assert "capped" not in plan.candidates[0] and "uncapped_steps" not in plan.candidates[0]
+    # the same budget without step 5: step 3's winner, capped, with the warning to prepare more text
+    monkeypatch.setattr(B, "GROW_WHEN_CAPPED", ())
+    plan = B.plan_budget("bert", shards, "15m", model_overrides=over, probe=FakeProbe(k, probe_s))
+    assert plan.preset == "tiny" and plan.max_steps == int(cap * unique / tiny.tokens_per_step)
+    assert any("prepare more text" in w for w in plan.warnings)
+    # nor when the small shape's passes would take more than half the time (here: two thirds)
+    monkeypatch.setattr(B, "GROW_WHEN_CAPPED", ("bert",))
+    plan = B.plan_budget("bert", shards, "15m", model_overrides=over, probe=FakeProbe(k / 2, probe_s))
+    assert plan.preset == "tiny" and any("prepare more text" in w for w in plan.warnings)
+
+
 def test_word2vec_budget_is_epochs(wordpiece_shards):
     shards = Shards.open(wordpiece_shards)
     unique = shards.counts("train")["tokens"]
