@@ -31,9 +31,9 @@ How a plan is made (the numbers are the module constants below; docs/training.md
    more text); a warning also says when the plan repeats the data more than ``FULL_VALUE_EPOCHS`` times.
 5. Small text, large time budget (families in ``GROW_WHEN_CAPPED``): when the winner of step 3 would make
    all its passes in at most ``GROW_MAX_SHARE`` of a time budget's training time, the plan takes instead
-   the smallest larger probed shape that
-   uses the whole budget within the cap, if that shape still makes ``FULL_VALUE_EPOCHS`` passes and
-   ``MIN_STEPS`` steps.  The text is exhausted for the small shape; the time left buys parameters.
+   the smallest larger probed shape that uses the whole budget within the cap, if that shape still makes
+   ``FULL_VALUE_EPOCHS`` passes and ``MIN_STEPS`` steps.  The text is exhausted for the small shape; the
+   time left buys parameters.
 
 The run then trains exactly ``max_steps`` steps (no wall-clock stop): the same plan, data and seed
 give the same weights whatever the machine's load, and ``--plan plan.json`` replays a plan elsewhere.
@@ -74,9 +74,10 @@ MAX_EPOCHS = 16.0  # the plan never repeats the training split more often ...
 # lower validation loss and transferred as well or better (docs/training.md "Budgets", step 4)
 MAX_EPOCHS_BY_FAMILY = {"bert": 32.0}
 # families whose plan moves to a larger shape when the chosen one would make all its passes in part of a time
-# budget (step 5 of the module docstring). Measured for BERT only: on the tweets (605k tokens) an hour gave
-# 'tiny' its 32 passes in 20 minutes; 'mini' trained the rest of the hour (27 passes) and fine-tuned 2.9 points
-# higher at 300 labels on held-out tweets (docs/training.md "Budgets", step 5)
+# budget (step 5 of the module docstring). Measured for BERT only: on the tweets (605k tokens, packed rows) an
+# hour gives 'tiny' its 32 passes in a quarter of the training time; 'mini' trained for all of it (27 passes)
+# and fine-tuned 2.9 points above the 16-pass 'tiny' at 300 labels on held-out tweets (docs/training.md
+# "Budgets", step 5)
 GROW_WHEN_CAPPED = ("bert",)
 GROW_MAX_SHARE = 0.5  # ... and only when those passes would take at most this share of the training time
 # share of the (budget - probe) kept for start-up, evaluation, checkpoints, the save, and the machine
