@@ -148,8 +148,17 @@ def barrier(env: DistEnv) -> None:
         dist.barrier()
 
 
-def cleanup(env: DistEnv) -> None:
-    """Leave the process group if :func:`init_distributed` created it."""
+def cleanup(env: DistEnv, wait: bool = True) -> None:
+    """Leave the process group if :func:`init_distributed` created it.
+
+    Args:
+        wait: first wait until every rank gets here. A rank that tears the group down while rank 0 still
+            writes its last files (a checkpoint, the plot, the model card) can abort in gloo's shutdown
+            ("terminate called without an active exception"), and torchrun then kills rank 0 as well.
+            Pass ``False`` on an error path, where a peer may never arrive.
+    """
     if env.owns_group and dist.is_initialized():
+        if wait and env.distributed:
+            dist.barrier()
         dist.destroy_process_group()
         env.owns_group = False

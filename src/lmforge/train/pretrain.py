@@ -243,6 +243,7 @@ def pretrain(
 
     # -- model and training ----------------------------------------------------------------------
     env = init_distributed(train_config.device)
+    finished = False
     try:
         seed_everything(train_config.seed)
         model, sampler = module.pretraining_setup(model_config, shards, tokenizer)
@@ -268,8 +269,9 @@ def pretrain(
         )
         trainer = Trainer(model, sampler, train_config, out, tokenizer=tokenizer, progress=progress)
         result = trainer.train(resume=resume)
+        finished = True
     finally:
-        cleanup(env)
+        cleanup(env, wait=finished)
     if env.is_main:
         update_card(out, shards=data_dir)  # the model card (README.md) from the folder's facts and the shards
     logger.debug("final config: %s", to_dict(train_config))
@@ -333,7 +335,10 @@ def evaluate_lm(
     model.load_weights(load_safetensors(p / "model.safetensors"))
     config = TrainConfig(batch_size=batch_size, eval_batches=batches, seed=seed, device=device)
     trainer = Trainer(model, sampler, config, p, progress=False, plot=False)
+    finished = False
     try:
-        return trainer.evaluate(split)
+        metrics = trainer.evaluate(split)
+        finished = True
+        return metrics
     finally:
-        cleanup(trainer.env)
+        cleanup(trainer.env, wait=finished)
