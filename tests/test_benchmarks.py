@@ -132,3 +132,43 @@ def test_benchmark_cli_curve_with_a_prompt(tmp_path, capsys):
         assert main([*argv[:2], bench, *argv[3:], *extra]) == 2
         err = capsys.readouterr().err.strip()
         assert msg in err and len(err.splitlines()) == 1
+
+
+def test_benchmark_cli_curve_with_a_baseline_in_another_shape(tmp_path, capsys):
+    import torch
+
+    from lmforge.models.bert import PRESETS, BertConfig, BertForPreTraining
+    from lmforge.tokenization import Tokenizer
+    from lmforge.transfer.curve import curve_leads, preset_body
+
+    tok = Tokenizer.train(iter(domain_text("en-tweets")[:2000]), kind="wordpiece", vocab_size=1000)
+    torch.manual_seed(0)
+    body = BertForPreTraining(BertConfig(vocab_size=tok.vocab_size, hidden_size=32, num_hidden_layers=1,
+                                         num_attention_heads=2, intermediate_size=64, max_position_embeddings=48,
+                                         max_seq_length=48))
+    body.tokenizer = tok
+    # the preset's shape, the pretrained body's vocabulary and positions, fresh weights
+    tiny = preset_body(body, "tiny")
+    assert (tiny.config.hidden_size, tiny.config.num_hidden_layers) == (PRESETS["tiny"]["hidden_size"],
+                                                                         PRESETS["tiny"]["num_hidden_layers"])
+    assert tiny.config.vocab_size == tok.vocab_size and tiny.config.max_position_embeddings == 48
+    assert tiny.tokenizer is tok and body.config.hidden_size == 32
+    body.save_pretrained(tmp_path / "bert", tok)
+    argv = ["benchmark", "curve", "en-tweets", str(tmp_path / "bert"), "--out", str(tmp_path / "c"), "--sizes", "30",
+            "--seeds", "0", "--n-test", "40", "--pool", "200", "--max-len", "32", "--min-steps", "5",
+            "--modes", "scratch", "finetune"]
+    assert main([*argv, "--scratch-presets", "tiny", "--lr-grid-finetune", "1e-3", "--lr-grid-scratch", "3e-3"]) == 0
+    out = capsys.readouterr().out
+    res = json.loads((tmp_path / "c" / "curve.json").read_text())
+    assert res["modes"] == ["scratch", "finetune", "scratch:tiny"]
+    runs = {r["mode"]: r for r in res["runs"]}
+    assert runs["scratch:tiny"]["choices"]["lr"] == 3e-3 == runs["scratch"]["choices"]["lr"]  # the scratch grid
+    lead = curve_leads(res)[30]
+    strongest = max(runs["scratch"]["score"], runs["scratch:tiny"]["score"])
+    assert lead["baseline_mean"] == strongest and lead["best"] == "finetune"
+    assert abs(lead["lead"] - (runs["finetune"]["score"] - strongest)) < 1e-12
+    assert f"{100 * lead['lead']:+.1f} points" in out
+    assert "strongest from-scratch baseline" in (tmp_path / "c" / "curve.md").read_text()
+    assert main([*argv, "--scratch-presets", "huge"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "no preset 'huge'" in err and len(err.splitlines()) == 1

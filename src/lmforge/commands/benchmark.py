@@ -49,6 +49,9 @@ def register(sub) -> None:
     c.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     c.add_argument("--modes", nargs="+", default=None,
                    help="subset of scratch frozen features finetune (default: scratch and every mode the family has)")
+    c.add_argument("--scratch-presets", nargs="+", default=[], metavar="PRESET",
+                   help="also train the from-scratch baseline in these presets' shapes (e.g. tiny), with the "
+                   "scratch grid; the lead is reported over the strongest baseline")
     c.add_argument("--n-test", type=int, default=1000, help="test examples (the start of the fixed test partition)")
     c.add_argument("--pool", type=int, default=10000,
                    help="labelled training-side examples the training sets are drawn from (with --score-on dev, "
@@ -107,7 +110,7 @@ def run_curve(args) -> int:
     from ..errors import LmforgeError
     from ..transfer import learning_curve
     from ..transfer.benchmarks import BENCHMARK_PROMPTS, hold_out_dev, load_benchmark
-    from ..transfer.curve import curve_table
+    from ..transfer.curve import curve_table, leads_text
     from .finetune import verbalizer_option
 
     grids = (args.lr_grid_finetune, args.lr_grid_scratch)
@@ -157,8 +160,12 @@ def run_curve(args) -> int:
         cache_dir=args.cache_dir,
         refit=args.refit,
         mode_options=per_mode,
+        scratch_presets=args.scratch_presets,
     )
     print(curve_table(res))
+    leads = leads_text(res)
+    if leads:
+        print(leads)
     if args.score_on == "dev":
         print(f"scored on {len(test)} held-out training-side examples (--score-on dev), not on the test set")
     print(f"wrote {args.out}/curve.png, curve.md, curve.json")

@@ -4,7 +4,10 @@ For each training-set size ``n`` and seed, ``n`` examples are drawn from the tra
 same draw for every mode of that seed, so that modes are compared on the same examples); each
 mode trains on them and is scored on the whole test set.  ``scratch`` is the same architecture
 initialised at random and trained end to end (``finetune`` with ``from_scratch=True``): the
-baseline that pretraining has to beat.
+baseline that pretraining has to beat.  ``scratch:PRESET`` is the same baseline in another preset's
+shape of the family (same tokenizer and position range): a larger pretrained shape is not a fair
+yardstick for itself when a smaller one trains better from a few hundred labels, so a curve can
+carry both and :func:`curve_leads` measures against the stronger.
 
 With few examples an epoch is only a few steps, so every run trains for at least ``min_steps``
 optimizer steps (more epochs for small ``n``); all modes get the same rule.
@@ -50,6 +53,41 @@ def with_min_steps(cfg: TransferConfig, family: str, n: int, min_steps: int) -> 
     return dataclasses.replace(cfg, epochs=epochs)
 
 
+# config keys a ``scratch:PRESET`` body keeps from the pretrained one: the positions the inputs need
+_KEEP_FROM_BODY = ("max_position_embeddings", "n_positions", "max_seq_length")
+
+
+def is_scratch(mode: str) -> bool:
+    """``scratch`` or ``scratch:PRESET``: a baseline trained from a random init."""
+    return mode == "scratch" or mode.startswith("scratch:")
+
+
+def preset_body(body: nn.Module, preset: str) -> nn.Module:
+    """A randomly initialised body of ``body``'s family in the shape of ``preset``, with its tokenizer.
+
+    The preset's keys replace the pretrained config's (layers, width, heads, dropout); the vocabulary,
+    the special ids and the position range stay the pretrained body's, so the same inputs fit both.
+    """
+    from ..models.registry import get_family
+
+    family = get_family(getattr(body, "model_type", None), LmforgeError)
+    if "finetune" not in family.transfer_modes:
+        raise LmforgeError(f"scratch:{preset}: {family.label} bodies are not fine-tuned, so there is no such baseline")
+    presets = family.presets
+    if preset not in presets:
+        raise LmforgeError(
+            f"scratch:{preset}: {family.label} has no preset '{preset}'; choose from {', '.join(presets)}"
+        )
+    keys = {k: v for k, v in presets[preset].items() if k not in _KEEP_FROM_BODY}
+    unknown = [k for k in keys if not hasattr(body.config, k)]
+    if unknown:
+        raise LmforgeError(f"scratch:{preset}: the preset sets {unknown}, which a {family.label} config does not have")
+    out = type(body)(dataclasses.replace(body.config, **keys))
+    out.tokenizer = body.tokenizer
+    out.eval()
+    return out
+
+
 def _copy_body(body: nn.Module) -> nn.Module:
     """A deep copy of ``body`` sharing its tokenizer (tokenizers need not be copyable)."""
     tok = body.tokenizer
@@ -74,6 +112,7 @@ def learning_curve(
     min_steps: int = 100,
     mode_options: dict[str, dict] | None = None,
     progress: Callable[[str], None] | None = None,
+    scratch_presets: Sequence[str] = (),
     **options,
 ) -> dict:
     """Score each mode at each training-set size over several seeds.
@@ -84,11 +123,13 @@ def learning_curve(
         train: the pool that the training sets are drawn from; test: scored in full.
         sizes: training-set sizes (sizes larger than the pool are skipped, with a warning).
         seeds: one draw and one training seed each.
-        modes: a subset of :data:`CURVE_MODES` (default: ``scratch`` plus what the family supports).
+        modes: a subset of :data:`CURVE_MODES` (default: ``scratch`` plus what the family supports), and
+            ``scratch:PRESET`` for a from-scratch baseline in another preset's shape.
         out_dir: when given, writes ``curve.json``, ``curve.md`` (the table) and ``curve.png``.
         min_steps: the least number of optimizer steps of any run.
         mode_options: per-mode overrides of the TransferConfig fields, e.g. ``{"finetune": {"lr": 3e-4}}``.
         progress: called with one line per finished run.
+        scratch_presets: adds a ``scratch:PRESET`` mode for each (options as ``scratch``'s in ``mode_options``).
         **options: TransferConfig fields for every mode (batch_size, max_len, ...).
     Returns:
         ``{"task", "metric", "family", "sizes", "modes", "runs": [{"mode", "n", "seed", "score", ...}],
@@ -100,8 +141,8 @@ def learning_curve(
         raise LmforgeError(f"unknown model family '{family}'")
     if not modes:
         modes = ["scratch", *[m for m in ("frozen", "features", "finetune") if m in SUPPORTED[family]]]
-    modes = list(modes)
-    bad = [m for m in modes if m not in CURVE_MODES]
+    modes = list(modes) + [f"scratch:{p}" for p in scratch_presets if f"scratch:{p}" not in modes]
+    bad = [m for m in modes if m not in CURVE_MODES and not m.startswith("scratch:")]
     if bad:
         raise LmforgeError(f"unknown learning-curve mode(s) {bad}; choose from {', '.join(CURVE_MODES)}")
     pool = train if isinstance(train, TaskData) else load_task(train, task)
@@ -118,14 +159,16 @@ def learning_curve(
     options = {k: v for k, v in options.items() if v is not None}  # unset: the mode's (or baseline's) default
 
     def config(mode: str, n: int, seed: int) -> TransferConfig:
-        real = "finetune" if mode == "scratch" else mode
-        per_mode = {k: v for k, v in mode_options.get(mode, {}).items() if v is not None}
+        real = "finetune" if is_scratch(mode) else mode
+        own = mode_options.get(mode, mode_options.get("scratch", {}) if is_scratch(mode) else {})
+        per_mode = {k: v for k, v in own.items() if v is not None}
         opts = {**options, **per_mode}
-        cfg = TransferConfig(task=task, mode=real, seed=seed, from_scratch=mode == "scratch", **opts)
+        cfg = TransferConfig(task=task, mode=real, seed=seed, from_scratch=is_scratch(mode), **opts)
         return cfg if "epochs" in opts else with_min_steps(cfg, family, n, min_steps)
 
     for mode in modes:  # fail before any training when a mode does not fit the family
         check_supported(family, config(mode, usable[0], seeds[0]))
+    shaped = {m: preset_body(body, m.split(":", 1)[1]) for m in modes if m.startswith("scratch:")}
 
     # features: the body runs once over the whole pool and the test set; subsets select rows
     stores = {}
@@ -145,7 +188,8 @@ def learning_curve(
                 logger.info("n=%d seed=%d: the draw has no example of %s", n, seed, sorted(missing))
             for mode in modes:
                 cfg = config(mode, n, seed)
-                b = body if mode == "features" else _copy_body(body)  # frozen GPT trains its task-token rows
+                # frozen GPT trains its task-token rows, so every trained mode gets its own copy
+                b = body if mode == "features" else _copy_body(shaped.get(mode, body))
                 run = TransferRun(b, cfg, pool.labels, model_dir)
                 t0 = time.time()
                 if mode == "features":
@@ -201,6 +245,41 @@ def learning_curve(
     return result
 
 
+def curve_leads(result: dict) -> dict[int, dict]:
+    """Per size: the best transfer mode's mean minus the strongest from-scratch baseline's mean.
+
+    Returns ``{n: {"best", "best_mean", "baseline", "baseline_mean", "lead"}}`` for the sizes where the
+    curve has both a transfer mode and a baseline (empty otherwise).
+    """
+    base = [m for m in result["modes"] if is_scratch(m)]
+    tran = [m for m in result["modes"] if not is_scratch(m)]
+    out: dict[int, dict] = {}
+    if not base or not tran:
+        return out
+    for n in result["sizes"]:
+
+        def mean(m: str, n: int = n) -> float:
+            s = result["summary"][m]
+            return (s[n] if n in s else s[str(n)])["mean"]
+
+        best = max(tran, key=mean)
+        floor = max(base, key=mean)
+        out[n] = {"best": best, "best_mean": mean(best), "baseline": floor, "baseline_mean": mean(floor),
+                  "lead": mean(best) - mean(floor)}
+    return out
+
+
+def leads_text(result: dict) -> str:
+    """One line per size: the best mode against the strongest baseline, in points (every headline metric is
+    a fraction); empty when there is nothing to compare."""
+    lines = [
+        f"{n} labels: {d['best']} {d['best_mean']:.3f} - {d['baseline']} {d['baseline_mean']:.3f} = "
+        f"{100 * d['lead']:+.1f} points"
+        for n, d in curve_leads(result).items()
+    ]
+    return ("best mode against the strongest from-scratch baseline:\n" + "\n".join(lines) + "\n") if lines else ""
+
+
 def curve_table(result: dict) -> str:
     """The curve as a markdown table: one row per size, one column per mode, ``mean ± std``."""
     modes = result["modes"]
@@ -226,6 +305,9 @@ def write_curve(result: dict, out_dir: str | Path) -> Path:
         f"({result['family']}, task {result['task']}), "
         f"mean ± std over {seeds} seed(s)\n\n" + curve_table(result)
     )
+    leads = leads_text(result)
+    if leads:
+        md += "\n" + leads
     atomic_write_text(out / "curve.md", md)
     import matplotlib
 
