@@ -310,25 +310,21 @@ def curve_verdicts(C: dict) -> list[str]:
     Pretraining wins at a size when it is ahead on average and on every seed; ahead on average but not
     on every seed is no clear win; behind on average, it does not win yet.
     """
-    if "scratch" not in C["modes"] or len(C["modes"]) < 2:
-        return []
+    from ..transfer.curve import curve_leads
+
     out = []
-    for n in C["sizes"]:
-        sc = C["summary"]["scratch"][str(n)]
-        best = max((m for m in C["modes"] if m != "scratch"), key=lambda m: C["summary"][m][str(n)]["mean"])
-        b = C["summary"][best][str(n)]
-        gain = b["mean"] - sc["mean"]
-        per_seed = [x - y for x, y in zip(b["scores"], sc["scores"])]
-        ahead = sum(d > 0 for d in per_seed)
-        seeds = " / ".join(f"{100 * d:+.1f}" for d in per_seed)
+    for n, d in curve_leads(C).items():
+        per_seed, gain = d["per_seed"], d["lead"]
+        ahead = sum(x > 0 for x in per_seed)
+        seeds = " / ".join(f"{100 * x:+.1f}" for x in per_seed)
         if gain > 0 and ahead == len(per_seed):
             word = f"pretraining wins, on every seed: {seeds}"
         elif gain > 0:
             word = f"ahead on {ahead} of {len(per_seed)} seeds ({seeds}): not a clear win"
         else:
             word = f"pretraining does not win yet ({seeds} by seed)"
-        out.append(f"n={n}: {best} {100 * b['mean']:.1f}% vs scratch {100 * sc['mean']:.1f}% ({100 * gain:+.1f} "
-                   f"points; {word})")
+        out.append(f"n={n}: {d['best']} {100 * d['best_mean']:.1f}% vs {d['baseline']} {100 * d['baseline_mean']:.1f}% "
+                   f"({100 * gain:+.1f} points; {word})")
     return out
 
 

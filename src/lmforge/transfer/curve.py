@@ -248,8 +248,9 @@ def learning_curve(
 def curve_leads(result: dict) -> dict[int, dict]:
     """Per size: the best transfer mode's mean minus the strongest from-scratch baseline's mean.
 
-    Returns ``{n: {"best", "best_mean", "baseline", "baseline_mean", "lead"}}`` for the sizes where the
-    curve has both a transfer mode and a baseline (empty otherwise).
+    Returns ``{n: {"best", "best_mean", "baseline", "baseline_mean", "lead", "per_seed"}}`` (``per_seed``:
+    best minus baseline on each seed's draw) for the sizes where the curve has both a transfer mode and a
+    baseline; empty otherwise.  Works on a result read back from ``curve.json`` (string size keys) too.
     """
     base = [m for m in result["modes"] if is_scratch(m)]
     tran = [m for m in result["modes"] if not is_scratch(m)]
@@ -258,14 +259,15 @@ def curve_leads(result: dict) -> dict[int, dict]:
         return out
     for n in result["sizes"]:
 
-        def mean(m: str, n: int = n) -> float:
+        def at(m: str, n: int = n) -> dict:
             s = result["summary"][m]
-            return (s[n] if n in s else s[str(n)])["mean"]
+            return s[n] if n in s else s[str(n)]
 
-        best = max(tran, key=mean)
-        floor = max(base, key=mean)
-        out[n] = {"best": best, "best_mean": mean(best), "baseline": floor, "baseline_mean": mean(floor),
-                  "lead": mean(best) - mean(floor)}
+        best = max(tran, key=lambda m: at(m)["mean"])
+        floor = max(base, key=lambda m: at(m)["mean"])
+        b, f = at(best), at(floor)
+        out[n] = {"best": best, "best_mean": b["mean"], "baseline": floor, "baseline_mean": f["mean"],
+                  "lead": b["mean"] - f["mean"], "per_seed": [x - y for x, y in zip(b["scores"], f["scores"])]}
     return out
 
 
