@@ -310,7 +310,7 @@ def curve_verdicts(C: dict) -> list[str]:
     Pretraining wins at a size when it is ahead on average and on every seed; ahead on average but not
     on every seed is no clear win; behind on average, it does not win yet.
     """
-    from ..transfer.curve import curve_leads
+    from ..transfer.curve import curve_leads  # heavy: it imports torch, which the rest of the report does not
 
     out = []
     for n, d in curve_leads(C).items():

@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
+import warnings
 
 import torch
 import torch.distributed as dist
@@ -104,9 +105,14 @@ def wrap_model(model: nn.Module, env: DistEnv, find_unused_parameters: bool = Fa
     from torch.nn.parallel import DistributedDataParallel
 
     ids = [env.device.index] if env.device.type == "cuda" else None
-    return DistributedDataParallel(
-        model, device_ids=ids, find_unused_parameters=find_unused_parameters, broadcast_buffers=False
-    )
+    with warnings.catch_warnings():
+        # torch 2.13 deprecates broadcast_buffers for forward_sync_buffers, which still syncs buffers once at
+        # init (gloo cannot send ELMo's int16 table); its warning says to keep broadcast_buffers=False until
+        # an init-time switch exists, so the warning is silenced here and nowhere else
+        warnings.filterwarnings("ignore", message=".*broadcast_buffers.*", category=FutureWarning)
+        return DistributedDataParallel(
+            model, device_ids=ids, find_unused_parameters=find_unused_parameters, broadcast_buffers=False
+        )
 
 
 def any_rank(flag: bool, env: DistEnv) -> bool:

@@ -29,6 +29,7 @@ import numpy as np
 from torch import nn
 
 from ..errors import LmforgeError
+from ..models.registry import get_family
 from ..utils import atomic_write_text
 from .config import SUPPORTED, TransferConfig, check_supported
 from .run import TransferRun, load_body
@@ -68,8 +69,6 @@ def preset_body(body: nn.Module, preset: str) -> nn.Module:
     The preset's keys replace the pretrained config's (layers, width, heads, dropout); the vocabulary,
     the special ids and the position range stay the pretrained body's, so the same inputs fit both.
     """
-    from ..models.registry import get_family
-
     family = get_family(getattr(body, "model_type", None), LmforgeError)
     if "finetune" not in family.transfer_modes:
         raise LmforgeError(f"scratch:{preset}: {family.label} bodies are not fine-tuned, so there is no such baseline")
