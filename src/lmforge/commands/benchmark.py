@@ -42,6 +42,8 @@ def register(sub) -> None:
         "curve.json (every run, its choices and validation score), curve.md (mean and spread per size and mode) "
         "and curve.png into --out.",
     )
+    from .finetune import add_prompt_args, add_truncation_arg
+
     c.add_argument("name", choices=BENCHMARKS)
     c.add_argument("model_dir", help="pretrained model folder")
     c.add_argument("--out", required=True, help="folder for curve.json, curve.md and curve.png")
@@ -62,6 +64,7 @@ def register(sub) -> None:
     c.add_argument("--dev-size", type=int, default=2000, help="held-out dev examples with --score-on dev")
     c.add_argument("--min-steps", type=int, default=100, help="every run trains at least this many steps")
     c.add_argument("--max-len", type=int, default=128)
+    add_truncation_arg(c)
     c.add_argument("--batch-size", type=int, default=32)
     c.add_argument("--cache-dir", default=None, help="features mode: vector cache (default ~/.cache/lmforge/features)")
     c.add_argument("--finetune-lr", type=float, default=None, help="lr of finetune and scratch runs")
@@ -72,8 +75,6 @@ def register(sub) -> None:
                    help="scratch: as many trials on the same validation split (give both grids or neither)")
     c.add_argument("--no-refit", dest="refit", action="store_false",
                    help="keep each run's best validation epoch instead of refitting on all its examples")
-    from .finetune import add_prompt_args
-
     add_prompt_args(c)
     c.add_argument("--prompt-modes", nargs="+", default=["finetune", "frozen"], metavar="MODE",
                    help="the modes that read the --prompt (default: finetune frozen; add scratch to give the "
@@ -156,6 +157,7 @@ def run_curve(args) -> int:
         out_dir=args.out,
         min_steps=args.min_steps,
         max_len=args.max_len,
+        truncation=args.truncation,
         batch_size=args.batch_size,
         cache_dir=args.cache_dir,
         refit=args.refit,

@@ -7,6 +7,15 @@ import json
 from ..errors import LmforgeError
 
 
+def add_truncation_arg(p) -> None:
+    """``--truncation``: how a text longer than --max-len is cut (finetune and benchmark curve)."""
+    p.add_argument(
+        "--truncation", choices=["head", "head+tail"], default="head",
+        help="a text longer than --max-len keeps its start (head), or its first quarter and as much of its "
+        "end as fits (head+tail: where reviews tend to state their verdict); classify and pair tasks",
+    )
+
+
 def add_prompt_args(p) -> None:
     """``--prompt`` and ``--verbalizer``: prompted BERT classification (shared with ``benchmark curve``)."""
     p.add_argument(
@@ -108,6 +117,7 @@ def register(sub) -> None:
     )
     p.add_argument("--batch-size", type=int, default=32)
     p.add_argument("--max-len", type=int, default=128, help="most tokens per input, special tokens included")
+    add_truncation_arg(p)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument(
         "--classifier",
@@ -208,6 +218,7 @@ def run(args) -> int:
         "bf16": args.bf16,
         "batch_size": args.batch_size,
         "max_len": args.max_len,
+        "truncation": args.truncation,
         "seed": args.seed,
         "classifier": args.classifier,
         "pool": args.pool,

@@ -29,7 +29,7 @@ import logging
 
 from ..errors import ConfigError, LmforgeError
 from ..models.registry import FAMILIES
-from .encoding import DEFAULT_POOL, POOLS
+from .encoding import DEFAULT_POOL, POOLS, TRUNCATIONS
 from .heads import CLASSIFIERS
 from .specs import SPECS
 
@@ -80,6 +80,9 @@ class TransferConfig:
             (overrides ``lr``).
         batch_size: examples per step (also per body pass when extracting features).
         max_len: most positions per input, special tokens included (longer inputs are cut).
+        truncation: how a longer text is cut (``classify`` and ``pair``): ``head`` keeps its start;
+            ``head+tail`` keeps its first quarter of the room and fills the rest from its end, where a
+            review often states its verdict (Sun et al. 2019 found head+tail best for long texts).
         seed: seeds the validation split, the head's init, dropout and the order of examples.
         classifier: ``linear`` (dropout + Linear), ``logreg``, ``mlp`` or ``bilstm``; default ``logreg``
             in features mode, else ``linear``.
@@ -139,6 +142,7 @@ class TransferConfig:
     lr_grid: list[float] | None = None
     batch_size: int = 32
     max_len: int = 128
+    truncation: str = "head"
     seed: int = 0
     classifier: str | None = None
     freeze_layers: int | None = None
@@ -183,6 +187,14 @@ class TransferConfig:
             self.lr_grid = [float(x) for x in self.lr_grid]
             need(bool(self.lr_grid) and all(0 < x < float("inf") for x in self.lr_grid), "lr_grid must hold lrs > 0")
         need(self.batch_size >= 1 and self.max_len >= 8, "batch_size must be >= 1 and max_len >= 8")
+        need(
+            self.truncation in TRUNCATIONS,
+            f"truncation must be one of {', '.join(TRUNCATIONS)}, got {self.truncation!r}",
+        )
+        need(
+            self.truncation == "head" or self.task in ("classify", "pair"),
+            f"truncation {self.truncation!r} cuts whole texts (classify, pair); {self.task} keeps every word it can",
+        )
         need(self.freeze_layers is None or self.freeze_layers >= 0, "freeze_layers must be >= 0")
         need(self.layer_lr_decay is None or 0 < self.layer_lr_decay <= 1, "layer_lr_decay must be in (0, 1]")
         need(self.warmup is None or 0 <= self.warmup < 1, "warmup must be in [0, 1)")

@@ -34,6 +34,9 @@ logger = logging.getLogger(__name__)
 DEFAULT_POOL = {"bert": "cls", "gpt": "last", "elmo": "mean", "word2vec": "mean"}
 # pooler: read at [CLS], through BERT's tanh pooler; mask: read at the [MASK] of a prompt (see InputFormat)
 POOLS = ("cls", "pooler", "last", "mean", "tokens", "mask")
+# how a text longer than the room is cut: keep its start, or its first quarter and as much of its end as fits
+TRUNCATIONS = ("head", "head+tail")
+HEAD_SHARE = 0.25  # head+tail: the share of the room kept from the start (Sun et al. 2019: 128 of 510)
 MASK = "[MASK]"
 
 
@@ -136,6 +139,8 @@ class InputFormat:
             ``[CLS] template-with-text [SEP]`` and the head reads the ``[MASK]`` position, where the
             masked LM would predict a word (pattern-exploiting fine-tuning, Schick & Schuetze 2021).
             The text and the template's pieces are tokenized apart, and only the text is cut to fit.
+        truncation: how a text longer than its room is cut: ``head`` (keep the start) or ``head+tail``
+            (keep the first quarter of the room from the start and the rest from the end).
     """
 
     def __init__(
@@ -148,6 +153,7 @@ class InputFormat:
         doc_stride: int | None = None,
         both_orders: bool = False,
         prompt: str | None = None,
+        truncation: str = "head",
     ):
         if tokenizer is None:
             raise LmforgeError(f"the {family} model has no tokenizer attached; load it with lmforge.load(model_dir)")
@@ -177,6 +183,9 @@ class InputFormat:
                 f"or last (GPT); this {family} run reads '{self.pool}'"
             )
         self.both_orders = both_orders
+        if truncation not in TRUNCATIONS:
+            raise LmforgeError(f"unknown truncation '{truncation}'; choose one of {', '.join(TRUNCATIONS)}")
+        self.truncation = truncation
         self.n_special = {"bert": 3, "gpt": 3}.get(family, 0)
         if (self.pool == "mask") != (prompt is not None):
             raise LmforgeError("a prompt is read at its [MASK]: give --prompt together with the mask read-out")
@@ -262,6 +271,15 @@ class InputFormat:
                 lb -= 1
         return la, lb
 
+    def _cut(self, ids: list[int], keep: int) -> list[int]:
+        """``keep`` of ``ids``: the first ones, or with head+tail the first quarter and the last ones."""
+        if len(ids) <= keep:
+            return ids
+        if self.truncation == "head" or keep < 2:
+            return ids[:keep]
+        head = max(1, int(keep * HEAD_SHARE))
+        return ids[:head] + ids[len(ids) - (keep - head):]
+
     # -- the kinds of examples (choice: one encode_text pair per choice) --------------------------------
     def encode_text(self, text: str, text_pair: str | None = None) -> Encoding:
         """A sentence or a sentence pair, read as one vector (or two means for plain pairs).
@@ -277,8 +295,8 @@ class InputFormat:
         a, _ = self._pieces(text)
         b = self._pieces(text_pair)[0] if text_pair is not None else None
         la, lb = self._budget(len(a), len(b) if b is not None else None)
-        a = a[:la]
-        b = b[:lb] if b is not None else None
+        a = self._cut(a, la)
+        b = self._cut(b, lb) if b is not None else None
         if self._prompt_ids is not None:
             if b is not None:
                 raise LmforgeError("--prompt reads single texts (--task classify), not pairs")

@@ -145,6 +145,7 @@ class TransferRun:
             doc_stride=cfg.doc_stride,
             both_orders=cfg.both_orders,
             prompt=cfg.prompt,
+            truncation=cfg.truncation,
         )
         self.layer = cfg.layer_choice(self.family)
         self.pooler = self.fmt.pool == "pooler"
@@ -413,6 +414,8 @@ class TransferRun:
             "both_orders": self.cfg.both_orders,
             "tokenizer": getattr(self.body.tokenizer, "hash", None),
         }
+        if self.cfg.truncation != "head":  # the default keeps the keys of caches written before the option
+            settings["truncation"] = self.cfg.truncation
         key = FT.cache_key(self.weights_hash(), data.content_hash(), settings)
         path = FT.cache_dir(self.cfg) / f"{key}.safetensors"
         meta = {"source": str(data.source), "examples": str(len(data)), "family": str(self.family)}

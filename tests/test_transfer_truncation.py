@@ -1,0 +1,80 @@
+"""``truncation``: a text longer than ``max_len`` keeps its start (head) or its start and its end (head+tail)."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+from test_transfer_families import FILL, tiny_bert
+from test_transfer_prompt import verbalizer  # noqa: F401, F811  (fixture: two one-token words of the vocabulary)
+
+from lmforge.cli import main
+from lmforge.errors import ConfigError, LmforgeError
+from lmforge.transfer import load_run, run_transfer
+from lmforge.transfer.config import TransferConfig
+from lmforge.transfer.encoding import InputFormat
+from lmforge.transfer.tasks import TaskData, TextExample
+
+
+def test_head_and_head_tail_cuts(wordpiece_tokenizer):
+    tok = wordpiece_tokenizer
+    text = " ".join(FILL[i % len(FILL)] for i in range(40))
+    body = tok.encode_with_offsets(text)[0]
+    assert len(body) > 30
+    head = InputFormat("bert", tok, max_len=18, pool="cls").encode_text(text).input_ids
+    both = InputFormat("bert", tok, max_len=18, pool="cls", truncation="head+tail").encode_text(text).input_ids
+    # BERT keeps room for three specials, so 15 text positions: head+tail takes a quarter (3) from the start
+    assert head == [tok.cls_id, *body[:15], tok.sep_id]
+    assert both == [tok.cls_id, *body[:3], *body[-12:], tok.sep_id]
+    short = "the name of a python"
+    ids = tok.encode_with_offsets(short)[0]
+    for how in ("head", "head+tail"):  # a text that fits is never cut
+        fmt = InputFormat("bert", tok, max_len=18, pool="cls", truncation=how)
+        assert fmt.encode_text(short).input_ids == [tok.cls_id, *ids, tok.sep_id]
+    # a pair: the longer side gives up room first, and each side keeps its own start and end
+    pair = InputFormat("bert", tok, max_len=21, pool="cls", truncation="head+tail").encode_text(text, text)
+    assert pair.input_ids == [tok.cls_id, *body[:2], *body[-7:], tok.sep_id, *body[:2], *body[-7:], tok.sep_id]
+    with pytest.raises(LmforgeError, match="unknown truncation"):
+        InputFormat("bert", tok, max_len=18, truncation="middle")
+
+
+def test_truncation_settings_are_checked():
+    with pytest.raises(ConfigError, match="truncation must be one of head, head\\+tail"):
+        TransferConfig(truncation="tail")
+    with pytest.raises(ConfigError, match="classify, pair"):
+        TransferConfig(task="tokens", truncation="head+tail")
+
+
+def _data(n: int, seed: int, words: dict[str, str]) -> TaskData:
+    """Long texts of filler words whose label word comes last: past any head-only cut of 16 positions."""
+    rng = random.Random(seed)
+    out = []
+    for _ in range(n):
+        label = rng.choice(["pos", "neg"])
+        out.append(TextExample(" ".join([*(rng.choice(FILL) for _ in range(30)), words[label]]), label=label))
+    return TaskData("classify", out, ["neg", "pos"], "toy")
+
+
+def test_head_tail_reads_the_end_that_head_cuts_away(tmp_path, wordpiece_tokenizer, verbalizer, capsys):  # noqa: F811
+    tok = wordpiece_tokenizer
+    body_dir = tmp_path / "bert"
+    tiny_bert(tok, seed=0).save_pretrained(body_dir, tok)
+    train, test = _data(96, 1, verbalizer), _data(60, 2, verbalizer)
+    opts = dict(mode="finetune", epochs=15, patience=15, lr=1e-3, batch_size=8, max_len=16, seed=0)
+    head = run_transfer(str(body_dir), "classify", train, test, **opts)
+    both = run_transfer(str(body_dir), "classify", train, test, out_dir=tmp_path / "run", truncation="head+tail",
+                        **opts)
+    assert head["accuracy"] <= 0.7  # the label word is cut away: nothing to learn but chance
+    assert both["accuracy"] >= 0.9
+    run = load_run(tmp_path / "run")  # the setting is saved with the run, so predictions cut the same way
+    assert run.cfg.truncation == "head+tail" and run.fmt.truncation == "head+tail"
+    preds = [p["label"] for p in run.predict(test)]
+    assert sum(p == ex.label for p, ex in zip(preds, test.examples)) / len(test) == both["accuracy"]
+    # a tagging benchmark keeps every word it can: one line, before any training
+    argv = ["benchmark", "curve", "zh-ner", str(body_dir), "--out", str(tmp_path / "c"), "--sizes", "30", "--seeds",
+            "0", "--n-test", "20", "--pool", "100", "--truncation", "head+tail"]
+    capsys.readouterr()
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert "cuts whole texts (classify, pair)" in err and len(err.splitlines()) == 1
+    assert not (tmp_path / "c").exists()
