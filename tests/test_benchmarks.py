@@ -103,7 +103,8 @@ def test_benchmark_cli_learning_curve(tmp_path, capsys):
     assert "as many lrs" in err and "Traceback" not in err and len(err.strip().splitlines()) == 1
 
 
-def test_benchmark_cli_curve_with_a_prompt(tmp_path, capsys):
+def _tweets_bert(max_positions: int):
+    """A WordPiece tokenizer trained on 2,000 tweets and a 1-layer, 32-wide random BERT over it (tokenizer attached)."""
     import torch
 
     from lmforge.models.bert import BertConfig, BertForPreTraining
@@ -112,8 +113,14 @@ def test_benchmark_cli_curve_with_a_prompt(tmp_path, capsys):
     tok = Tokenizer.train(iter(domain_text("en-tweets")[:2000]), kind="wordpiece", vocab_size=1000)
     torch.manual_seed(0)
     body = BertForPreTraining(BertConfig(vocab_size=tok.vocab_size, hidden_size=32, num_hidden_layers=1,
-                                         num_attention_heads=2, intermediate_size=64, max_position_embeddings=64,
-                                         max_seq_length=64))
+                                         num_attention_heads=2, intermediate_size=64,
+                                         max_position_embeddings=max_positions, max_seq_length=max_positions))
+    body.tokenizer = tok
+    return tok, body
+
+
+def test_benchmark_cli_curve_with_a_prompt(tmp_path, capsys):
+    tok, body = _tweets_bert(64)
     body.save_pretrained(tmp_path / "bert", tok)
     argv = ["benchmark", "curve", "en-tweets", str(tmp_path / "bert"), "--out", str(tmp_path / "c"), "--sizes", "30",
             "--seeds", "0", "--n-test", "40", "--pool", "200", "--max-len", "32", "--min-steps", "5"]
@@ -135,18 +142,10 @@ def test_benchmark_cli_curve_with_a_prompt(tmp_path, capsys):
 
 
 def test_benchmark_cli_curve_with_a_baseline_in_another_shape(tmp_path, capsys):
-    import torch
-
-    from lmforge.models.bert import PRESETS, BertConfig, BertForPreTraining
-    from lmforge.tokenization import Tokenizer
+    from lmforge.models.bert import PRESETS
     from lmforge.transfer.curve import curve_leads, preset_body
 
-    tok = Tokenizer.train(iter(domain_text("en-tweets")[:2000]), kind="wordpiece", vocab_size=1000)
-    torch.manual_seed(0)
-    body = BertForPreTraining(BertConfig(vocab_size=tok.vocab_size, hidden_size=32, num_hidden_layers=1,
-                                         num_attention_heads=2, intermediate_size=64, max_position_embeddings=48,
-                                         max_seq_length=48))
-    body.tokenizer = tok
+    tok, body = _tweets_bert(48)
     # the preset's shape, the pretrained body's vocabulary and positions, fresh weights
     tiny = preset_body(body, "tiny")
     assert (tiny.config.hidden_size, tiny.config.num_hidden_layers) == (PRESETS["tiny"]["hidden_size"],
