@@ -143,7 +143,9 @@ def learning_curve(
     modes = list(modes) + [f"scratch:{p}" for p in scratch_presets if f"scratch:{p}" not in modes]
     bad = [m for m in modes if m not in CURVE_MODES and not m.startswith("scratch:")]
     if bad:
-        raise LmforgeError(f"unknown learning-curve mode(s) {bad}; choose from {', '.join(CURVE_MODES)}")
+        raise LmforgeError(
+            f"unknown learning-curve mode(s) {bad}; choose from {', '.join(CURVE_MODES)} or scratch:PRESET"
+        )
     pool = train if isinstance(train, TaskData) else load_task(train, task)
     test_d = test if isinstance(test, TaskData) else load_task(test, task)
     check_labels(pool, test_d)
@@ -244,6 +246,12 @@ def learning_curve(
     return result
 
 
+def _at(result: dict, mode: str, n: int) -> dict:
+    """The summary of ``mode`` at size ``n`` (its keys are strings in a result read back from curve.json)."""
+    s = result["summary"][mode]
+    return s[n] if n in s else s[str(n)]
+
+
 def curve_leads(result: dict) -> dict[int, dict]:
     """Per size: the best transfer mode's mean minus the strongest from-scratch baseline's mean.
 
@@ -257,14 +265,9 @@ def curve_leads(result: dict) -> dict[int, dict]:
     if not base or not tran:
         return out
     for n in result["sizes"]:
-
-        def at(m: str, n: int = n) -> dict:
-            s = result["summary"][m]
-            return s[n] if n in s else s[str(n)]
-
-        best = max(tran, key=lambda m: at(m)["mean"])
-        floor = max(base, key=lambda m: at(m)["mean"])
-        b, f = at(best), at(floor)
+        best = max(tran, key=lambda m: _at(result, m, n)["mean"])
+        floor = max(base, key=lambda m: _at(result, m, n)["mean"])
+        b, f = _at(result, best, n), _at(result, floor, n)
         out[n] = {"best": best, "best_mean": b["mean"], "baseline": floor, "baseline_mean": f["mean"],
                   "lead": b["mean"] - f["mean"], "per_seed": [x - y for x, y in zip(b["scores"], f["scores"])]}
     return out
@@ -274,7 +277,7 @@ def leads_text(result: dict) -> str:
     """One line per size: the best mode against the strongest baseline, in points (every headline metric is
     a fraction); empty when there is nothing to compare."""
     lines = [
-        f"{n} labels: {d['best']} {d['best_mean']:.3f} - {d['baseline']} {d['baseline_mean']:.3f} = "
+        f"n={n}: {d['best']} {d['best_mean']:.3f} - {d['baseline']} {d['baseline_mean']:.3f} = "
         f"{100 * d['lead']:+.1f} points"
         for n, d in curve_leads(result).items()
     ]
@@ -289,7 +292,7 @@ def curve_table(result: dict) -> str:
     for n in result["sizes"]:
         cells = []
         for m in modes:
-            s = result["summary"][m][n] if n in result["summary"][m] else result["summary"][m][str(n)]
+            s = _at(result, m, n)
             cells.append(f"{s['mean']:.3f} ± {s['std']:.3f}")
         rows.append(f"| {n} | {' | '.join(cells)} |")
     return head + "\n" + "\n".join(rows) + "\n"
