@@ -50,7 +50,8 @@ def register(sub) -> None:
     c.add_argument("--sizes", type=int, nargs="+", default=[100, 300, 1000], help="training-set sizes")
     c.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     c.add_argument("--modes", nargs="+", default=None,
-                   help="subset of scratch frozen features finetune (default: scratch and every mode the family has)")
+                   help="subset of scratch frozen features finetune, or scratch:PRESET (default: scratch and every "
+                   "mode the family has)")
     c.add_argument("--scratch-presets", nargs="+", default=[], metavar="PRESET",
                    help="also train the from-scratch baseline in these presets' shapes (e.g. tiny), with the "
                    "scratch grid; the lead is reported over the strongest baseline")
