@@ -25,6 +25,12 @@ def register(sub) -> None:
         action="store_true",
         help="append lmforge's built-in English corpus as the general-domain part",
     )
+    t.add_argument(
+        "--with-debian",
+        action="store_true",
+        help="then append the English of Debian's fortunes and GCIDE dictionary, every WordNet example sentence "
+        "left out (3.8M words; apt-get install fortunes dict-gcide)",
+    )
     t.set_defaults(func=run_text)
     d = verbs.add_parser("data", help="labelled files: a seeded training draw and the fixed test set")
     d.add_argument("name", choices=BENCHMARKS)
@@ -86,8 +92,9 @@ def register(sub) -> None:
 def run_text(args) -> int:
     from ..transfer.benchmarks import write_domain_text
 
-    docs = write_domain_text(args.name, args.out, with_general=args.with_general)
-    general = " plus the built-in English corpus" if args.with_general else ""
+    docs = write_domain_text(args.name, args.out, with_general=args.with_general, with_debian=args.with_debian)
+    parts = ["the built-in English corpus"] * args.with_general + ["Debian's fortunes and GCIDE"] * args.with_debian
+    general = f" plus {' and '.join(parts)}" if parts else ""
     print(f"wrote {len(docs)} {args.name} documents ({sum(map(len, docs))} characters){general} to {args.out}")
     return 0
 

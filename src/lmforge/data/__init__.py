@@ -1,6 +1,7 @@
 """Corpus reading, token shards and samplers.
 
 - :mod:`lmforge.data.corpus`: stream ``.txt``/``.gz`` files as documents of sentences.
+- :mod:`lmforge.data.english`: more English text from Debian's fortunes and GCIDE, WordNet examples left out.
 - :mod:`lmforge.data.shards`: ``prepare`` text into memmapped token shards; ``Shards.open``.
 - :mod:`lmforge.data.samplers`: causal (GPT) and bidirectional (ELMo) window samplers.
 """

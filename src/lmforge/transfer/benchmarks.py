@@ -186,15 +186,17 @@ def domain_text(name: str) -> list[str]:
 
 
 def write_domain_text(
-    name: str, path: str | Path, max_docs: int | None = None, with_general: bool = False
+    name: str, path: str | Path, max_docs: int | None = None, with_general: bool = False,
+    with_debian: bool = False,
 ) -> list[str]:
     """Write :func:`domain_text` of benchmark ``name`` to ``path`` (atomically), one document per item.
 
     Documents are separated by blank lines, so ``prepare --layout lines`` keeps each tweet / review /
     sentence its own document.  ``max_docs``: only the first this many; ``with_general``: the built-in
-    English corpus follows, as the general-domain part.
+    English corpus follows, as the general-domain part; ``with_debian``: then the English of Debian's
+    fortunes and GCIDE dictionary (:func:`lmforge.data.english.debian_english_documents`).
     Returns:
-        The documents written (the general corpus not included).
+        The documents written (the general-domain parts not included).
     """
     docs = domain_text(name)
     if max_docs is not None:
@@ -203,6 +205,10 @@ def write_domain_text(
     if with_general:
         with gzip.open(builtin_corpus_path(), "rt", encoding="utf-8") as f:
             text += "\n" + f.read()
+    if with_debian:
+        from ..data.english import debian_english_documents
+
+        text = text.rstrip("\n") + "\n\n" + "\n\n".join(debian_english_documents()) + "\n"
     atomic_write_text(path, text)
     return docs
 
