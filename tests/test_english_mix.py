@@ -70,11 +70,13 @@ def test_benchmark_text_with_debian_names_the_missing_packages(tmp_path, monkeyp
 @pytest.mark.slow
 @pytest.mark.skipif(not (english.FORTUNES_DIR.is_dir() and english.GCIDE_DICT.is_file()),
                     reason="Debian fortunes / dict-gcide not installed (`make test` installs them when run as root)")
-def test_debian_english_holds_no_wordnet_example(tmp_path):
+def test_debian_english_holds_no_wordnet_example(tmp_path, monkeypatch):
+    docs = english.debian_english_documents()
+    monkeypatch.setattr(english, "debian_english_documents", lambda: docs)  # built once: the CLI reuses them
     out = tmp_path / "mix.txt"
     assert main(["benchmark", "text", "en-tweets", str(out), "--with-general", "--with-debian"]) == 0
     text = out.read_text(encoding="utf-8")
-    debian = "\n\n".join(english.debian_english_documents())
+    debian = "\n\n".join(docs)
     assert text.endswith(debian + "\n") and len(debian.split()) > 3_000_000
     # A WordNet example that the raw fortunes hold is left out of the mix.
     assert "parting is such sweet sorrow" in " ".join(english.fortunes()).lower()

@@ -86,20 +86,21 @@ def gcide_blocks(path: Path | None = None) -> list[str]:
     if not path.is_file():
         raise DataError(f"{path} not found; install Debian's fortunes and GCIDE: apt-get install fortunes dict-gcide")
     out, block = [], []
+    # A dictzip file is gzip with a random-access index; streamed line by line.
     with gzip.open(path, "rt", encoding="utf-8", errors="replace", newline="") as f:
-        raw = f.read()  # a dictzip file: gzip with a random-access index
-    for line in raw.split("\n"):
-        mark = _SOURCE_MARK.match(line)
-        if not mark:
-            block.append(line)
-            continue
-        if "WordNet" not in mark.group(1):
-            text = _clean_gcide_block(block)
-            if _mostly_text(text):
-                text = re.sub(r"^[^\[\]]{0,200}\]\s*", "", text)  # an etymology's tail from the header
-                if len(text) >= 20:
-                    out.append(text)
-        block = []
+        for line in f:
+            line = line.rstrip("\n")
+            mark = _SOURCE_MARK.match(line)
+            if not mark:
+                block.append(line)
+                continue
+            if "WordNet" not in mark.group(1):
+                text = _clean_gcide_block(block)
+                if _mostly_text(text):
+                    text = re.sub(r"^[^\[\]]{0,200}\]\s*", "", text)  # an etymology's tail from the header
+                    if len(text) >= 20:
+                        out.append(text)
+            block = []
     return out
 
 
