@@ -14,6 +14,7 @@ import logging
 from pathlib import Path
 from typing import Any, ClassVar, Protocol, runtime_checkable
 
+import numpy as np
 import torch
 from torch import nn
 
@@ -22,6 +23,7 @@ from ..errors import CheckpointError
 from ..folders import check_finite, check_tokenizer_fits
 from ..tokenization import Tokenizer
 from ..utils import load_safetensors, save_safetensors
+from . import vectors
 
 logger = logging.getLogger(__name__)
 
@@ -54,12 +56,15 @@ class TokenLayers:
             first for the Transformers, token layer then LSTM-1, LSTM-2 for ELMo, a single layer for
             word2vec).
         layer_names: a short name per layer, e.g. ``["emb", "layer1", ...]``.
+        cls: (L, C) every layer's vector of the model's ``[CLS]`` token (BERT: the one of the text's first
+            window); None for families without one.
     """
 
     tokens: list[str]
     offsets: list[tuple[int, int]]
     layers: torch.Tensor
     layer_names: list[str]
+    cls: torch.Tensor | None = None
 
 
 @runtime_checkable
@@ -98,7 +103,16 @@ class TransferBody(Protocol):
         ...
 
     def embed(self, texts: list[str]) -> list[TokenLayers]:
-        """Every layer's vector of every token of each text (uses ``self.tokenizer``)."""
+        """Every layer's vector of every token of each text (uses ``self.tokenizer``).
+
+        Texts longer than the model's positions are read in overlapping windows
+        (:meth:`PretrainedModel.embed`); no token is dropped.
+        """
+        ...
+
+    def encode(self, texts: list[str], *, layer: int | None = None, pool: str = "mean", normalize: bool = False,
+               batch_size: int = 32, progress: bool = False) -> np.ndarray:
+        """One float32 vector per text, (len(texts), C): :func:`lmforge.models.vectors.encode` on this body."""
         ...
 
 
@@ -122,6 +136,25 @@ class PretrainedModel(nn.Module):
             yield self
         finally:
             self.train(was)
+
+    # -- vectors out -------------------------------------------------------------------------
+    def encode(
+        self,
+        texts: list[str],
+        *,
+        layer: int | None = None,
+        pool: str = "mean",
+        normalize: bool = False,
+        batch_size: int = 32,
+        progress: vectors.Progress = False,
+    ) -> np.ndarray:
+        """One vector per text: :func:`lmforge.models.vectors.encode` on this model (see it for the arguments).
+
+        Returns:
+            float32 array (len(texts), hidden_size), row i for text i.
+        """
+        return vectors.encode(self, texts, layer=layer, pool=pool, normalize=normalize, batch_size=batch_size,
+                              progress=progress)
 
     # -- weights -----------------------------------------------------------------------------
     def tied_weight_keys(self) -> list[str]:
@@ -187,6 +220,3 @@ class PretrainedModel(nn.Module):
 
     def num_parameters(self, trainable_only: bool = False) -> int:
         return sum(p.numel() for p in self.parameters() if p.requires_grad or not trainable_only)
-
-    def extra_repr_dict(self) -> dict[str, Any]:  # pragma: no cover - cosmetic
-        return dataclasses.asdict(self.config)
