@@ -121,13 +121,13 @@ def folder_kind(path: str | Path) -> str | None:
         return "demo"
     if "config.json" in names:
         config = _read_json(p / "config.json")
-        from .models import MODEL_TYPES
+        from .models import FAMILIES
 
         if "transfer" in config:
             return "run"
         if "architectures" in config:
             return "export"
-        if config.get("model_type") in MODEL_TYPES:
+        if config.get("model_type") in FAMILIES:
             return "model"
         return "other"
     if "training_state" in names or "train_config.json" in names:

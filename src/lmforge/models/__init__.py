@@ -7,6 +7,6 @@
 
 from __future__ import annotations
 
-from .registry import FAMILIES, MODEL_TYPES, Family, folder_family, get_family, load, model_class
+from .registry import FAMILIES, Family, folder_family, get_family, load, model_class
 
-__all__ = ["FAMILIES", "MODEL_TYPES", "Family", "folder_family", "get_family", "load", "model_class"]
+__all__ = ["FAMILIES", "Family", "folder_family", "get_family", "load", "model_class"]

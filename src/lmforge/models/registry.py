@@ -97,8 +97,6 @@ FAMILIES: dict[str, Family] = {
         transfer_modes=("frozen", "features", "finetune"),
     ),
 }
-# the family names, for membership tests (``model_type in MODEL_TYPES``)
-MODEL_TYPES = FAMILIES
 
 
 def get_family(name: str | None, error: type[LmforgeError] = ConfigError) -> Family:
