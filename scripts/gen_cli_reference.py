@@ -1,0 +1,132 @@
+"""Write docs/cli.md, the command-line reference, from the argparse definitions of ``lmforge``.
+
+    python scripts/gen_cli_reference.py            # rewrite docs/cli.md
+    python scripts/gen_cli_reference.py --check    # exit 1 if docs/cli.md is stale
+
+The page is rendered from the parser's actions (not from ``format_help``), so it does not depend on
+the terminal width or on the Python version's help layout. tests/test_docs.py fails when the page
+is stale.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+PAGE = ROOT / "docs" / "cli.md"
+
+HEADER = """\
+# Command-line reference
+
+Generated from the argparse definitions by `python scripts/gen_cli_reference.py`; do not edit by
+hand. `lmforge COMMAND --help` prints the same. Start with the [tutorial](tutorial.md) for how
+the commands fit together.
+"""
+
+
+def _subparsers(parser: argparse.ArgumentParser) -> list[tuple[str, argparse.ArgumentParser, str]]:
+    """(name, parser, one-line help) of each subcommand, in the order `--help` lists them."""
+    out = []
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            helps = {a.dest: a.help or "" for a in action._choices_actions}
+            seen = set()
+            for name, sub in action.choices.items():
+                if id(sub) in seen:  # an alias of a parser already listed
+                    continue
+                seen.add(id(sub))
+                out.append((name, sub, helps.get(name, "")))
+    return out
+
+
+def _expand(text: str, action: argparse.Action) -> str:
+    """argparse's ``%(default)s`` style substitutions, as ``--help`` makes them."""
+    params = {k: v for k, v in vars(action).items() if v is not argparse.SUPPRESS}
+    if params.get("choices") is not None:
+        params["choices"] = ", ".join(str(c) for c in params["choices"])
+    try:
+        return text % params
+    except (KeyError, TypeError, ValueError):
+        return text
+
+
+def _signature(action: argparse.Action) -> str:
+    if not action.option_strings:
+        return action.metavar or action.dest
+    if action.nargs == 0:
+        return ", ".join(action.option_strings)
+    metavar = action.metavar or action.dest.upper()
+    if isinstance(metavar, tuple):
+        metavar = " ".join(metavar)
+    if action.choices is not None and action.metavar is None:
+        metavar = "{" + ",".join(str(c) for c in action.choices) + "}"
+    suffix = f" {metavar} ..." if action.nargs in ("+", "*") else f" {metavar}"
+    return ", ".join(s + suffix for s in action.option_strings)
+
+
+def _arguments(parser: argparse.ArgumentParser) -> list[str]:
+    rows = []
+    for action in parser._actions:
+        if isinstance(action, (argparse._HelpAction, argparse._SubParsersAction)) or action.help == argparse.SUPPRESS:
+            continue
+        text = _expand(action.help or "", action).replace("\n", " ").replace("|", "\\|")
+        if action.required and action.option_strings:
+            text = f"(required) {text}"
+        rows.append(f"| `{_signature(action)}` | {text} |")
+    if not rows:
+        return []
+    return ["| argument | meaning |", "|---|---|", *rows, ""]
+
+
+def _section(path: str, parser: argparse.ArgumentParser, summary: str, level: int) -> list[str]:
+    lines = [f"{'#' * level} `{path}`", ""]
+    description = parser.description or summary
+    if description:
+        lines += [description.strip(), ""]
+    usage = parser.format_usage().strip().removeprefix("usage: ")
+    lines += ["```text", usage, "```", ""]
+    lines += _arguments(parser)
+    if parser.epilog:
+        lines += ["```text", parser.epilog.strip("\n"), "```", ""]
+    for name, sub, help_ in _subparsers(parser):
+        lines += _section(f"{path} {name}", sub, help_, min(level + 1, 4))
+    return lines
+
+
+def render() -> str:
+    import os
+
+    os.environ["COLUMNS"] = "100"  # usage lines wrap at a fixed width whatever the terminal
+    from lmforge.cli import build_parser
+
+    parser = build_parser()
+    lines = [HEADER]
+    commands = _subparsers(parser)
+    lines += ["| command | what it does |", "|---|---|"]
+    lines += [f"| [`lmforge {name}`](#lmforge-{name.replace('_', '')}) | {help_} |" for name, _, help_ in commands]
+    lines.append("")
+    for name, sub, help_ in commands:
+        lines += _section(f"lmforge {name}", sub, help_, 2)
+    return "\n".join(lines).rstrip() + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--check", action="store_true", help="exit 1 if docs/cli.md differs from the parser")
+    args = ap.parse_args(argv)
+    text = render()
+    if args.check:
+        current = PAGE.read_text(encoding="utf-8") if PAGE.exists() else ""
+        if current != text:
+            print("docs/cli.md is stale: run python scripts/gen_cli_reference.py", file=sys.stderr)
+            return 1
+        return 0
+    PAGE.write_text(text, encoding="utf-8")
+    print(f"wrote {PAGE.relative_to(ROOT)}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
