@@ -5,7 +5,8 @@ import pytest
 
 from lmforge.cli import COMMAND_MODULES, build_parser, main
 
-SUBCOMMANDS = ["demo", "tokenizer", "prepare", "pretrain", "generate", "fill-mask", "embed", "evaluate",
+SUBCOMMANDS = ["demo", "tokenizer", "prepare", "pretrain", "generate", "fill-mask", "embed", "encode", "neighbors",
+               "evaluate",
                "finetune", "predict", "benchmark", "export-hf", "import-hf", "serve"]
 
 
@@ -13,7 +14,7 @@ def test_every_command_module_is_present():
     # A missing module would silently drop its subcommand from `lmforge --help`.
     choices = set(build_parser()._subparsers._group_actions[0].choices)
     assert choices == set(SUBCOMMANDS)
-    assert len(COMMAND_MODULES) == 13
+    assert len(COMMAND_MODULES) == 15
 
 
 @pytest.mark.parametrize("command", SUBCOMMANDS)

@@ -24,6 +24,8 @@ COMMAND_MODULES = [
     "generate",
     "fill_mask",
     "embed",
+    "encode",
+    "neighbors",
     "evaluate",
     "finetune",
     "predict",

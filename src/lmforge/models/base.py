@@ -19,11 +19,12 @@ import torch
 from torch import nn
 
 from ..config import from_dict, load_json, save_json
-from ..errors import CheckpointError
+from ..errors import CheckpointError, LmforgeError
 from ..folders import check_finite, check_tokenizer_fits
 from ..tokenization import Tokenizer
 from ..utils import load_safetensors, save_safetensors
 from . import vectors
+from .windows import Window, plan_windows
 
 logger = logging.getLogger(__name__)
 
@@ -136,6 +137,75 @@ class PretrainedModel(nn.Module):
             yield self
         finally:
             self.train(was)
+
+    # -- the body's token vectors: one embed for every family ---------------------------------
+    contextual: ClassVar[bool] = True  # a token's vectors depend on its text (False: word2vec's static vectors)
+    embed_causal: ClassVar[bool] = False  # a token sees only the tokens before it (GPT): picks embed's windows
+
+    def embed_window(self) -> int | None:
+        """The most text tokens one forward pass of :meth:`embed` reads (special tokens not counted); None = any."""
+        return None
+
+    def embed_specials(self) -> tuple[list[int], list[int]]:
+        """Token ids :meth:`embed` puts before and after every window's text (BERT: ``[CLS]`` and ``[SEP]``)."""
+        return [], []
+
+    def layer_names(self) -> list[str]:
+        """A short name per layer of :meth:`hidden_states`, lowest first."""
+        raise NotImplementedError
+
+    @torch.no_grad()
+    def embed(self, texts: list[str], batch_size: int = 32) -> list[TokenLayers]:
+        """Every layer's vector of every token of each text, in eval mode (uses ``self.tokenizer``).
+
+        Each text is read as ``specials-before + tokens + specials-after``; a text longer than
+        :meth:`embed_window` is read in overlapping windows, each token taking its vectors from the window
+        where it sees the most context (:mod:`lmforge.models.windows`), so no token is dropped.
+
+        Args:
+            texts: raw strings.
+            batch_size: windows per forward pass.
+        Returns:
+            One :class:`TokenLayers` per text: its tokens (no special tokens), their character offsets and
+            layers (L, n_tokens, C); ``cls`` holds the first window's vectors of the first special token
+            before the text, when the family puts one there.
+        """
+        if self.tokenizer is None:
+            raise LmforgeError(f"this {self.model_type} model has no tokenizer attached; "
+                               "load it with lmforge.load(MODEL_DIR)")
+        encoded = [self.tokenizer.encode_with_offsets(t) for t in texts]
+        rows = [(t, w) for t, (ids, _, _) in enumerate(encoded)
+                for w in plan_windows(len(ids), self.embed_window(), self.embed_causal)]
+        n_layers, width = len(self.layer_names()), self.hidden_size
+        out = [TokenLayers(list(tokens), [tuple(o) for o in offsets], torch.zeros(n_layers, len(ids), width),
+                           self.layer_names()) for ids, tokens, offsets in encoded]
+        with self.evaluating():
+            for start in range(0, len(rows), batch_size):
+                self._embed_rows(rows[start : start + batch_size], encoded, out)
+        return out
+
+    def _embed_rows(self, rows: list[tuple[int, Window]], encoded: list, out: list[TokenLayers]) -> None:
+        """Run one batch of windows and copy each window's owned tokens (and first-window [CLS]) into ``out``."""
+        before, after = self.embed_specials()
+        seqs = [before + list(encoded[t][0][w.start : w.end]) + after for t, w in rows]
+        live = [r for r, seq in enumerate(seqs) if seq]  # an empty text of a family without specials: nothing to run
+        if not live:
+            return
+        pad = self.tokenizer.pad_id if self.tokenizer.pad_id is not None else 0
+        T = max(len(seqs[r]) for r in live)
+        ids = torch.full((len(live), T), pad, dtype=torch.long)
+        mask = torch.zeros((len(live), T), dtype=torch.long)
+        for b, r in enumerate(live):
+            ids[b, : len(seqs[r])] = torch.tensor(seqs[r], dtype=torch.long)
+            mask[b, : len(seqs[r])] = 1
+        device = next(self.parameters()).device
+        stacked = torch.stack(self.hidden_states(ids.to(device), mask.to(device)), dim=1).float().cpu()  # (B, L, T, C)
+        for b, r in enumerate(live):
+            t, w = rows[r]
+            lo = len(before) + w.own_start - w.start
+            out[t].layers[:, w.own_start : w.own_end] = stacked[b, :, lo : lo + w.own_end - w.own_start]
+            if before and w.start == 0:
+                out[t].cls = stacked[b, :, 0].clone()  # (L, C)
 
     # -- vectors out -------------------------------------------------------------------------
     def encode(

@@ -29,7 +29,7 @@ from torch import nn
 from ..errors import ConfigError, DataError, LmforgeError
 from ..nn.cpu_ops import Dropout, Linear, linear
 from ..nn.transformer import TransformerBlock, document_mask, init_weights, padding_mask
-from .base import ModelOutput, PretrainedModel, TokenLayers
+from .base import ModelOutput, PretrainedModel
 
 logger = logging.getLogger(__name__)
 
@@ -436,48 +436,17 @@ class BertForPreTraining(PretrainedModel):
     def _device(self) -> torch.device:
         return self.bert.embeddings.word_embeddings.weight.device
 
-    @torch.no_grad()
-    def embed(self, texts: list[str], batch_size: int = 32) -> list[TokenLayers]:
-        """Every layer's vector for every token of each text (run as ``[CLS] text [SEP]``).
+    # embed itself is the shared one (lmforge.models.base.PretrainedModel.embed); these say how BERT reads a text
+    def embed_window(self) -> int:
+        """Text tokens per window: the positions less ``[CLS]`` and ``[SEP]``."""
+        return self.config.max_position_embeddings - 2
 
-        Args:
-            texts: raw strings.
-            batch_size: texts per forward pass.
-        Returns:
-            One :class:`TokenLayers` per text: tokens without ``[CLS]``/``[SEP]``, their character
-            offsets, and layers (num_hidden_layers + 1, n_tokens, C).  Texts longer than the model's
-            positions are cut (with a warning).
-        """
+    def embed_specials(self) -> tuple[list[int], list[int]]:
         tok = self._need_tokenizer()
-        limit = self.config.max_position_embeddings - 2
-        encoded = []
-        for text in texts:
-            ids, tokens, offsets = tok.encode_with_offsets(text)
-            if len(ids) > limit:
-                logger.warning("text of %d tokens cut to %d (max_position_embeddings)", len(ids), limit)
-                ids, tokens, offsets = ids[:limit], tokens[:limit], offsets[:limit]
-            encoded.append((list(ids), list(tokens), [tuple(o) for o in offsets]))
-        names = ["emb"] + [f"layer{i + 1}" for i in range(self.config.num_hidden_layers)]
-        out: list[TokenLayers] = []
-        with self.evaluating():
-            for start in range(0, len(encoded), batch_size):
-                chunk = encoded[start : start + batch_size]
-                input_ids, mask = self._pad([[tok.cls_id, *ids, tok.sep_id] for ids, _, _ in chunk], tok.pad_id)
-                states = self.hidden_states(input_ids, mask)
-                stacked = torch.stack(states, dim=1)  # (B, L, T, C)
-                for row, (ids, tokens, offsets) in enumerate(chunk):
-                    layers = stacked[row, :, 1 : 1 + len(ids)].float().cpu()  # (L, n, C)
-                    out.append(TokenLayers(tokens=tokens, offsets=offsets, layers=layers, layer_names=names))
-        return out
+        return [tok.cls_id], [tok.sep_id]
 
-    def _pad(self, rows: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
-        T = max(len(r) for r in rows)
-        ids = torch.full((len(rows), T), pad_id, dtype=torch.long)
-        mask = torch.zeros((len(rows), T), dtype=torch.long)
-        for i, r in enumerate(rows):
-            ids[i, : len(r)] = torch.tensor(r, dtype=torch.long)
-            mask[i, : len(r)] = 1
-        return ids.to(self._device()), mask.to(self._device())
+    def layer_names(self) -> list[str]:
+        return ["emb"] + [f"layer{i + 1}" for i in range(self.config.num_hidden_layers)]
 
     @torch.no_grad()
     def fill_mask(self, text: str, top_k: int = 5) -> list[list[tuple[str, float]]]:

@@ -32,10 +32,10 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..config import from_dict, load_json
-from ..errors import ConfigError, LmforgeError
+from ..errors import ConfigError
 from ..nn.charcnn import CharCNNEncoder, vocab_char_ids
 from ..nn.lstm import ResidualLSTMStack
-from .base import ModelOutput, PretrainedModel, TokenLayers
+from .base import ModelOutput, PretrainedModel
 
 logger = logging.getLogger(__name__)
 
@@ -333,41 +333,7 @@ class ElmoBiLM(PretrainedModel):
             nn.ModuleList([f, b]) for f, b in zip(self.forward_lstm.layers, self.backward_lstm.layers)
         ]
 
+    # embed (part of TransferBody) is the shared one (lmforge.models.base.PretrainedModel.embed); the LSTMs read
+    # any length, so a text is one window however long
     def layer_names(self) -> list[str]:
         return ["token"] + [f"lstm{i + 1}" for i in range(self.config.num_layers)]
-
-    @torch.no_grad()
-    def embed(self, texts: list[str], batch_size: int = 32) -> list[TokenLayers]:
-        """Contextual vectors of every token of every text.
-
-        Returns:
-            One :class:`TokenLayers` per text with layers (num_layers + 1, n_tokens, 2P).
-        """
-        tok = self.tokenizer
-        if tok is None:
-            raise LmforgeError("this ELMo model has no tokenizer attached; load it with lmforge.load(model_dir)")
-        pad_id = tok.pad_id if getattr(tok, "pad_id", None) is not None else tok.eot_id
-        device = self.softmax.weight.device
-        out: list[TokenLayers] = []
-        for start in range(0, len(texts), batch_size):
-            encs = [tok.encode_with_offsets(t) for t in texts[start : start + batch_size]]
-            T = max([1] + [len(ids) for ids, _, _ in encs])
-            ids = torch.full((len(encs), T), pad_id, dtype=torch.long)
-            mask = torch.zeros((len(encs), T), dtype=torch.long)
-            for i, (e, _, _) in enumerate(encs):
-                ids[i, : len(e)] = torch.tensor(e, dtype=torch.long)
-                mask[i, : len(e)] = 1
-            with self.evaluating():
-                layers = torch.stack(self.hidden_states(ids.to(device), mask.to(device)))  # (L, B, T, C)
-            for i, (e, tokens, offsets) in enumerate(encs):
-                out.append(
-                    TokenLayers(
-                        tokens=list(tokens),
-                        offsets=[tuple(o) for o in offsets],
-                        layers=layers[:, i, : len(e)].float().cpu(),
-                        layer_names=self.layer_names(),
-                    )
-                )
-        return out
-
-

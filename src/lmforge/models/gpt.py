@@ -24,7 +24,7 @@ from ..errors import ConfigError, LmforgeError
 from ..generation import generate as generate_ids
 from ..nn.losses import causal_lm_loss, free_workspace, linear_cross_entropy, shift_labels
 from ..nn.transformer import KVCache, TransformerBlock, init_weights
-from .base import ModelOutput, PretrainedModel, TokenLayers
+from .base import ModelOutput, PretrainedModel
 
 logger = logging.getLogger(__name__)
 
@@ -288,31 +288,15 @@ class GPTLMHeadModel(PretrainedModel):
         parts.append(nn.ModuleList([self.h[-1], self.ln_f]))
         return parts
 
-    # embed (also part of TransferBody)
-    @torch.no_grad()
-    def embed(self, texts: list[str]) -> list[TokenLayers]:
-        """Contextual vectors of every token of each text, all layers (uses ``self.tokenizer``).
+    # embed (part of TransferBody) is the shared one (lmforge.models.base.PretrainedModel.embed): a causal
+    # model's token takes its vectors from the window with the most tokens before it
+    embed_causal = True
 
-        Texts longer than ``n_positions`` tokens are cut to their first ``n_positions`` tokens (logged).
-        """
-        tok = _need_tokenizer(self)
-        device = self.wte.weight.device
-        out = []
-        for text in texts:
-            ids, tokens, offsets = tok.encode_with_offsets(text)
-            n = self.config.n_positions
-            if len(ids) > n:
-                logger.warning("embed: text of %d tokens cut to the model's %d positions", len(ids), n)
-                ids, tokens, offsets = ids[:n], tokens[:n], offsets[:n]
-            if ids:
-                with self.evaluating():
-                    states = self.hidden_states(torch.tensor([ids], device=device))
-                layers = torch.stack([s[0] for s in states]).float().cpu()  # (L+1, n, C)
-            else:
-                layers = torch.zeros(self.config.n_layer + 1, 0, self.config.n_embd)
-            names = ["emb"] + [f"layer{i + 1}" for i in range(self.config.n_layer)]
-            out.append(TokenLayers(list(tokens), [tuple(o) for o in offsets], layers, names))
-        return out
+    def embed_window(self) -> int:
+        return self.config.n_positions
+
+    def layer_names(self) -> list[str]:
+        return ["emb"] + [f"layer{i + 1}" for i in range(self.config.n_layer)]
 
     # -- generation ----------------------------------------------------------------------------------
     def resize_token_embeddings(self, new_size: int) -> None:
@@ -373,12 +357,6 @@ class GPTLMHeadModel(PretrainedModel):
             use_cache=use_cache,
             output_logits=output_logits,
         )
-
-
-def _need_tokenizer(model: PretrainedModel):
-    if model.tokenizer is None:
-        raise LmforgeError("this model has no tokenizer attached; load it from a model folder with lmforge.load")
-    return model.tokenizer
 
 
 __all__ = [

@@ -1,8 +1,9 @@
-"""Vectors out of any model: one vector per text (:func:`encode`) and a word's nearest words (:func:`neighbors`).
+"""Vectors out of any model: one vector per text (:func:`encode`), read from and written to files.
 
-Both are built on the body interface's ``embed(texts)`` (:class:`lmforge.models.base.TokenLayers`: the
-tokens of each text, their character offsets and every layer's vector of every token), so they work for
-every family and for any stand-in body that offers ``embed``.
+:func:`encode` is built on the body interface's ``embed(texts)`` (:class:`lmforge.models.base.TokenLayers`: the
+tokens of each text, their character offsets and every layer's vector of every token), so it works for
+every family and for any stand-in body that offers ``embed``.  A word's nearest words are
+:func:`lmforge.models.neighbors.neighbors`.
 
 Pooling (``pool``) turns a text's token vectors at one layer into one vector:
 
@@ -15,13 +16,16 @@ Pooling (``pool``) turns a text's token vectors at one layer into one vector:
 
 from __future__ import annotations
 
+import json
 import sys
 from collections.abc import Callable, Sequence
+from pathlib import Path
 
 import numpy as np
-import torch
 
-from ..errors import LmforgeError
+from ..data.corpus import read_lines
+from ..errors import DataError, LmforgeError, require
+from ..utils import atomic_path
 
 POOLS = ("mean", "cls", "max")
 
@@ -137,20 +141,97 @@ class _progress_updates:
             self.bar.close()
 
 
-def cosine_top_k(
-    query: torch.Tensor, matrix: torch.Tensor, top_k: int, exclude: Sequence[int] = ()
-) -> list[tuple[int, float]]:
-    """The ``top_k`` rows of ``matrix`` (V, C) most cosine-similar to ``query`` (C,), best first.
+# -- files in and out (lmforge encode) ------------------------------------------------------------
+VECTOR_SUFFIXES = (".npy", ".parquet")
 
-    Rows in ``exclude`` are skipped; all-zero rows score 0.  Returns ``[(row, cosine), ...]``.
+
+def read_texts(path: str | Path, text_field: str | None = None, fmt: str = "auto") -> list[str]:
+    """The texts of a file, one per line: plain UTF-8 lines (.txt, .gz), or one JSON object per line.
+
+    Args:
+        path: the file.
+        text_field: the JSON field holding the text (``text`` when None); giving it means JSON lines.
+        fmt: ``lines``, ``jsonl``, or ``auto`` (JSON lines when the suffix is .jsonl or ``text_field`` is given).
+    Returns:
+        The texts in file order.  A blank line, a line that is not a JSON object or lacks the field, and a
+        plain-lines file whose first line is a JSON object (auto) are DataErrors naming the line.
     """
-    m = matrix.double()
-    q = query.double()
-    norms = m.norm(dim=1)
-    scores = (m @ q) / (norms * q.norm()).clamp_min(1e-300)
-    scores[norms == 0] = 0.0
-    if len(exclude):
-        scores[list(exclude)] = -float("inf")
-    k = min(top_k, int(torch.isfinite(scores).sum()))
-    best = torch.topk(scores, k)
-    return [(int(i), float(s)) for s, i in zip(best.values, best.indices)]
+    p = Path(path)
+    jsonl = fmt == "jsonl" or (fmt == "auto" and (text_field is not None or p.suffix == ".jsonl"))
+    field = text_field or "text"
+    texts = []
+    for lineno, line in enumerate(read_lines(p), 1):
+        if jsonl:
+            line = _json_text(line, field, p, lineno)
+        elif lineno == 1 and fmt == "auto" and _is_json_object(line):
+            raise DataError(f"{p} looks like JSON lines (line 1 is a JSON object); pass --text-field FIELD to "
+                            "encode one of its fields, or --format lines to encode the lines as they are")
+        if not line.strip():
+            raise DataError(f"{p} line {lineno} is blank; give one text per line (remove blank lines)")
+        texts.append(line)
+    if not texts:
+        raise DataError(f"{p} holds no texts; give one text per line")
+    return texts
+
+
+def _is_json_object(line: str) -> bool:
+    if not line.lstrip().startswith("{"):
+        return False
+    try:
+        return isinstance(json.loads(line), dict)
+    except ValueError:
+        return False
+
+
+def _json_text(line: str, field: str, p: Path, lineno: int) -> str:
+    try:
+        record = json.loads(line)
+    except ValueError:
+        raise DataError(f"{p} line {lineno} is not JSON; give one JSON object per line") from None
+    if not isinstance(record, dict) or field not in record:
+        found = ", ".join(record) if isinstance(record, dict) else type(record).__name__
+        raise DataError(f"{p} line {lineno} has no field '{field}' (found: {found}); choose one with --text-field")
+    if not isinstance(record[field], str):
+        raise DataError(f"{p} line {lineno}: field '{field}' is a {type(record[field]).__name__}, not a string")
+    return record[field]
+
+
+def save_vectors(path: str | Path, texts: Sequence[str], vectors: np.ndarray) -> Path:
+    """Write vectors atomically: ``.npy`` (the float32 array, never pickled) or ``.parquet`` (columns ``text``
+    string and ``vector`` list<float32>, one row per text)."""
+    p = Path(path)
+    if p.suffix not in VECTOR_SUFFIXES:
+        raise LmforgeError(f"cannot write '{p.name}': the output must end in {' or '.join(VECTOR_SUFFIXES)}")
+    vectors = np.ascontiguousarray(vectors, dtype=np.float32)
+    with atomic_path(p) as tmp:
+        if p.suffix == ".npy":
+            with open(tmp, "wb") as f:
+                np.save(f, vectors, allow_pickle=False)
+        else:
+            pa, pq = _pyarrow()
+            n, width = vectors.shape
+            column = pa.ListArray.from_arrays(pa.array(np.arange(0, n * width + 1, width, dtype=np.int32)),
+                                              pa.array(vectors.reshape(-1)))
+            pq.write_table(pa.table({"text": pa.array(list(texts), pa.string()), "vector": column}), tmp)
+    return p
+
+
+def load_vectors(path: str | Path) -> np.ndarray:
+    """The (n, C) float32 array of a file :func:`save_vectors` wrote (``.npy`` read with ``allow_pickle=False``)."""
+    p = Path(path)
+    if p.suffix == ".npy":
+        return np.load(p, allow_pickle=False)
+    if p.suffix != ".parquet":
+        raise LmforgeError(f"cannot read '{p.name}': vectors are .npy or .parquet files")
+    _, pq = _pyarrow()
+    column = pq.read_table(p, columns=["vector"]).column("vector").combine_chunks()
+    width = len(column[0]) if len(column) else 0
+    return column.flatten().to_numpy().astype(np.float32, copy=False).reshape(len(column), width)
+
+
+def _pyarrow():
+    require("pyarrow", "data")  # optional dependency, imported only for parquet files
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    return pa, pq

@@ -124,6 +124,7 @@ class Word2Vec(PretrainedModel):
 
     config_class = Word2VecConfig
     model_type = "word2vec"
+    contextual = False
 
     def __init__(self, config: Word2VecConfig):
         super().__init__(config)
@@ -159,6 +160,9 @@ class Word2Vec(PretrainedModel):
     def transfer_layers(self) -> list[nn.Module]:
         return [self.embeddings]
 
+    def layer_names(self) -> list[str]:
+        return ["word2vec"]
+
     @torch.no_grad()
     def embed(self, texts: list[str]) -> list[TokenLayers]:
         """Static vectors of every token, one layer.
@@ -185,7 +189,7 @@ class Word2Vec(PretrainedModel):
                     tokens=list(tokens),
                     offsets=[tuple(o) for o in offsets],
                     layers=vecs.unsqueeze(0),
-                    layer_names=["word2vec"],
+                    layer_names=self.layer_names(),
                 )
             )
         return out

@@ -1,0 +1,100 @@
+"""``lmforge encode MODEL --file texts.txt --out vectors.npy|.parquet``: one vector per text, from any family."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+from ..errors import LmforgeError
+from ..models import load
+
+EPILOG = """\
+examples:
+  lmforge encode models/bert --file sentences.txt --out vectors.npy --normalize
+  lmforge encode models/gpt --file reviews.jsonl --text-field body --out vectors.parquet --layer -2 --pool max
+
+Each line of --file is one text (or, for JSON lines, the --text-field of each object); row i of the
+output is the vector of text i. .npy holds a float32 array (numpy.load(path)); .parquet a table with
+a `text` and a `vector` (list<float32>) column. The output is written atomically and never replaces
+--file. Python: lmforge.load(MODEL).encode(texts) gives the same array (docs/vectors.md).
+"""
+
+
+def register(sub) -> None:
+    p = sub.add_parser(
+        "encode", help="write one vector per text of a file (.npy or .parquet)", epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        description="Encode every text of a file with a model: one layer's token vectors, pooled into one vector "
+                    "per text.",
+    )
+    p.add_argument("model_dir", metavar="MODEL", help="model folder (any family)")
+    p.add_argument("--file", required=True, metavar="FILE",
+                   help="texts, one per line (UTF-8 .txt or .gz), or JSON lines (.jsonl, or with --text-field)")
+    p.add_argument("--out", required=True, metavar="OUT", help="vectors to write: a .npy or .parquet file")
+    p.add_argument("--text-field", metavar="FIELD", help="read --file as JSON lines and take this field (default "
+                   "'text' for .jsonl files)")
+    p.add_argument("--format", choices=["auto", "lines", "jsonl"], default="auto",
+                   help="how --file is laid out (default: JSON lines for .jsonl or with --text-field, else lines)")
+    p.add_argument("--layer", type=int, default=None, metavar="L",
+                   help="layer to pool: 0 = the token embedding, -1 = the top (default: the top)")
+    p.add_argument("--pool", choices=["mean", "cls", "max"], default="mean",
+                   help="mean or max over the text's tokens, or the [CLS] vector (BERT only); default mean")
+    p.add_argument("--normalize", action="store_true", help="scale every vector to unit length")
+    p.add_argument("--batch-size", type=int, default=32, metavar="N", help="texts per forward pass (default 32)")
+    p.set_defaults(func=run)
+
+
+def run(args) -> int:
+    from ..models.vectors import read_texts, resolve_layer, save_vectors  # imports torch: only when run
+
+    out = Path(args.out)
+    if out.suffix not in (".npy", ".parquet"):
+        raise LmforgeError(f"--out must end in .npy or .parquet, not '{out.name}'")
+    if out.resolve() == Path(args.file).resolve():
+        raise LmforgeError(f"--out {out} is the input file; choose another output file")
+    if args.batch_size < 1:
+        raise LmforgeError(f"--batch-size must be >= 1, not {args.batch_size}")
+    texts = read_texts(args.file, args.text_field, args.format)
+    model = load(args.model_dir)
+    start = time.perf_counter()
+    with _Progress(len(texts), quiet=args.quiet) as progress:
+        vectors = model.encode(texts, layer=args.layer, pool=args.pool, normalize=args.normalize,
+                               batch_size=args.batch_size, progress=progress)
+    seconds = time.perf_counter() - start
+    save_vectors(out, texts, vectors)
+    n_layers = len(model.layer_names())
+    layer = resolve_layer(args.layer, n_layers)
+    print(f"wrote {len(texts)} vectors of {vectors.shape[1]} floats to {out} ({model.model_type}, layer {layer} of "
+          f"0..{n_layers - 1}, {args.pool} pooling{', normalized' if args.normalize else ''}; "
+          f"{len(texts) / max(seconds, 1e-9):.1f} texts/s)")
+    return 0
+
+
+class _Progress:
+    """Progress on stderr: a tqdm bar on a terminal, a plain line every tenth of the texts when piped."""
+
+    def __init__(self, total: int, quiet: bool = False):
+        self.total, self.quiet, self.done, self.next_line, self.bar = total, quiet, 0, total / 10, None
+
+    def __enter__(self):
+        if not self.quiet and sys.stderr.isatty():
+            from tqdm import tqdm
+
+            self.bar = tqdm(total=self.total, unit="text", desc="encode", file=sys.stderr, dynamic_ncols=True,
+                            leave=False)
+        return self
+
+    def __call__(self, n: int) -> None:
+        self.done += n
+        if self.bar is not None:
+            self.bar.update(n)
+        elif not self.quiet and (self.done >= self.next_line or self.done == self.total):
+            print(f"encode: {self.done}/{self.total} texts", file=sys.stderr, flush=True)
+            while self.next_line <= self.done:
+                self.next_line += self.total / 10
+
+    def __exit__(self, *exc) -> None:
+        if self.bar is not None:
+            self.bar.close()

@@ -1,0 +1,56 @@
+"""``lmforge neighbors MODEL WORD [--top-k 10] [--corpus FILE]``: the words nearest to a word by cosine."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from ..errors import LmforgeError
+from ..models import load
+
+EPILOG = """\
+examples:
+  lmforge neighbors models/w2v python --top-k 5
+  lmforge neighbors models/bert python --corpus corpus.txt --layer -1
+
+word2vec: the cosine between the word's vector and every vocabulary token's (gensim's most_similar).
+BERT, GPT, ELMo: every word of --corpus (one text per line) gets the mean of its vectors over its
+occurrences there; the neighbours are the corpus words nearest to the word's mean (docs/vectors.md).
+"""
+
+
+def register(sub) -> None:
+    p = sub.add_parser(
+        "neighbors", help="list the words nearest to a word (word2vec vectors, or contextual means over a corpus)",
+        epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter,
+        description="Print the words whose vectors are nearest to WORD's by cosine similarity.",
+    )
+    p.add_argument("model_dir", metavar="MODEL", help="model folder (any family)")
+    p.add_argument("word", metavar="WORD", help="the word to look up")
+    p.add_argument("--top-k", type=int, default=10, metavar="K", help="how many neighbours (default 10)")
+    p.add_argument("--corpus", metavar="FILE", help="texts, one per line, whose words and contexts give BERT, GPT "
+                   "and ELMo their word vectors (required for them; word2vec does not need it)")
+    p.add_argument("--layer", type=int, default=None, metavar="L",
+                   help="layer of a contextual model: 0 = the token embedding, -1 = the top (default: the top)")
+    p.add_argument("--min-count", type=int, default=1, metavar="N",
+                   help="contextual models: only words seen at least N times in --corpus (default 1)")
+    p.add_argument("--batch-size", type=int, default=32, metavar="N", help="corpus texts per forward pass")
+    p.set_defaults(func=run)
+
+
+def run(args) -> int:
+    from ..models.neighbors import neighbors  # imports torch: only when run
+
+    if args.batch_size < 1:
+        raise LmforgeError(f"--batch-size must be >= 1, not {args.batch_size}")
+    model = load(args.model_dir)
+    if model.contextual and args.corpus is None:
+        raise LmforgeError(f"{model.model_type} vectors depend on the sentence: give --corpus FILE (texts using "
+                           f"'{args.word}'); each word's neighbours come from its mean vector over the corpus")
+    show = sys.stderr.isatty() and not args.quiet
+    found = neighbors(model, args.word, args.top_k, args.corpus, layer=args.layer, min_count=args.min_count,
+                      batch_size=args.batch_size, progress=show)
+    width = max(len(w) for w, _ in found) if found else 0
+    for w, score in found:
+        print(f"{w:<{width}}  {score:.4f}")
+    return 0
