@@ -285,6 +285,7 @@ def generate_text(
     seed: int | None = None,
     use_cache: bool = True,
     on_text: Callable[[str], None] | None = None,
+    on_token: Callable[[int], None] | None = None,
 ) -> str:
     """Continue ``prompt`` with a GPT and return the new text, handing each piece to ``on_text`` as it comes.
 
@@ -298,6 +299,8 @@ def generate_text(
         max_new_tokens, temperature, top_k, top_p, seed, use_cache: see :func:`generate`.
         stop: stop when the generated text contains one of these (cut from the result).
         on_text: called with each new piece of text as soon as it is safe to show.
+        on_token: called with each generated token id before its text (a server counts tokens with it, and
+            stops a generation whose client has gone by raising from it).
     Returns:
         The generated text (the concatenation of the pieces).
     """
@@ -310,6 +313,11 @@ def generate_text(
     device = next(model.parameters()).device
     stream = TextStream(tok, stop)
     pieces: list[str] = []
+
+    def step(token_id: int) -> None:
+        if on_token is not None:
+            on_token(token_id)
+        emit(stream.put(token_id))
 
     def emit(piece: str) -> None:
         if piece:
@@ -325,7 +333,7 @@ def generate_text(
         top_p=top_p,
         stop_strings=stop,
         seed=seed,
-        streamer=lambda new_ids: emit(stream.put(int(new_ids[0]))),
+        streamer=lambda new_ids: step(int(new_ids[0])),
         use_cache=use_cache,
     )
     emit(stream.end())
