@@ -16,7 +16,8 @@ def register(sub) -> None:
                    help="replace a folder of another kind or holding other files (its old content is deleted)")
     p.set_defaults(func=run_export)
     q = sub.add_parser("import-hf", help="read an HF BERT/GPT-2 folder into an lmforge model folder")
-    q.add_argument("hf_dir", help="HF folder with config.json and model.safetensors")
+    q.add_argument("hf_dir", help="HF folder with config.json and model.safetensors, or a model id (org/name) "
+                   "already in the local HF cache (nothing is downloaded)")
     q.add_argument("model_dir", help="lmforge model folder to write (a new one: it appears complete or not at all)")
     q.add_argument("--overwrite", action="store_true",
                    help="replace an existing model folder or other folder (its old content is deleted)")
@@ -40,10 +41,14 @@ def run_export(args) -> int:
 def run_import(args) -> int:
     from ..folders import output_folder, staged_folder
     from ..interop import import_hf
+    from ..interop.hub_cache import resolve_hf_dir
 
-    with output_folder(args.model_dir, "model", args.overwrite, inputs=[args.hf_dir], existing="refuse", beside=True,
+    hf_dir = resolve_hf_dir(args.hf_dir)  # a folder, or a model id found in the local HF cache
+    if str(hf_dir) != args.hf_dir:
+        print(f"reading {args.hf_dir} from the HF cache: {hf_dir}")
+    with output_folder(args.model_dir, "model", args.overwrite, inputs=[hf_dir], existing="refuse", beside=True,
                        option="MODEL_DIR", hint=_REPLACE) as out:
         with staged_folder(out, "model") as tmp:
-            model = import_hf(args.hf_dir, tmp)
+            model = import_hf(hf_dir, tmp)
     print(f"imported {model.model_type} ({model.num_parameters() / 1e6:.1f}M parameters) into {args.model_dir}")
     return 0

@@ -14,6 +14,7 @@ from ..cards import update_card
 from ..config import load_json
 from ..errors import CheckpointError
 from ..models import FAMILIES, load
+from .hub_cache import resolve_hf_dir
 from .runs import export_run, is_run_folder
 
 # HF config model_type -> lmforge family
@@ -36,8 +37,9 @@ def export_hf(model_dir: str | Path, out_dir: str | Path) -> Path:
 
 
 def import_hf(hf_dir: str | Path, out_dir: str | Path | None = None):
-    """Load an HF BERT or GPT-2 folder as an lmforge model; save it as a model folder if ``out_dir``."""
-    p = Path(hf_dir)
+    """Load an HF BERT or GPT-2 folder (or a model id found in the local HF cache: :mod:`.hub_cache`) as an
+    lmforge model; save it as a model folder if ``out_dir``."""
+    p = resolve_hf_dir(hf_dir)
     data = load_json(p / "config.json")
     hf_type = data.get("model_type")
     if hf_type not in HF_TYPES:
