@@ -28,6 +28,18 @@ torch.set_num_threads(1)
 
 
 @pytest.fixture(autouse=True)
+def cpu_without_native_bf16(tmp_path_factory, monkeypatch):
+    """``--precision auto`` resolves to fp32 in every test, whatever CPU runs the suite: the tests compare
+    figures with fp32 references (a test of the auto rule points CPUINFO_PATH at its own file)."""
+    from lmforge.train import precision
+
+    path = tmp_path_factory.getbasetemp() / "cpuinfo-without-bf16"
+    if not path.is_file():
+        path.write_text("processor\t: 0\nflags\t\t: fpu sse sse2 avx avx2 fma\n")
+    monkeypatch.setattr(precision, "CPUINFO_PATH", str(path))
+
+
+@pytest.fixture(autouse=True)
 def one_thread():
     """Every test runs on one intra-op thread, whatever an earlier test set."""
     n = torch.get_num_threads()

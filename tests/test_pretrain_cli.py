@@ -67,8 +67,10 @@ def test_pretrain_help(capsys):
         main(["pretrain", "--help"])
     assert e.value.code == 0
     out = capsys.readouterr().out
-    for flag in ("--data", "--out", "--config", "--set", "--max-steps", "--max-time", "--resume", "--tokenizer"):
+    for flag in ("--data", "--out", "--config", "--set", "--max-time", "--resume", "--tokenizer", "--device",
+                 "--precision", "--json"):
         assert flag in out
+    assert "--max-steps" not in out and "--log " not in out  # one way to say each: --set max_steps=N, log=...
     assert "bert,gpt,elmo,word2vec" in out
 
 
@@ -91,7 +93,7 @@ def test_unknown_set_key_is_one_line_and_exit_2(tmp_path):
 def test_cli_trains_and_writes_a_complete_model_folder(toy_family, bpe_shards, tmp_path, capsys):
     out = tmp_path / "model"
     rc, stdout, err = run_cli(capsys, "pretrain", toy_family, "--data", str(bpe_shards), "--out", str(out),
-                              "--max-steps", "4", "--set", "lr=1e-3", "seed=3")
+                              "--set", "max_steps=4", "--set", "lr=1e-3", "seed=3")
     assert rc == 0, err
     assert "after 4 steps" in stdout and "final validation metrics" in stdout
     assert "ppl" in stdout and "lm_acc" in stdout
@@ -114,7 +116,7 @@ def test_cli_trains_and_writes_a_complete_model_folder(toy_family, bpe_shards, t
 
     # --resume with a larger step budget continues from step 4
     rc, stdout, err = run_cli(capsys, "pretrain", toy_family, "--data", str(bpe_shards), "--out", str(out),
-                              "--resume", "--max-steps", "6")
+                              "--resume", "--set", "max_steps=6")
     assert rc == 0, err
     assert "after 6 steps" in stdout
     evs = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
@@ -125,21 +127,22 @@ def test_cli_trains_and_writes_a_complete_model_folder(toy_family, bpe_shards, t
 
 def test_cli_resume_equals_uninterrupted(toy_family, bpe_shards, tmp_path, capsys):
     common = ["--data", str(bpe_shards), "--set", "decay_steps=4"]
-    assert run_cli(capsys, "pretrain", toy_family, "--out", str(tmp_path / "a"), "--max-steps", "4", *common)[0] == 0
-    assert run_cli(capsys, "pretrain", toy_family, "--out", str(tmp_path / "b"), "--max-steps", "2", *common)[0] == 0
-    assert run_cli(capsys, "pretrain", toy_family, "--out", str(tmp_path / "b"), "--max-steps", "4", "--resume",
+    for out, steps in (("a", 4), ("b", 2)):
+        assert run_cli(capsys, "pretrain", toy_family, "--out", str(tmp_path / out), "--set", f"max_steps={steps}",
+                       *common)[0] == 0
+    assert run_cli(capsys, "pretrain", toy_family, "--out", str(tmp_path / "b"), "--set", "max_steps=4", "--resume",
                    *common)[0] == 0
     assert [e["loss"] for e in events(tmp_path / "b")] == [e["loss"] for e in events(tmp_path / "a")]
 
 
 def test_corrupt_checkpoint_on_resume_is_one_line(toy_family, bpe_shards, tmp_path, capsys):
     out = tmp_path / "model"
-    assert run_cli(capsys, "pretrain", toy_family, "--data", str(bpe_shards), "--out", str(out), "--max-steps",
-                   "2")[0] == 0
+    assert run_cli(capsys, "pretrain", toy_family, "--data", str(bpe_shards), "--out", str(out), "--set",
+                   "max_steps=2")[0] == 0
     opt = out / "training_state" / "optimizer.safetensors"
     opt.write_bytes(opt.read_bytes()[:100])
     rc, _, err = run_cli(capsys, "pretrain", toy_family, "--data", str(bpe_shards), "--out", str(out), "--resume",
-                         "--max-steps", "4")
+                         "--set", "max_steps=4")
     assert rc == 2
     assert len(err.strip().splitlines()) == 1 and "corrupt" in err and "Traceback" not in err
 
@@ -286,7 +289,7 @@ def test_real_family_smoke(family, shards_fixture, sets, request, tmp_path, caps
     shards = request.getfixturevalue(shards_fixture)
     out = tmp_path / family
     rc, stdout, err = run_cli(capsys, "pretrain", family, "--data", str(shards), "--out", str(out), "--config",
-                              "tiny", "--max-steps", "2", "--set", "batch_size=2", "eval_batches=1", "device=cpu",
+                              "tiny", "--device", "cpu", "--set", "max_steps=2", "batch_size=2", "eval_batches=1",
                               *sets)
     assert rc == 0, err
     assert "final validation metrics" in stdout
@@ -328,7 +331,8 @@ def test_init_starts_from_the_folder_weights(bpe_shards, wordpiece_shards, tmp_p
         (["gpt", "--data", str(bpe_shards), "--init", str(tmp_path / "nope")], "is not a model folder"),
     ]
     for k, (argv, msg) in enumerate(cases):
-        rc, _, err = run_cli(capsys, "pretrain", *argv, "--out", str(tmp_path / f"bad{k}"), "--set", *sets)
+        rc, _, err = run_cli(capsys, "pretrain", *argv, "--out", str(tmp_path / f"bad{k}"), "--device", "cpu", "--set",
+                             *[x for x in sets if x != "device=cpu"])
         assert rc == 2 and msg in err and "Traceback" not in err and len(err.strip().splitlines()) == 1, err
 
 

@@ -28,7 +28,9 @@ from lmforge.folders import LOCK, MARKER, folder_kind
 ENV = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore"}
 _EXE = Path(sys.executable).parent / "lmforge"
 LMFORGE = [str(_EXE)] if _EXE.is_file() else [sys.executable, "-m", "lmforge.cli"]
-GPT_SETS = ["n_positions=32", "batch_size=2", "eval_batches=1", "device=cpu"]
+GPT_SETS = ["n_positions=32", "batch_size=2", "eval_batches=1"]
+# the same device and precision on every machine: some tests compare a subprocess's weights with their own
+GPT_FLAGS = ["--device", "cpu", "--precision", "fp32"]
 
 
 def cli(*args, prefix: list[str] | None = None, timeout: float = 300, **kw) -> subprocess.CompletedProcess:
@@ -68,7 +70,7 @@ def gpt_dir(tmp_path_factory, bpe_shards) -> Path:
     from lmforge.train.pretrain import pretrain
 
     out = tmp_path_factory.mktemp("rel") / "gpt"
-    pretrain("gpt", bpe_shards, out, "tiny", [*GPT_SETS, "max_steps=2"], progress=False)
+    pretrain("gpt", bpe_shards, out, "tiny", [*GPT_SETS, "max_steps=2", "device=cpu"], progress=False)
     return out
 
 
@@ -101,8 +103,8 @@ def writing_commands(out: Path, gpt_dir, tiny_corpus, bpe_tokenizer_dir, bpe_sha
     return {
         "prepare": ["prepare", "--tokenizer", bpe_tokenizer_dir, "--out", out, tiny_corpus],
         "tokenizer": ["tokenizer", "train", "--kind", "bpe", "--vocab-size", "300", "--out", out, tiny_corpus],
-        "pretrain": ["pretrain", "gpt", "--data", bpe_shards, "--out", out, "--config", "tiny", "--max-steps", "1",
-                     "--set", *GPT_SETS],
+        "pretrain": ["pretrain", "gpt", "--data", bpe_shards, "--out", out, "--config", "tiny", "--set", "max_steps=1",
+                     *GPT_FLAGS, "--set", *GPT_SETS],
         "finetune": ["finetune", gpt_dir, "--task", "classify", "--train", train, "--test", test, "--out", out,
                      "--epochs", "1", "--batch-size", "4", "--max-len", "16"],
         "export-hf": ["export-hf", gpt_dir, out],
@@ -233,7 +235,7 @@ def test_prepare_and_pretrain_refuse_folders_of_other_kinds(gpt_copy, tiny_corpu
     tok = tmp_path / "tok"
     shutil.copytree(bpe_tokenizer_dir, tok)
     tok_before = digest(tok)
-    refused(cli("pretrain", "gpt", "--data", bpe_shards, "--out", tok, "--set", *GPT_SETS),
+    refused(cli("pretrain", "gpt", "--data", bpe_shards, "--out", tok, *GPT_FLAGS, "--set", *GPT_SETS),
             "is a tokenizer folder, not a model folder")
     assert digest(tok) == tok_before
 
@@ -291,8 +293,8 @@ def test_full_disk_is_one_line(command, command_args, tmp_path):
 
 def test_out_of_memory_is_one_line_naming_the_size(bpe_shards, tmp_path):
     out = tmp_path / "m"
-    line = refused(cli("pretrain", "gpt", "--data", bpe_shards, "--out", out, "--config", "tiny", "--max-steps", "1",
-                       "--set", "n_positions=100000000000", "device=cpu"), "out of memory", "GiB")
+    line = refused(cli("pretrain", "gpt", "--data", bpe_shards, "--out", out, "--config", "tiny", "--device", "cpu",
+                       "--set", "max_steps=1", "n_positions=100000000000"), "out of memory", "GiB")
     assert "n_positions" in line
     assert not out.exists()  # a failed command leaves no empty folder behind
 
@@ -320,8 +322,8 @@ def test_a_second_writer_is_refused_and_a_dead_ones_lock_is_recovered(tmp_path, 
 @pytest.mark.slow
 def test_two_pretrain_runs_on_one_folder(bpe_shards, tmp_path):
     out = tmp_path / "m"
-    args = ["pretrain", "gpt", "--data", bpe_shards, "--out", out, "--config", "tiny", "--max-steps", "100",
-            "--set", *GPT_SETS]
+    args = ["pretrain", "gpt", "--data", bpe_shards, "--out", out, "--config", "tiny", "--set", "max_steps=100",
+            *GPT_FLAGS, "--set", *GPT_SETS]
     first = subprocess.Popen(LMFORGE + ["-q", *map(str, args)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                              text=True, env=ENV)
     try:
@@ -344,8 +346,8 @@ def test_two_pretrain_runs_on_one_folder(bpe_shards, tmp_path):
 # -- 4. nothing non-finite is ever saved; resume with a lower lr works -----------------------------------
 def test_divergence_keeps_the_last_finite_checkpoint_and_resume_with_lower_lr_works(bpe_shards, tmp_path):
     out = tmp_path / "m"
-    line = refused(cli("pretrain", "gpt", "--data", bpe_shards, "--out", out, "--config", "tiny", "--max-steps", "8",
-                       "--set", *GPT_SETS, "lr=1e4", "warmup_steps=0", "save_every=1", "log_every=10",
+    line = refused(cli("pretrain", "gpt", "--data", bpe_shards, "--out", out, "--config", "tiny", *GPT_FLAGS,
+                       "--set", "max_steps=8", *GPT_SETS, "lr=1e4", "warmup_steps=0", "save_every=1", "log_every=10",
                        "grad_clip=0"), "non-finite", "--resume --set lr=")
     state = json.loads((out / "training_state" / "state.json").read_text())
     assert 1 <= state["step"] < 8 and f"step {state['step']}" in line
@@ -424,8 +426,8 @@ def _killed_run(out: Path, argv: list[str], target: str, n: int) -> bool:
 def test_a_kill_inside_the_first_checkpoint_leaves_nothing_or_a_resumable_folder(bpe_shards, tmp_path):
     from lmforge.cli import main
 
-    args = ["pretrain", "gpt", "--data", str(bpe_shards), "--config", "tiny", "--max-steps", "1",
-            "--set", *GPT_SETS, "save_every=1"]
+    args = ["pretrain", "gpt", "--data", str(bpe_shards), "--config", "tiny", "--set", "max_steps=1",
+            *GPT_FLAGS, "--set", *GPT_SETS, "save_every=1"]
     ref = tmp_path / "ref"
     assert main(["-q", *args, "--out", str(ref)]) == 0
     from lmforge.utils import load_safetensors
@@ -455,8 +457,8 @@ def test_val_fraction_zero_is_refused_before_pretraining(tiny_corpus, bpe_tokeni
     proc = ok(cli("prepare", "--tokenizer", bpe_tokenizer_dir, "--out", shards, "--val-fraction", "0", tiny_corpus))
     assert "no validation split" in proc.stderr
     out = tmp_path / "m"
-    refused(cli("pretrain", "gpt", "--data", shards, "--out", out, "--set", *GPT_SETS), "no validation split",
-            "--val-fraction")
+    refused(cli("pretrain", "gpt", "--data", shards, "--out", out, *GPT_FLAGS, "--set", *GPT_SETS),
+            "no validation split", "--val-fraction")
     assert not out.exists()
     refused(cli("prepare", "--tokenizer", bpe_tokenizer_dir, "--out", shards, "--val-fraction", "1", tiny_corpus),
             "--val-fraction")
@@ -476,7 +478,7 @@ def test_prepare_removes_what_killed_runs_left(tiny_corpus, bpe_tokenizer_dir, t
 def test_resume_removes_temp_files_of_killed_writes(gpt_copy, bpe_shards):
     leftover = gpt_copy / ".tokenizer.json.x1y2z3.tmp"
     leftover.write_text("{")
-    ok(cli("pretrain", "gpt", "--data", bpe_shards, "--out", gpt_copy, "--resume", "--max-steps", "3"))
+    ok(cli("pretrain", "gpt", "--data", bpe_shards, "--out", gpt_copy, "--resume", "--set", "max_steps=3"))
     assert not leftover.exists() and not list(gpt_copy.glob(".*.tmp"))
 
 
@@ -519,8 +521,8 @@ def test_empty_word_and_text_are_clear_errors(gpt_dir, tmp_path):
 
 def test_weight_files_honour_the_umask(bpe_shards, tmp_path):
     out = tmp_path / "m"
-    ok(cli("pretrain", "gpt", "--data", bpe_shards, "--out", out, "--config", "tiny", "--max-steps", "1",
-           "--set", *GPT_SETS, preexec_fn=lambda: os.umask(0o027)))
+    ok(cli("pretrain", "gpt", "--data", bpe_shards, "--out", out, "--config", "tiny", "--set", "max_steps=1",
+           *GPT_FLAGS, "--set", *GPT_SETS, preexec_fn=lambda: os.umask(0o027)))
     for f in ("model.safetensors", "config.json", "training_state/model.safetensors",
               "training_state/optimizer.safetensors"):
         assert (out / f).stat().st_mode & 0o777 == 0o640, f

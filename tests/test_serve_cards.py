@@ -25,7 +25,8 @@ TINY_GPT = [
     "eval_every=2",
     "save_every=0",
     "warmup_steps=1",
-    "device=cpu",
+    "--device",
+    "cpu",
 ]
 
 
@@ -48,11 +49,10 @@ def gpt_dir(tmp_path_factory, bpe_shards):
                 str(bpe_shards),
                 "--out",
                 str(out),
-                "--max-steps",
-                "4",
                 *TINY_GPT,
-                "--log",
-                "tensorboard",
+                "--set",
+                "max_steps=4",
+                "log=tensorboard",
             ]
         )
         == 0
@@ -76,7 +76,7 @@ def test_pretrain_writes_tensorboard_events_beside_metrics_jsonl(gpt_dir):
 def test_default_log_writes_no_event_files(bpe_shards, tmp_path, capsys):
     out = tmp_path / "plain"
     assert (
-        main(["-q", "pretrain", "gpt", "--data", str(bpe_shards), "--out", str(out), "--max-steps", "2", *TINY_GPT])
+        main(["-q", "pretrain", "gpt", "--data", str(bpe_shards), "--out", str(out), *TINY_GPT, "--set", "max_steps=2"])
         == 0
     )
     assert not list(out.glob("events.out.tfevents.*")) and (out / "metrics.jsonl").is_file()
@@ -90,13 +90,13 @@ def test_default_log_writes_no_event_files(bpe_shards, tmp_path, capsys):
                 str(bpe_shards),
                 "--out",
                 str(tmp_path / "w"),
-                "--log",
-                "tensorboard",
+                "--set",
+                "log=tensorboard",
             ]
         )
         == 2
     )
-    assert "--log is for bert, gpt, elmo" in capsys.readouterr().err
+    assert "training key of the Trainer's families (bert, gpt, elmo)" in capsys.readouterr().err
 
 
 def test_model_card_of_a_pretrained_folder(gpt_dir, bpe_shards, bpe_tokenizer):

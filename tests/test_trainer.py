@@ -124,7 +124,7 @@ def make_trainer(out_dir, dropout: float = 0.1, seed_model: int = 0, progress: b
     torch.manual_seed(seed_model)
     model = ToyLM(ToyConfig(dropout=dropout))
     kw = dict(max_steps=8, batch_size=4, lr=3e-3, warmup_steps=2, eval_every=4, eval_batches=2, log_every=1,
-              save_every=4, device="cpu")
+              save_every=4, device="cpu", precision="fp32")  # fp32 in a torchrun subprocess too
     kw.update(train_kw)
     return Trainer(model, ToySampler(toy_tokens(), model.config.seq_len), TrainConfig(**kw), out_dir,
                    progress=progress, plot=plot)
@@ -341,11 +341,13 @@ def test_training_learns(tmp_path):
 
 def test_bf16_autocast_trains(tmp_path):
     fp32 = make_trainer(tmp_path / "fp32", max_steps=2, eval_every=0, dropout=0.0).train()
-    bf16 = make_trainer(tmp_path / "bf16", max_steps=2, eval_every=0, dropout=0.0, bf16=True).train()
+    trainer = make_trainer(tmp_path / "bf16", max_steps=2, eval_every=0, dropout=0.0, precision="bf16")
+    assert trainer.config.precision == "bf16" and "precision bf16 (asked for)" in trainer.precision_line
+    bf16 = trainer.train()
     assert np.isfinite(bf16.val["loss"])
     assert bf16.val["loss"] != fp32.val["loss"]  # autocast really changed the arithmetic
     assert abs(bf16.val["loss"] - fp32.val["loss"]) < 0.1
-    assert make_trainer(tmp_path / "x", bf16=True).model.wte.weight.dtype == torch.float32  # master weights fp32
+    assert make_trainer(tmp_path / "x", precision="bf16").model.wte.weight.dtype == torch.float32  # master weights fp32
 
 
 def test_train_config_checks():
@@ -355,4 +357,7 @@ def test_train_config_checks():
         TrainConfig(lr=0)
     with pytest.raises(ConfigError, match="device"):
         TrainConfig(device="tpu")
+    with pytest.raises(ConfigError, match="precision"):
+        TrainConfig(precision="fp8")
+    assert TrainConfig(device="cuda:1").device == "cuda:1"
     assert TrainConfig(max_time="1h30m").max_time == 5400.0

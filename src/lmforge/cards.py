@@ -284,7 +284,7 @@ def _model_card(folder: Path, corpus: dict[str, Any] | None, hf: dict[str, Any] 
             "schedule",
             "warmup_steps",
             "weight_decay",
-            "bf16",
+            "precision",
             "seed",
         )
         budget_rows = [(k, budget.get(k)) for k in keys if k in budget]

@@ -172,6 +172,70 @@ def save_json(cfg_or_dict, path: str | Path, **extra: Any) -> None:
     atomic_write_text(Path(path), json.dumps(data, indent=2, ensure_ascii=False) + "\n")
 
 
+# Names that the families give the same thing (GPT-2's, BERT's and ELMo's / word2vec's field names): a
+# ``--set`` key that another family uses is answered with this family's name for it.
+FIELD_SYNONYMS: tuple[tuple[str, ...], ...] = (
+    ("n_layer", "num_hidden_layers", "num_layers"),
+    ("n_embd", "hidden_size", "projection_dim", "vector_size", "d_model"),
+    ("n_head", "num_attention_heads"),
+    ("n_inner", "intermediate_size"),
+    ("n_positions", "max_position_embeddings", "seq_len"),
+    ("seq_len", "max_seq_length", "n_positions", "block_size"),
+    ("resid_pdrop", "hidden_dropout_prob", "dropout"),
+    ("attn_pdrop", "attention_probs_dropout_prob"),
+    ("activation_function", "hidden_act"),
+    ("layer_norm_epsilon", "layer_norm_eps"),
+)
+
+
+def synonyms_in(cls, key: str) -> list[str]:
+    """The fields of dataclass ``cls`` that mean what ``key`` means in another family (``n_layer`` ->
+    ``["num_hidden_layers"]`` for BERT's config); empty when ``key`` is a field of ``cls`` or unknown."""
+    fields = _field_types(cls)
+    if key in fields:
+        return []
+    found: list[str] = []
+    for group in FIELD_SYNONYMS:
+        if key in group:
+            found += [name for name in group if name in fields and name not in found]
+    return found
+
+
+def load_config_file(path: str | Path) -> dict[str, Any]:
+    """A mapping from a JSON, TOML or YAML file (by its suffix; YAML needs PyYAML), with one-line errors.
+
+    Args:
+        path: ``*.json``, ``*.toml`` or ``*.yaml`` / ``*.yml`` (any other suffix is read as JSON).
+    """
+    p = Path(path)
+    suffix = p.suffix.lower()
+    if suffix not in (".toml", ".yaml", ".yml"):
+        return load_json(p)
+    if not p.is_file():
+        raise ConfigError(f"config file not found: {p}")
+    text = p.read_text(encoding="utf-8")
+    if suffix == ".toml":
+        import tomllib
+
+        try:
+            data = tomllib.loads(text)
+        except tomllib.TOMLDecodeError as e:
+            raise ConfigError(f"{p} is not valid TOML ({e}); fix it") from None
+    else:
+        try:
+            import yaml  # PyYAML: optional, only for YAML run files
+        except ImportError:
+            raise ConfigError(f"{p} is YAML, which needs PyYAML (pip install pyyaml); or write it as TOML or JSON") \
+                from None
+        try:
+            data = yaml.safe_load(text)
+        except yaml.YAMLError as e:
+            raise ConfigError(f"{p} is not valid YAML ({str(e).splitlines()[0]}); fix it") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"{p} must hold a table of key = value settings")
+    return data
+
+
 def load_json(path: str | Path) -> dict[str, Any]:
     """Read a JSON object from ``path`` with a one-line error when missing or malformed."""
     p = Path(path)

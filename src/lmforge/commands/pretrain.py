@@ -3,27 +3,55 @@
 from __future__ import annotations
 
 import argparse
-import math
+import dataclasses
 import os
 
+from ..config import FIELD_SYNONYMS
 from ..models import FAMILIES
+from ..train.config import TrainConfig
+from ._common import add_compute_args, add_json_arg, add_set_arg, fmt, refuse_flag_keys, show
 
 FAMILY_CHOICES = tuple(FAMILIES)
 
-EPILOG = """\
+EPILOG_EXAMPLES = """\
 examples:
   lmforge pretrain gpt --data shards/bpe --out models/gpt --config tiny --max-time 15m
   lmforge pretrain gpt --data shards/bpe --out models/gpt --budget 15m
   lmforge pretrain gpt --data shards/bpe --out models/gpt2 --plan models/gpt/plan.json
-  lmforge pretrain bert --data shards/wp --out models/bert --set max_steps=2000 lr=3e-4 batch_size=16
-  lmforge pretrain gpt --data shards/bpe --out models/gpt --resume --max-steps 4000
+  lmforge pretrain gpt --data shards/bpe --out models/gpt --set n_layer=6 n_embd=256 max_steps=2000
+  lmforge pretrain bert --data shards/wp --out models/bert --set num_hidden_layers=4 lr=3e-4 batch_size=16
+  lmforge pretrain bert --data shards/wp --out models/bert --config run.toml --precision fp32
+  lmforge pretrain bert --data shards/wp --out models/bert2 --config models/bert/train_config.json
+  lmforge pretrain gpt --data shards/bpe --out models/gpt --resume --set max_steps=4000
   lmforge pretrain bert --data shards/legal --out models/bert-legal --init models/bert --set lr=5e-5
   torchrun --nproc_per_node 2 --no-python lmforge pretrain gpt --data shards/bpe --out models/gpt
 
---set takes model config keys (those of the preset) and training keys: max_steps max_time batch_size
-grad_accum lr min_lr_ratio warmup_steps decay_steps schedule weight_decay beta1 beta2 eps grad_clip
-bf16 eval_every eval_batches log_every save_every seed device.
+A run file (--config run.toml, .json or .yaml) holds a whole run: model keys under [model], training
+keys under [train] (or both as flat keys), and optionally preset = "tiny" as the base of the model keys:
+
+  preset = "tiny"
+  [model]
+  num_hidden_layers = 4
+  [train]
+  max_steps = 2000
+  lr = 3e-4
+
+Every run saves OUT/train_config.json in that form: pass it back as --config to repeat the run.
+--set overrides the file; --device and --precision override both.
 """
+
+
+def _key_names() -> str:
+    """The epilog's list of keys: training keys, and each family's names for its shape."""
+    flag_owned = ("device", "precision", "max_time")
+    train = " ".join(f.name for f in dataclasses.fields(TrainConfig) if f.name not in flag_owned)
+    lines = [f"training keys (bert, gpt, elmo): {train}", "the shape keys of each family (--set):"]
+    for name, fam in FAMILIES.items():
+        fields = {f.name for f in dataclasses.fields(fam.config_class)}
+        shape = [n for group in FIELD_SYNONYMS[:5] for n in group if n in fields]
+        lines.append(f"  {name}: {' '.join(dict.fromkeys(shape))}")
+    lines.append("a key of another family is answered with this family's name for it (n_layer -> num_hidden_layers).")
+    return "\n".join(lines) + "\n"
 
 
 def register(sub) -> None:
@@ -32,25 +60,19 @@ def register(sub) -> None:
         help="pretrain a model family (bert, gpt, elmo, word2vec) on token shards",
         description="Pretrain a model family on shards made by `lmforge prepare`, writing a model folder. "
         "Checkpoints go to OUT/training_state; --resume continues exactly where a run stopped.",
-        epilog=EPILOG,
+        epilog=EPILOG_EXAMPLES + "\n" + _key_names(),
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("family", choices=FAMILY_CHOICES, help="which model family to train")
     p.add_argument("--data", required=True, metavar="SHARDS", help="shard folder written by `lmforge prepare`")
     p.add_argument("--out", required=True, metavar="MODEL_DIR", help="model folder to write (or resume)")
     p.add_argument(
-        "--config", metavar="PRESET|FILE", help="a preset of the family (e.g. tiny, mini) or a JSON config file"
+        "--config", metavar="PRESET|FILE",
+        help="a preset of the family (e.g. tiny, mini) or a run file (.toml, .json, .yaml) with model and training "
+        "keys, such as a model folder's train_config.json",
     )
-    p.add_argument(
-        "--set",
-        dest="overrides",
-        nargs="+",
-        action="extend",
-        default=[],
-        metavar="KEY=VALUE",
-        help="override model or training config fields, e.g. --set lr=3e-4 n_layer=6",
-    )
-    p.add_argument("--max-steps", type=int, metavar="N", help="optimizer steps in total (same as --set max_steps=N)")
+    add_set_arg(p, "override model or training keys, e.g. --set lr=3e-4 max_steps=2000 n_layer=6 (gpt) or "
+                   "num_hidden_layers=6 (bert); the keys are listed below")
     p.add_argument(
         "--max-time", metavar="DURATION", help="time budget of this run, e.g. 90s, 15m, 1h; then save and stop"
     )
@@ -75,23 +97,17 @@ def register(sub) -> None:
         help="continue pretraining this model folder (same family) on new shards: domain-adaptive pretraining; "
         "its config and weights are the start, its tokenizer must have made the shards",
     )
-    p.add_argument(
-        "--log",
-        choices=["jsonl", "tensorboard"],
-        default=None,
-        help="jsonl: metrics.jsonl and training_curves.png (default); tensorboard: also TensorBoard event files "
-        "beside them (bert, gpt, elmo; same as --set log=tensorboard)",
-    )
+    add_compute_args(p)
+    add_json_arg(p)
     p.set_defaults(func=run)
 
 
 def format_metrics(val: dict[str, float]) -> str:
-    """A two-column table of metric name and value."""
+    """A two-column table of metric name and value (4 significant digits)."""
     width = max([len("metric"), *(len(k) for k in val)])
     lines = [f"{'metric':<{width}}  value", f"{'-' * width}  {'-' * 10}"]
     for k, v in val.items():
-        text = "inf" if math.isinf(v) else (f"{v:.4f}" if abs(v) < 1e5 else f"{v:.4g}")
-        lines.append(f"{k:<{width}}  {text}")
+        lines.append(f"{k:<{width}}  {fmt(float(v), k)}")
     return "\n".join(lines)
 
 
@@ -127,7 +143,8 @@ def check_configs(args, overrides: list[str]) -> None:
     if not args.resume and args.init is None:
         apply_overrides(driver.build_model_config(args.family, module, args.config), model_over)
     if trainer_based:
-        apply_overrides(apply_overrides(TrainConfig(), dict(getattr(module, "TRAIN_DEFAULTS", {}))), train_over)
+        defaults = apply_overrides(TrainConfig(), dict(getattr(module, "TRAIN_DEFAULTS", {})))
+        apply_overrides(apply_overrides(defaults, driver.run_file_train(args.family, args.config)), train_over)
 
 
 def _clear_for_overwrite(out, kind: str | None) -> None:
@@ -155,14 +172,7 @@ def run(args) -> int:
     from ..train.pretrain import pretrain
 
     overrides = list(args.overrides)
-    if args.max_steps is not None:
-        overrides.append(f"max_steps={args.max_steps}")
-    if args.log is not None:
-        if args.family == "word2vec":
-            from ..errors import LmforgeError
-
-            raise LmforgeError("word2vec trains in one gensim pass, no training curve: --log is for bert, gpt, elmo")
-        overrides.append(f"log={args.log}")
+    refuse_flag_keys(overrides)
     max_time = parse_duration(args.max_time) if args.max_time is not None else None
     if args.resume and args.overwrite:
         from ..errors import LmforgeError
@@ -194,17 +204,42 @@ def run(args) -> int:
             max_time=max_time,
             tokenizer_dir=args.tokenizer,
             init=args.init,
+            device=args.device,
+            precision=args.precision,
         )
     if os.environ.get("RANK", "0") != "0":
         return 0  # under torchrun only rank 0 reports
+    show(args, _record(result), lambda: _summary(args, result))
+    return 0
+
+
+def _record(result) -> dict:
+    """The full record of a run (``--json``): the result and the run's saved training config."""
+    import json
+    from pathlib import Path
+
+    record = {k: (str(v) if isinstance(v, Path) else v) for k, v in dataclasses.asdict(result).items()}
+    saved = Path(result.out_dir) / "train_config.json"
+    if saved.is_file():
+        train = json.loads(saved.read_text(encoding="utf-8"))
+        train.pop("model", None)
+        record["train_config"] = train
+    return record
+
+
+def _summary(args, result) -> list[str]:
     head = f"{args.family} model written to {result.out_dir}"
     if result.step is not None:
         head += f" after {result.step} steps"
         if result.tokens_seen:
-            head += f" ({result.tokens_seen:,} tokens)"
+            head += f" ({result.tokens_seen:,} tokens"
+            head += f" in {fmt(result.elapsed)} s)" if result.elapsed else ")"
     if result.stop_reason == "max_time":
         head += "; time budget reached, continue with --resume"
-    print(head)
-    print("final validation metrics:")
-    print(format_metrics(result.val))
-    return 0
+    lines = [head]
+    if result.train_loss is not None and result.step is not None:
+        lines.append(f"last training loss {fmt(result.train_loss)}")
+    lines += ["final validation metrics:", format_metrics(result.val)]
+    if result.step is not None:
+        lines.append(f"repeat this run with --config {result.out_dir}/train_config.json")
+    return lines

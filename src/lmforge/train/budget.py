@@ -59,6 +59,7 @@ import numpy as np
 from ..config import _field_types, apply_overrides, save_json, to_dict
 from ..errors import ConfigError, LmforgeError
 from .config import TrainConfig, format_duration, parse_duration
+from .precision import autocast, resolve_device, resolve_precision, upgrade_legacy_keys
 
 logger = logging.getLogger(__name__)
 
@@ -391,8 +392,8 @@ def make_candidates(family: str, shards, train: TrainConfig, preset_or_file: str
 def measure_throughput(family: str, cand: Candidate, train: TrainConfig, shards, max_seconds: float) -> ProbeResult:
     """Time a few optimizer steps of ``cand`` on this machine (after one warm-up step).
 
-    The probe trains a throw-away copy of the model with AdamW on the run's own batches (bf16 when
-    the run uses it); it does not change the RNG streams of the run that follows.
+    The probe trains a throw-away copy of the model with AdamW on the run's own batches (in the run's
+    precision); it does not change the RNG streams of the run that follows.
     """
     import torch
 
@@ -406,8 +407,8 @@ def measure_throughput(family: str, cand: Candidate, train: TrainConfig, shards,
     if not _is_trainer_family(module):
         return _probe_word2vec(module, cand, shards, tokenizer, max_seconds, t0)
     cfg = from_dict(family_config_class(family, module), cand.model, ignore=("model_type",))
-    device = torch.device("cuda" if train.device in ("auto", "cuda") and torch.cuda.is_available()
-                          else ("cpu" if train.device == "auto" else train.device))
+    device = resolve_device(train.device)
+    precision = resolve_precision(train.precision, device)
     with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
         model, sampler = module.pretraining_setup(cfg, shards, tokenizer)
         model.to(device).train()
@@ -428,7 +429,7 @@ def measure_throughput(family: str, cand: Candidate, train: TrainConfig, shards,
                 if step > 0:
                     tokens += count_tokens(batch)
                 batch = {k: (v.to(device) if isinstance(v, torch.Tensor) else v) for k, v in batch.items()}
-                with torch.autocast(device_type=device.type, dtype=torch.bfloat16, enabled=train.bf16):
+                with autocast(device, precision):
                     loss = model(**batch).loss
                 (loss / train.grad_accum).backward()
             if train.grad_clip > 0:
@@ -553,6 +554,8 @@ def plan_budget(
     train = _train_config(family, train_overrides) if trainer_family else TrainConfig()
     probe = probe or measure_throughput
     unique = int(shards.counts("train")["tokens"])
+    if trainer_family:  # the plan records the precision the probe measured, so a replay computes the same way
+        train = dataclasses.replace(train, precision=resolve_precision(train.precision, resolve_device(train.device)))
     if unique < 1:
         raise ConfigError(f"the shards in {shards.path} have no training tokens; prepare a larger corpus")
     cands = make_candidates(family, shards, train, preset_or_file, model_overrides)
@@ -778,7 +781,8 @@ def run_plan(plan: BudgetPlan, data_dir: str | Path, out_dir: str | Path, tokeni
         raise LmforgeError(f"{out} already holds a model; a plan starts a new run: choose another --out")
     check_plan_data(plan, open_shards(data_dir))
     train_keys = set(_field_types(TrainConfig))
-    overrides = [f"{k}={_override_text(v)}" for k, v in plan.train.items() if k in train_keys and k != "max_time"]
+    plan_train = upgrade_legacy_keys(plan.train)  # a plan of lmforge 0.1 says bf16: true|false
+    overrides = [f"{k}={_override_text(v)}" for k, v in plan_train.items() if k in train_keys and k != "max_time"]
     out.mkdir(parents=True, exist_ok=True)
     plan.save(out / PLAN_FILE)
     with tempfile.TemporaryDirectory(prefix="lmforge-plan-") as tmp:
@@ -804,7 +808,7 @@ def check_budget_args(args) -> None:
     if int(os.environ.get("WORLD_SIZE", "1")) > 1:
         raise LmforgeError(f"{flag} plans and replays one-process runs; run it without torchrun")
     for given, name in ((args.resume, "--resume"), (args.max_time is not None, "--max-time"),
-                        (args.max_steps is not None, "--max-steps"), (getattr(args, "init", None), "--init")):
+                        (getattr(args, "init", None), "--init")):
         if given:
             raise LmforgeError(f"{flag} runs a planned number of steps from scratch; drop {name}")
     out = Path(args.out)
@@ -823,7 +827,7 @@ def check_budget_args(args) -> None:
 
 def plan_for_cli(args) -> BudgetPlan:
     """The plan of ``lmforge pretrain ... --budget B`` (probed here) or ``--plan FILE`` (read)."""
-    from .pretrain import family_config_class, open_shards, split_all_overrides
+    from .pretrain import family_config_class, open_shards, run_file_train, split_all_overrides
 
     check_budget_args(args)
     if args.plan is not None:
@@ -835,5 +839,9 @@ def plan_for_cli(args) -> BudgetPlan:
                                                  _is_trainer_family(module))
     budget = parse_budget(args.budget)
     shards = open_shards(args.data)
+    if _is_trainer_family(module):  # a run file's [train] fields, then --set, then --device / --precision
+        flags = {k: getattr(args, k, None) for k in ("device", "precision")}
+        train_over = {**run_file_train(args.family, args.config), **train_over,
+                      **{k: v for k, v in flags.items() if v is not None}}
     return plan_budget(args.family, shards, budget, args.config, model_over, train_over)
 

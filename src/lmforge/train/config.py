@@ -11,6 +11,7 @@ import math
 import re
 
 from ..errors import ConfigError
+from .precision import PRECISIONS, check_device
 
 SCHEDULES = ("linear", "cosine", "constant")
 
@@ -78,14 +79,16 @@ class TrainConfig:
             norm weights and other 1-D parameters get none.
         beta1, beta2, eps: AdamW's.
         grad_clip: clip the global gradient norm to this (0 = no clipping).
-        bf16: run forward and loss under bfloat16 autocast (CPU or GPU); weights and optimizer stay fp32.
+        precision: ``auto`` (bf16 where the device computes it natively, else fp32), ``fp32``, ``bf16`` or
+            ``fp16`` (CUDA only, with a gradient scaler): the autocast of forward and loss; weights and
+            optimizer stay fp32 (see :mod:`lmforge.train.precision`).  A run saves the resolved choice.
         eval_every: evaluate on the validation split every N steps (0 = only at the end).
         eval_batches: validation batches per evaluation, each the size of a global training batch (the same
             rows every time, whatever the split over processes and micro-batches).
         log_every: append a train event to ``metrics.jsonl`` every N steps.
         save_every: write a checkpoint every N steps (0 = only at the end).
         seed: seeds the data order (every row's RNG), dropout and the model's initialisation.
-        device: ``auto`` (CUDA when available), ``cpu``, ``cuda`` or ``cuda:N``.
+        device: ``auto`` (CUDA when available), ``cpu``, ``cuda`` or ``cuda:N`` (the CLI's ``--device``).
         log: ``jsonl`` (metrics.jsonl and the PNG) or ``tensorboard`` (also TensorBoard event files beside them).
     """
 
@@ -103,7 +106,7 @@ class TrainConfig:
     beta2: float = 0.999
     eps: float = 1e-8
     grad_clip: float = 1.0
-    bf16: bool = False
+    precision: str = "auto"
     eval_every: int = 200
     eval_batches: int = 20
     log_every: int = 10
@@ -140,10 +143,11 @@ class TrainConfig:
         need(self.log_every >= 1, f"log_every must be >= 1, got {self.log_every}")
         need(self.save_every >= 0, f"save_every must be >= 0 (0 = only at the end), got {self.save_every}")
         need(self.seed >= 0, f"seed must be >= 0, got {self.seed}")
-        need(
-            self.device in ("auto", "cpu", "cuda") or re.fullmatch(r"cuda:\d+", self.device) is not None,
-            f"device must be auto, cpu, cuda or cuda:N, got {self.device!r}",
-        )
+        need(self.precision in PRECISIONS, f"precision must be one of {', '.join(PRECISIONS)}, got {self.precision!r}")
+        try:
+            check_device(self.device)
+        except ConfigError as e:
+            need(False, str(e))
         need(self.log in ("jsonl", "tensorboard"), f"log must be jsonl or tensorboard, got {self.log!r}")
 
     @property

@@ -55,7 +55,7 @@ def _pick_device(device: str, local_rank: int, distributed: bool) -> torch.devic
         device = "cuda" if torch.cuda.is_available() else "cpu"
     if device.startswith("cuda"):
         if not torch.cuda.is_available():
-            raise ConfigError("device=cuda was asked for but torch sees no CUDA GPU; use --set device=cpu")
+            raise ConfigError("device cuda was asked for but torch sees no CUDA GPU; use --device cpu")
         if device == "cuda":
             return torch.device("cuda", local_rank if distributed else torch.cuda.current_device())
         return torch.device(device)

@@ -7,6 +7,12 @@ trained by gensim (word2vec), from :mod:`lmforge.train.families`.
 Order of work: every config problem is found before any data is read, the tokenizer is checked
 against the shards before any model is built, and ``train_config.json`` is written before the
 first step so that a killed run can be resumed with the same settings.
+
+A run file (``--config run.toml``, ``.json`` or ``.yaml``) holds a whole run: model fields under
+``[model]``, training fields under ``[train]``, or both as flat keys (each goes to the config that has
+it; a key of both is a model key), and optionally ``preset = "tiny"`` as the base of the model fields.
+``train_config.json`` is such a file (the training fields flat, the model config under ``model``), so
+``--config MODEL_DIR/train_config.json`` repeats a run.
 """
 
 from __future__ import annotations
@@ -17,7 +23,17 @@ import logging
 from pathlib import Path
 
 from ..cards import update_card
-from ..config import _field_types, apply_overrides, from_dict, load_json, parse_overrides, save_json, to_dict
+from ..config import (
+    _field_types,
+    apply_overrides,
+    from_dict,
+    load_config_file,
+    load_json,
+    parse_overrides,
+    save_json,
+    synonyms_in,
+    to_dict,
+)
 from ..data.shards import Shards
 from ..errors import CheckpointError, ConfigError, DataError, LmforgeError
 from ..models import FAMILIES, get_family
@@ -27,6 +43,7 @@ from .checkpoint import STATE_DIR, find_state_dir
 from .config import TrainConfig, format_duration, parse_duration
 from .distributed import cleanup, init_distributed
 from .families import PretrainHooks, pretrain_hooks
+from .precision import upgrade_legacy_keys
 from .result import PretrainResult
 from .trainer import Trainer
 
@@ -45,35 +62,94 @@ def family_config_class(family: str, module=None) -> type:
     return get_family(family).config_class
 
 
+def is_config_file(choice: str | None) -> bool:
+    """Whether ``--config`` names a file (a path or a config suffix) rather than a preset."""
+    if choice is None:
+        return False
+    path = Path(choice)
+    return (path.suffix.lower() in (".json", ".toml", ".yaml", ".yml") or path.exists()
+            or any(sep in choice for sep in "/\\"))
+
+
+def read_run_file(family: str, path: str | Path) -> tuple[str | None, dict, dict]:
+    """``(preset, model fields, training fields)`` of a run file (see the module docstring).
+
+    Raises:
+        ConfigError: an unreadable file, another family's config, or a key of neither config.
+    """
+    p = Path(path)
+    if p.is_dir():
+        raise ConfigError(f"--config {p} is a directory; give a preset name or a config file (.toml, .json, .yaml)")
+    data = dict(load_config_file(p))
+    fam = get_family(family)
+    model = data.pop("model", {})
+    train = data.pop("train", {})
+    if not isinstance(model, dict) or not isinstance(train, dict):
+        raise ConfigError(f"{p}: 'model' and 'train' must be tables of settings")
+    model, train = dict(model), dict(train)
+    for where in (data, model):
+        mt = where.pop("model_type", None) or (where.pop("family", None) if where is data else None)
+        if mt is not None and mt != family:
+            raise ConfigError(f"{p} is a '{mt}' config, not a '{family}' one")
+    preset = data.pop("preset", None)
+    if preset is not None and preset not in fam.presets:
+        raise ConfigError(f"{p}: unknown {family} preset '{preset}'; presets: {', '.join(fam.presets)}")
+    model_fields = set(_field_types(fam.config_class))
+    train_fields = set(_field_types(TrainConfig)) if fam.trainer else set()
+    for k, v in data.items():
+        if k in model_fields:
+            model[k] = v
+        elif k in train_fields:
+            train[k] = v
+        else:
+            raise _unknown_override(k, fam.config_class, sorted(train_fields), file=str(p))
+    if train and not fam.trainer:
+        raise ConfigError(f"{p}: {family} trains in one gensim pass; its settings are model keys, not [train]")
+    return preset, model, upgrade_legacy_keys(train)
+
+
 def build_model_config(family: str, module, preset_or_file: str | None):
-    """The family config from a preset name or a JSON file (unknown keys -> ConfigError); ``module`` is not used."""
+    """The family config from a preset name or a config file (unknown keys -> ConfigError); ``module`` is not used.
+
+    A file's model fields start from its ``preset`` when it names one, else from the config class's
+    defaults (a complete ``config.json``); a file without model fields gives the family's default preset.
+    """
     fam = get_family(family)
     cls = fam.config_class
     presets = fam.presets
     choice = preset_or_file if preset_or_file is not None else fam.default_preset
     if choice is None:
         return from_dict(cls, {})
-    path = Path(choice)
-    if choice in presets and not path.is_file():
+    if choice in presets and not Path(choice).is_file():
         return from_dict(cls, dict(presets[choice]), ignore=("model_type",))
-    if path.suffix == ".json" or path.exists() or any(sep in choice for sep in "/\\"):
-        if path.is_dir():
-            raise ConfigError(f"--config {choice} is a directory; give a preset name or a JSON config file")
-        data = load_json(path)
-        mt = data.get("model_type")
-        if mt is not None and mt != family:
-            raise ConfigError(f"{path} is a '{mt}' config, not a '{family}' one")
-        return from_dict(cls, data, ignore=("model_type",))
+    if is_config_file(choice):
+        preset, model, _ = read_run_file(family, choice)
+        if preset is None and not model:
+            preset = fam.default_preset
+        base = dict(presets[preset]) if preset is not None else {}
+        base.pop("model_type", None)
+        return from_dict(cls, {**base, **model})
     raise ConfigError(
-        f"unknown {family} preset '{choice}'; presets: {', '.join(presets) or 'none'} (or give a JSON config file)"
+        f"unknown {family} preset '{choice}'; presets: {', '.join(presets) or 'none'} (or give a config file: "
+        f".toml, .json or .yaml)"
     )
 
 
-def _unknown_override(key: str, model_cls: type, train_fields: list[str]) -> ConfigError:
+def run_file_train(family: str, preset_or_file: str | None) -> dict:
+    """The training fields of a run file given as ``--config`` (empty for a preset)."""
+    return read_run_file(family, preset_or_file)[2] if is_config_file(preset_or_file) else {}
+
+
+def _unknown_override(key: str, model_cls: type, train_fields: list[str], file: str | None = None) -> ConfigError:
+    """The error for a key of neither config: this family's name for it, a close key, or the valid keys."""
     model_fields = list(_field_types(model_cls))
+    what = f"unknown config key '{key}' in {file}" if file else f"unknown --set key '{key}'"
+    same = synonyms_in(model_cls, key)
+    if same:
+        return ConfigError(f"{what}: {model_cls.__name__} calls it {' or '.join(same)} (e.g. {same[0]} = ...)")
     close = difflib.get_close_matches(key, model_fields + train_fields, n=1)
     hint = f" (did you mean '{close[0]}'?)" if close else ""
-    msg = f"unknown --set key '{key}'{hint}; model keys ({model_cls.__name__}): {', '.join(sorted(model_fields))}"
+    msg = f"{what}{hint}; model keys ({model_cls.__name__}): {', '.join(sorted(model_fields))}"
     if train_fields:
         msg += f"; training keys: {', '.join(sorted(train_fields))}"
     return ConfigError(msg)
@@ -96,6 +172,9 @@ def split_all_overrides(
             model_over[k] = v
         elif k in train_fields:
             train_over[k] = v
+        elif not trainer_based and k in _field_types(TrainConfig):
+            raise ConfigError(f"'{k}' is a training key of the Trainer's families (bert, gpt, elmo); "
+                              f"{model_cls.__name__} trains in one gensim pass and takes model keys only")
         else:
             raise _unknown_override(k, model_cls, train_fields)
     if "max_time" in train_over and train_over["max_time"].lower() not in ("none", "null"):
@@ -159,6 +238,8 @@ def pretrain(
     tokenizer_dir: str | Path | None = None,
     progress: bool | None = None,
     init: str | Path | None = None,
+    device: str | None = None,
+    precision: str | None = None,
 ) -> PretrainResult:
     """Pretrain a ``family`` model on the shards in ``data_dir`` and write the model folder ``out_dir``.
 
@@ -167,8 +248,8 @@ def pretrain(
         data_dir: shards written by ``lmforge prepare``.
         out_dir: the model folder to write (config.json, model.safetensors, tokenizer, training_state/,
             train_config.json, metrics.jsonl, training_curves.png).
-        preset_or_file: a preset name of the family or a JSON config file (default: ``DEFAULT_PRESET``).
-            Ignored on resume (the saved ``config.json`` is used).
+        preset_or_file: a preset name of the family or a run file (default: ``DEFAULT_PRESET``; see the
+            module docstring). Its model fields are ignored on resume (the saved ``config.json`` is used).
         overrides: ``["key=value", ...]`` for model or training fields (``max_steps=...``, ``lr=...``).
         resume: continue the run saved in ``out_dir/training_state``.
         max_time: time budget of this invocation, e.g. ``"15m"`` or seconds.
@@ -177,6 +258,9 @@ def pretrain(
         init: continue pretraining from this model folder of the same family (domain-adaptive
             pretraining): its config and weights are the start, its tokenizer must have made the
             shards; the optimizer, schedule and step count start afresh (bert, gpt, elmo).
+        device: ``auto``, ``cpu``, ``cuda`` or ``cuda:N`` (``None``: the config's, default ``auto``).
+        precision: ``auto``, ``fp32``, ``bf16`` or ``fp16`` (``None``: the config's, default ``auto``);
+            the resolved choice is saved in ``train_config.json``.
     Returns:
         A :class:`PretrainResult` with the final validation metrics.
     """
@@ -190,11 +274,13 @@ def pretrain(
     init_dir = None
     if init is not None:
         init_dir = _check_init(init, family, resume, trainer_based, preset_or_file)
+    file_train = run_file_train(family, preset_or_file) if trainer_based else {}
     if resume:
         if find_state_dir(out) is None and trainer_based:
             raise CheckpointError(f"no {STATE_DIR}/ in {out} to resume from; run without --resume to start afresh")
         if preset_or_file is not None:
-            logger.warning("--resume: ignoring --config %s; the model config comes from %s", preset_or_file, out)
+            logger.warning("--resume: ignoring the model config of --config %s; it comes from %s", preset_or_file,
+                           out)
         data = load_json(out / "config.json")
         model_config = from_dict(model_cls, data, ignore=("model_type",))
     else:
@@ -213,16 +299,20 @@ def pretrain(
     train_config = TrainConfig()
     if trainer_based:
         if resume and (out / TRAIN_CONFIG_FILE).is_file():
-            saved = load_json(out / TRAIN_CONFIG_FILE)
+            saved = upgrade_legacy_keys(load_json(out / TRAIN_CONFIG_FILE))
             saved["max_time"] = None  # a time budget belongs to one invocation
-            train_config = from_dict(TrainConfig, saved)
+            train_config = from_dict(TrainConfig, saved, ignore=("model",))
         else:
             train_config = apply_overrides(TrainConfig(), get_family(family).train_defaults)
-        train_config = apply_overrides(train_config, train_over)
+        train_config = apply_overrides(apply_overrides(train_config, file_train), train_over)
         if max_time is not None:
             train_config = dataclasses.replace(train_config, max_time=parse_duration(max_time))
+        given = {k: v for k, v in (("device", device), ("precision", precision)) if v is not None}
+        train_config = apply_overrides(train_config, given)
     elif max_time is not None:
         logger.warning("%s trains without the Trainer and has no time budget: --max-time is not used", family)
+    if not trainer_based and (device not in (None, "auto", "cpu") or precision not in (None, "auto", "fp32")):
+        logger.warning("%s trains with gensim on the CPU in fp32: --device and --precision are not used", family)
 
     # -- data and tokenizer ----------------------------------------------------------------------
     shards = open_shards(data_dir)
@@ -250,9 +340,6 @@ def pretrain(
         if init_dir is not None:
             model.load_weights(load_safetensors(init_dir / "model.safetensors"))
             (logger.info if env.is_main else logger.debug)("starting from the weights of %s", init_dir)
-        if env.is_main:
-            out.mkdir(parents=True, exist_ok=True)
-            save_json(train_config, out / TRAIN_CONFIG_FILE)  # config.json comes with each checkpoint
         n_params = sum(p.numel() for p in model.parameters())
         rows = train_config.batch_size * train_config.grad_accum * env.world_size
         (logger.info if env.is_main else logger.debug)(
@@ -268,6 +355,10 @@ def pretrain(
             f", time budget {format_duration(train_config.max_time)}" if train_config.max_time else "",
         )
         trainer = Trainer(model, sampler, train_config, out, tokenizer=tokenizer, progress=progress)
+        train_config = trainer.config  # the precision resolved for the device
+        if env.is_main:
+            out.mkdir(parents=True, exist_ok=True)
+            save_run_config(out, train_config, getattr(model, "config", model_config), family)
         result = trainer.train(resume=resume)
         finished = True
     finally:
@@ -285,6 +376,13 @@ def pretrain(
         tokens_seen=result.tokens_seen,
         elapsed=result.elapsed,
     )
+
+
+def save_run_config(out: Path, train_config: TrainConfig, model_config, family: str) -> None:
+    """Write ``train_config.json``: the training fields flat (what ``--resume`` reads) and the model config under
+    ``model``, so the file given back as ``--config`` repeats the run (config.json comes with each checkpoint)."""
+    model = {"model_type": family, **to_dict(model_config)} if dataclasses.is_dataclass(model_config) else None
+    save_json({**to_dict(train_config), **({"model": model} if model else {})}, out / TRAIN_CONFIG_FILE)
 
 
 def evaluate_lm(

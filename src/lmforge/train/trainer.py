@@ -33,6 +33,7 @@ from ..config import to_dict
 from ..errors import CheckpointError, LmforgeError
 from ..utils import atomic_write_text, save_safetensors
 from . import checkpoint as ckpt
+from . import precision as prec
 from .config import TrainConfig, format_duration
 from .distributed import (
     DistEnv,
@@ -181,6 +182,9 @@ class Trainer:
 
     Under ``torchrun`` the trainer joins the process group itself (gloo on CPU, NCCL on GPU), wraps
     the model in DDP, and only rank 0 writes files, logs and shows progress.
+
+    ``config.precision`` ``auto`` is resolved here for the device (:mod:`lmforge.train.precision`) and
+    logged; ``self.config`` holds the resolved choice, so the saved training state repeats it.
     """
 
     def __init__(
@@ -193,7 +197,6 @@ class Trainer:
         progress: bool | None = None,
         plot: bool = True,
     ):
-        self.config = config
         self.plot = plot
         self.sampler = sampler
         self.out_dir = Path(out_dir)
@@ -201,6 +204,11 @@ class Trainer:
         self.progress = progress
         self.env: DistEnv = init_distributed(config.device)
         self.device = self.env.device
+        precision = prec.resolve_precision(config.precision, self.device)
+        self.precision_line = prec.describe(config.precision, precision, self.device)
+        self.config = config = dataclasses.replace(config, precision=precision)
+        self._log(logging.INFO, "%s", self.precision_line)
+        self.scaler = prec.grad_scaler(self.device, precision)  # fp16 on CUDA only
         self.model = model.to(self.device)
         unused = self._unused_parameters() if self.env.distributed else []
         if unused:
@@ -237,7 +245,7 @@ class Trainer:
             logger.log(level, msg, *args)
 
     def _autocast(self):
-        return torch.autocast(device_type=self.device.type, dtype=torch.bfloat16, enabled=self.config.bf16)
+        return prec.autocast(self.device, self.config.precision)
 
     def _to_device(self, batch: dict[str, Any]) -> dict[str, Any]:
         nb = self.device.type == "cuda"
@@ -303,13 +311,20 @@ class Trainer:
             with self.ddp_model.no_sync() if sync else contextlib.nullcontext():
                 with self._autocast():
                     loss = self.ddp_model(**batch)
-                (loss / accum).backward()
+                scaled = loss / accum
+                (self.scaler.scale(scaled) if self.scaler is not None else scaled).backward()
             loss_sum += loss.detach().float()
         self._step_lr = self.optimizer.param_groups[0]["lr"]  # the lr this step uses (decayed group's)
+        if self.scaler is not None:
+            self.scaler.unscale_(self.optimizer)  # clip the true gradients
         grad_norm = None
         if cfg.grad_clip > 0:
             grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), cfg.grad_clip)
-        self.optimizer.step()
+        if self.scaler is not None:
+            self.scaler.step(self.optimizer)  # skips the step when fp16 gradients overflowed
+            self.scaler.update()
+        else:
+            self.optimizer.step()
         self.scheduler.step()
         return loss_sum / accum, grad_norm
 
@@ -439,6 +454,8 @@ class Trainer:
                 "param_names": self.param_names,
                 "train_config": to_dict(self.config),
             }
+            if self.scaler is not None:
+                state["grad_scaler"] = self.scaler.state_dict()
             model_config = getattr(self.model, "config", None)
             if dataclasses.is_dataclass(model_config) and getattr(self.model, "model_type", None):
                 state["model_config"] = {"model_type": self.model.model_type, **to_dict(model_config)}
@@ -472,6 +489,8 @@ class Trainer:
         cfg = self.config
         for group, wd in zip(self.optimizer.param_groups, (cfg.weight_decay, 0.0)):
             group.update(betas=(cfg.beta1, cfg.beta2), eps=cfg.eps, weight_decay=wd, initial_lr=cfg.lr)
+        if self.scaler is not None and "grad_scaler" in state:
+            self.scaler.load_state_dict(state["grad_scaler"])
         n_groups = len(self.optimizer.param_groups)
         restore_scheduler(self.scheduler, {**state["scheduler"], "base_lrs": [cfg.lr] * n_groups})
         self.step = int(state["step"])

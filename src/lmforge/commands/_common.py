@@ -1,0 +1,168 @@
+"""What the commands share: argument groups defined once, and how a command shows its result.
+
+- :func:`add_compute_args`: ``--device`` and ``--precision``, the same on every training command
+  (pretrain, finetune, benchmark curve, demo); :mod:`lmforge.train.precision` resolves them.
+- :func:`add_json_arg` and :func:`show`: a short human summary by default, the full record as JSON with
+  ``--json``.
+- :func:`refuse_flag_keys`: a ``--set`` key that a flag owns is refused, naming the flag (one way to say
+  each thing).
+- :func:`progress`: a tqdm bar on a terminal, plain log lines when the output is piped.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import logging
+import math
+import sys
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
+
+from ..errors import LmforgeError
+from ..train.precision import PRECISIONS, check_device
+
+# --set keys that a flag owns, and the flag to use instead
+FLAG_KEYS = {
+    "device": "--device",
+    "precision": "--precision",
+    "bf16": "--precision bf16",
+    "max_time": "--max-time",
+}
+
+
+def _device_arg(text: str) -> str:
+    try:
+        return check_device(text)
+    except LmforgeError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
+def add_compute_args(p: argparse.ArgumentParser) -> None:
+    """``--device`` and ``--precision`` (default ``None``: the run config's, else ``auto``)."""
+    g = p.add_argument_group("where and in which precision to compute")
+    g.add_argument(
+        "--device", type=_device_arg, default=None, metavar="DEVICE",
+        help="cpu, cuda, cuda:N or auto (default: auto = cuda when torch sees a GPU, else cpu)",
+    )
+    g.add_argument(
+        "--precision", choices=PRECISIONS, default=None,
+        help="auto (default): bf16 where the device computes it natively (a CPU with avx512_bf16 or AMX, a "
+        "CUDA GPU with bf16), else fp32; fp32 forces full precision; bf16 and fp16 (GPU only, with a gradient "
+        "scaler) run the forward pass under autocast, the weights stay fp32. The choice is printed and saved "
+        "with the run",
+    )
+
+
+def compute_options(args: argparse.Namespace, defaults: bool = True) -> dict[str, str]:
+    """``{"device", "precision"}`` as given; with ``defaults`` the unset ones are ``auto``, else left out."""
+    out = {}
+    for key in ("device", "precision"):
+        value = getattr(args, key, None)
+        if value is not None or defaults:
+            out[key] = value if value is not None else "auto"
+    return out
+
+
+def add_json_arg(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--json", action="store_true",
+                   help="print the full record as JSON instead of the short summary")
+
+
+def add_set_arg(p: argparse.ArgumentParser, help: str) -> None:
+    p.add_argument("--set", dest="overrides", nargs="+", action="extend", default=[], metavar="KEY=VALUE",
+                   help=help)
+
+
+def refuse_flag_keys(pairs: Sequence[str], owned: dict[str, str] | None = None) -> None:
+    """A one-line error for a ``--set`` key that a flag owns (``device=cuda`` -> use ``--device cuda``)."""
+    owned = FLAG_KEYS if owned is None else owned
+    for pair in pairs:
+        key, _, value = pair.partition("=")
+        key = key.strip()
+        if key in owned:
+            flag = owned[key]
+            example = flag if " " in flag or not value.strip() else f"{flag} {value.strip()}"
+            raise LmforgeError(f"--set {key}=... is not a setting here; use {example}")
+
+
+# -- numbers a person reads ---------------------------------------------------------------------------------
+
+
+def fmt(value: Any, key: str = "") -> str:
+    """A figure for a person: 4 significant digits, learning rates in scientific notation, counts as is."""
+    if value is None:
+        return "-"
+    if isinstance(value, bool) or isinstance(value, str):
+        return str(value)
+    if isinstance(value, int):
+        return str(value)
+    if isinstance(value, float):
+        if not math.isfinite(value):
+            return str(value)
+        if key == "lr" or key.endswith("_lr") or key.startswith("lr_"):
+            mantissa, _, exp = f"{value:.3e}".partition("e")
+            return f"{mantissa.rstrip('0').rstrip('.')}e{exp}"
+        return f"{value:.4g}"
+    if isinstance(value, (list, tuple)):
+        return "[" + ", ".join(fmt(v, key) for v in value) + "]"
+    return str(value)
+
+
+def pairs(record: dict, keys: Sequence[str] | None = None) -> str:
+    """``"accuracy 0.8125, macro_f1 0.8"``: the numeric entries of ``record`` (or ``keys``) as text."""
+    keys = list(record) if keys is None else [k for k in keys if k in record]
+    items = [(k, record[k]) for k in keys
+             if isinstance(record[k], (int, float)) and not isinstance(record[k], bool)]
+    return ", ".join(f"{k} {fmt(v, k)}" for k, v in items)
+
+
+def jsonable(obj: Any) -> Any:
+    """``obj`` with float noise cleaned (``0.00030000000000000003`` -> ``0.0003``) and NaN / inf as null."""
+    if isinstance(obj, float):
+        return float(f"{obj:.12g}") if math.isfinite(obj) else None
+    if isinstance(obj, dict):
+        return {str(k): jsonable(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [jsonable(v) for v in obj]
+    return obj
+
+
+def show(args: argparse.Namespace, record: Any, summary: Sequence[str] | Callable[[], Sequence[str]]) -> None:
+    """Print ``record`` as one JSON document with ``--json``, else the human ``summary`` lines."""
+    if getattr(args, "json", False):
+        print(json.dumps(jsonable(record), ensure_ascii=False))
+        return
+    for line in summary() if callable(summary) else summary:
+        print(line)
+
+
+# -- progress -----------------------------------------------------------------------------------------------
+
+
+@contextlib.contextmanager
+def progress(desc: str, total: int | None = None, unit: str = "epoch", quiet: bool = False,
+             quiet_loggers: Sequence[str] = ()) -> Iterator[Callable[[str], None]]:
+    """A callback ``line(text)`` for long work: on a terminal it moves a tqdm bar (showing ``text``) and the
+    ``quiet_loggers`` say only warnings meanwhile; when piped the bar is off (tqdm's ``disable=None``) and the
+    loggers' plain lines are the progress."""
+    from tqdm import tqdm
+
+    bar = tqdm(total=total, desc=desc, unit=unit, file=sys.stderr, leave=False, dynamic_ncols=True,
+               disable=True if quiet else None)
+    loggers = [logging.getLogger(name) for name in quiet_loggers] if not bar.disable else []
+    levels = [lg.level for lg in loggers]
+    for lg in loggers:
+        lg.setLevel(logging.WARNING)
+
+    def line(text: str) -> None:
+        bar.update(1)
+        bar.set_postfix_str(text[:80], refresh=True)
+
+    try:
+        yield line
+    finally:
+        bar.close()
+        for lg, level in zip(loggers, levels):
+            lg.setLevel(level)
