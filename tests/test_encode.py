@@ -32,7 +32,8 @@ def small_model(name, request):
     presets = family.presets
     base = dict(presets.get("tiny", presets[family.default_preset]))
     torch.manual_seed(0)
-    model = family.model_class(family.config_class(**{**base, **SMALL[name], "vocab_size": tok.vocab_size})).eval()
+    config = family.config_class(**{**base, **SMALL.get(name, {}), "vocab_size": tok.vocab_size})
+    model = family.model_class(config).eval()
     if name == "word2vec":  # zero-initialised; give it vectors to compare
         torch.nn.init.normal_(model.embeddings.weight)
     if hasattr(model, "set_tokenizer"):

@@ -24,7 +24,7 @@ import torch
 
 from ..data.corpus import read_lines
 from ..errors import DataError, LmforgeError
-from .vectors import Progress, _progress_updates, resolve_layer
+from .vectors import Progress, progress_updates, resolve_layer
 from .word2vec import word_index
 
 logger = logging.getLogger(__name__)
@@ -137,7 +137,7 @@ def corpus_word_vectors(
     sums: list[torch.Tensor] = []
     counts: list[int] = []
     lower = model.tokenizer.lowercase
-    with _progress_updates(progress, len(texts)) as update:
+    with progress_updates(progress, len(texts)) as update:
         for start in range(0, len(texts), batch_size):
             chunk = list(texts[start : start + batch_size])
             for text, tl in zip(chunk, model.embed(chunk)):

@@ -16,12 +16,14 @@ Pooling (``pool``) turns a text's token vectors at one layer into one vector:
 
 from __future__ import annotations
 
+import contextlib
 import json
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
 import numpy as np
+from tqdm import tqdm
 
 from ..data.corpus import read_lines
 from ..errors import DataError, LmforgeError, require
@@ -45,7 +47,8 @@ def encode(
     """One vector per text, from one layer of the model, pooled over the text's tokens.
 
     Args:
-        body: any model with ``embed(texts) -> list[TokenLayers]`` and ``hidden_size`` (every lmforge family).
+        body: any model with ``embed(texts) -> list[TokenLayers]`` (every lmforge family); ``hidden_size`` is
+            read only for an empty list of texts.
         texts: the texts; each needs at least one token (an empty or blank text is an error naming it).
         layer: which layer of ``embed``'s ``(L, n, C)``: 0 is the token embedding, ``L - 1`` the top; negative
             counts from the top (-1 = the top); None = the top layer.
@@ -62,12 +65,17 @@ def encode(
         raise LmforgeError(f"unknown pool '{pool}'; choose one of {', '.join(POOLS)}")
     if batch_size < 1:
         raise LmforgeError(f"batch size must be >= 1, got {batch_size}")
-    out = np.zeros((len(texts), body.hidden_size), dtype=np.float32)
-    with _progress_updates(progress, len(texts)) as update:
+    if not texts:
+        return np.zeros((0, body.hidden_size), dtype=np.float32)
+    out = None
+    with progress_updates(progress, len(texts)) as update:
         for start in range(0, len(texts), batch_size):
             chunk = texts[start : start + batch_size]
             for i, token_layers in enumerate(body.embed(chunk)):
-                out[start + i] = _pool_one(token_layers, layer, pool, start + i, body)
+                vector = _pool_one(token_layers, layer, pool, start + i, body)
+                if out is None:  # the width from the vectors themselves: a stand-in body needs only embed
+                    out = np.zeros((len(texts), vector.shape[0]), dtype=np.float32)
+                out[start + i] = vector
             update(len(chunk))
     if normalize:
         norms = np.linalg.norm(out, axis=1, keepdims=True)
@@ -119,26 +127,16 @@ def _pool_one(token_layers, layer: int | None, pool: str, index: int, body) -> n
     return pooled.float().numpy()
 
 
-class _progress_updates:
-    """A context giving ``update(n_done_now)``: a tqdm bar (``progress=True``), the caller's callable, or nothing."""
-
-    def __init__(self, progress: Progress, total: int):
-        self.progress, self.total, self.bar = progress, total, None
-
-    def __enter__(self) -> Callable[[int], None]:
-        if callable(self.progress):
-            return self.progress
-        if self.progress:
-            from tqdm import tqdm
-
-            self.bar = tqdm(total=self.total, unit="text", desc="encode", file=sys.stderr, dynamic_ncols=True,
-                            leave=False)
-            return self.bar.update
-        return lambda n: None
-
-    def __exit__(self, *exc) -> None:
-        if self.bar is not None:
-            self.bar.close()
+@contextlib.contextmanager
+def progress_updates(progress: Progress, total: int) -> Iterator[Callable[[int], None]]:
+    """Yield ``update(n_done_now)``: a tqdm bar on stderr (``progress=True``), the caller's callable, or nothing."""
+    if callable(progress):
+        yield progress
+    elif progress:
+        with tqdm(total=total, unit="text", desc="encode", file=sys.stderr, dynamic_ncols=True, leave=False) as bar:
+            yield bar.update
+    else:
+        yield lambda n: None
 
 
 # -- files in and out (lmforge encode) ------------------------------------------------------------
