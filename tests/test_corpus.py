@@ -10,12 +10,12 @@ import pytest
 from lmforge.data.corpus import (
     builtin_corpus_path,
     detect_layout,
-    iter_corpus,
     iter_documents,
     read_lines,
     split_sentences,
     wordnet_examples_path,
 )
+from lmforge.data.sources import iter_corpus
 from lmforge.errors import DataError
 
 ROOT = Path(__file__).resolve().parent.parent

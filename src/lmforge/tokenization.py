@@ -26,7 +26,7 @@ from pathlib import Path
 from tokenizers import AddedToken, decoders, models, normalizers, pre_tokenizers, processors, trainers
 from tokenizers import Tokenizer as HFTokenizer
 
-from .data.corpus import check_file, iter_sentences
+from .data.sources import Corpus
 from .errors import ConfigError, DataError
 from .utils import atomic_write_text
 
@@ -137,8 +137,8 @@ class Tokenizer:
         """Train a tokenizer.
 
         Args:
-            files_or_iter: a list/tuple of file paths (``.txt``/``.gz``, read like ``prepare`` reads
-                them), or any other iterable of text strings.
+            files_or_iter: a :class:`~lmforge.data.sources.Corpus`, a list/tuple of files and folders
+                (any format, read like ``prepare`` reads them), or any other iterable of text strings.
             kind: ``"wordpiece"`` (BERT) or ``"bpe"`` (GPT, byte level).
             vocab_size: target vocabulary size including special tokens; the result may be smaller
                 when the corpus has fewer distinct pieces (see :attr:`vocab_size`).
@@ -372,17 +372,9 @@ def _training_texts(files_or_iter, layout: str, encoding_errors: str) -> Iterabl
     if isinstance(files_or_iter, (str, Path)):
         files_or_iter = [files_or_iter]
     if isinstance(files_or_iter, (list, tuple)) and all(isinstance(f, (str, Path)) for f in files_or_iter):
-        paths = [check_file(f) for f in files_or_iter]
-        if not paths:
-            raise DataError("no input files given")
-
-        def sentences() -> Iterator[str]:
-            for p in paths:
-                for s in iter_sentences(p, layout, encoding_errors):
-                    if s is not None:
-                        yield s
-
-        return _Replayable(sentences)
+        files_or_iter = Corpus.open(files_or_iter, layout=layout, encoding_errors=encoding_errors)
+    if isinstance(files_or_iter, Corpus):
+        return _Replayable(files_or_iter.sentences)
     return files_or_iter
 
 

@@ -4,14 +4,18 @@ from __future__ import annotations
 
 import argparse
 
+from ._corpus import INPUTS_HELP, add_corpus_args
+
 EPILOG_TRAIN = """\
 examples:
   lmforge tokenizer train --kind wordpiece --vocab-size 8000 --out tok-wp corpus.txt
-  lmforge tokenizer train --kind bpe --vocab-size 8000 --out tok-bpe books/*.txt.gz
+  lmforge tokenizer train --kind bpe --vocab-size 8000 --out tok-bpe books/
+  lmforge tokenizer train --kind wordpiece --vocab-size 8000 --out tok-wp --text-column review reviews.csv
 
+""" + INPUTS_HELP + """
 The folder holds tokenizer.json (+ vocab.txt for WordPiece), tokenizer_config.json and
-special_tokens_map.json: HF transformers' AutoTokenizer loads it unchanged. Files are read like
-`lmforge prepare` reads them (one sentence per line, or free paragraphs; .gz is fine).
+special_tokens_map.json: HF transformers' AutoTokenizer loads it unchanged. Inputs are read as
+`lmforge prepare` reads them.
 """
 
 
@@ -22,9 +26,9 @@ def register(sub) -> None:
     t = tsub.add_parser(
         "train", help="train a tokenizer on text files", epilog=EPILOG_TRAIN,
         formatter_class=argparse.RawDescriptionHelpFormatter,
-        description="Train a tokenizer on text files and save it to a folder; prints the final vocabulary size.",
+        description="Train a tokenizer on a corpus and save it to a folder; prints the final vocabulary size.",
     )
-    t.add_argument("files", nargs="+", metavar="FILE", help="UTF-8 text files (.txt or .gz)")
+    add_corpus_args(t)
     t.add_argument("--kind", choices=["wordpiece", "bpe"], required=True,
                    help="wordpiece: BERT ([PAD] [UNK] [CLS] [SEP] [MASK], CJK split per character); "
                         "bpe: GPT byte-level BPE with <|endoftext|>")
@@ -38,10 +42,6 @@ def register(sub) -> None:
                       help="keep case and accents (WordPiece lower-cases and strips accents by default)")
     case.add_argument("--lowercase", dest="lowercase", action="store_true", help="lower-case (default for WordPiece)")
     t.add_argument("--min-frequency", type=int, default=2, metavar="K", help="keep pieces seen K times (default 2)")
-    t.add_argument("--layout", choices=["auto", "lines", "paragraphs"], default="auto",
-                   help="lines: one sentence per line; paragraphs: free text (default: detect per file)")
-    t.add_argument("--encoding-errors", choices=["strict", "replace"], default="strict",
-                   help="strict: stop at bytes that are not UTF-8; replace: use U+FFFD")
     t.set_defaults(func=run_train)
 
     e = tsub.add_parser("encode", help="show how a tokenizer splits some text",
@@ -57,12 +57,13 @@ def run_train(args) -> int:
 
     from ..folders import output_folder
     from ..tokenization import Tokenizer
+    from ._corpus import corpus_from_args
 
+    corpus = corpus_from_args(args)
     with output_folder(args.out, "tokenizer", args.overwrite) as out:
         tok = Tokenizer.train(
-            args.files, kind=args.kind, vocab_size=args.vocab_size, lowercase=args.lowercase,
-            min_frequency=args.min_frequency, layout=args.layout, encoding_errors=args.encoding_errors,
-            show_progress=sys.stderr.isatty(),
+            corpus, kind=args.kind, vocab_size=args.vocab_size, lowercase=args.lowercase,
+            min_frequency=args.min_frequency, show_progress=sys.stderr.isatty(),
         )
         out = tok.save(out)
     print(f"trained {tok.kind} tokenizer: final vocabulary size {tok.vocab_size} (asked for {args.vocab_size}), "

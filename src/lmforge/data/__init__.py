@@ -1,6 +1,7 @@
 """Corpus reading, token shards and samplers.
 
-- :mod:`lmforge.data.corpus`: stream ``.txt``/``.gz`` files as documents of sentences.
+- :mod:`lmforge.data.corpus`: stream text files (plain or compressed) as documents of sentences.
+- :mod:`lmforge.data.sources`: corpora in every format (text, JSON Lines, CSV, Parquet, datasets, folders).
 - :mod:`lmforge.data.english`: more English text from Debian's fortunes and GCIDE, WordNet examples left out.
 - :mod:`lmforge.data.shards`: ``prepare`` text into memmapped token shards; ``Shards.open``.
 - :mod:`lmforge.data.samplers`: causal (GPT) and bidirectional (ELMo) window samplers.
@@ -10,7 +11,6 @@ from __future__ import annotations
 
 from .corpus import (
     builtin_corpus_path,
-    iter_corpus,
     iter_documents,
     iter_people_daily,
     iter_sentences,
@@ -19,6 +19,7 @@ from .corpus import (
     wordnet_examples_path,
     write_people_daily_text,
 )
+from .sources import Corpus, CorpusOptions, iter_corpus
 
 
 def __getattr__(name: str):
@@ -30,6 +31,8 @@ def __getattr__(name: str):
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 __all__ = [
+    "Corpus",
+    "CorpusOptions",
     "Shards",
     "builtin_corpus_path",
     "iter_corpus",

@@ -1,4 +1,4 @@
-"""Reading text corpora: plain or gzip files, streamed line by line, split into documents of sentences.
+"""Reading text: plain or compressed files, streamed line by line, split into documents of sentences.
 
 Two layouts are understood (``layout="auto"`` sniffs the first lines of each file):
 
@@ -17,17 +17,16 @@ raise :class:`lmforge.errors.DataError` with one line naming the file (and line)
 
 from __future__ import annotations
 
-import gzip
 import importlib.util
 import logging
 import re
-import zlib
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import DataError, MissingExtraError
 from ..utils import atomic_path
+from .compression import open_binary
 
 logger = logging.getLogger(__name__)
 
@@ -121,27 +120,34 @@ def check_file(path: str | Path) -> Path:
     """Return ``path`` as a Path after checking it is an existing, readable, non-binary file.
 
     Raises:
-        DataError: the path does not exist, is a directory, or holds binary data (NUL bytes).
+        DataError: the path does not exist, is a directory, holds binary data (NUL bytes) or UTF-16 text,
+            or its suffix promises a compression it does not have.
     """
     p = Path(path)
     if not p.exists():
         raise DataError(f"file not found: {p}")
     if p.is_dir():
-        raise DataError(f"{p} is a directory; pass the text files inside it (e.g. {p}/*.txt)")
+        raise DataError(f"{p} is a directory; pass it where directories are read (lmforge prepare, tokenizer train)")
     if not p.is_file():
         raise DataError(f"{p} is not a regular file")
-    try:
-        with _open_binary(p) as f:
-            head = f.read(8192)
-    except OSError as e:
-        raise DataError(f"cannot read {p}: {e}") from None
+    head = read_head(p)
     utf16 = _utf16_name(head)
     if utf16:
         raise DataError(f"{p} is {utf16} text, not UTF-8; convert it first, e.g. iconv -f {utf16.split()[0]} "
                         f"-t UTF-8 {p} > {p.stem}.utf8{p.suffix}")
     if b"\x00" in head:
-        raise DataError(f"{p} looks like a binary file (it contains NUL bytes); pass plain UTF-8 text or .gz")
+        raise DataError(f"{p} looks like a binary file (it contains NUL bytes); pass UTF-8 text (plain or compressed), "
+                        "JSONL, CSV or Parquet")
     return p
+
+
+def read_head(p: Path, n: int = 8192) -> bytes:
+    """The first ``n`` bytes of ``p``, decompressed (DataError when it cannot be read)."""
+    try:
+        with open_binary(p) as (f, _):
+            return f.read(n)
+    except OSError as e:
+        raise DataError(f"cannot read {p}: {e}") from None
 
 
 def _utf16_name(head: bytes) -> str | None:
@@ -194,53 +200,43 @@ def _bounded_lines(f, limit: int = MAX_LINE_BYTES) -> Iterator[tuple[int, bytes]
         carry = chunk[cut:]
 
 
-def _open_binary(p: Path):
-    if p.suffix == ".gz":
-        return gzip.open(p, "rb")
-    return open(p, "rb")
-
-
 def read_lines(path: str | Path, encoding_errors: str = "strict",
                on_bytes: Callable[[int], None] | None = None) -> Iterator[str]:
-    """Stream the lines of a UTF-8 text or ``.gz`` file, without their line endings.
+    """Stream the lines of a UTF-8 text file (plain or compressed), without their line endings.
 
     Args:
-        path: the file.
+        path: the file (gzip, bzip2, xz and zstandard files are decompressed on the fly).
         encoding_errors: ``"strict"`` (bytes that are not UTF-8 raise DataError naming file and line)
             or ``"replace"`` (they become U+FFFD).
-        on_bytes: called every 4096 lines (and at the end) with the number of bytes read since.
+        on_bytes: called every 4096 lines (and at the end) with the number of bytes of the stored
+            file read since the last call; the calls add up to the file's size.
     Yields:
         Each line as ``str`` (a leading BOM is dropped).
     """
     if encoding_errors not in ENCODING_ERRORS:
         raise DataError(f"encoding_errors must be one of {ENCODING_ERRORS}, not {encoding_errors!r}")
     p = check_file(path)
-    lineno = 0
-    pending = 0
-    try:
-        with _open_binary(p) as f:
-            for lineno, raw in _bounded_lines(f):
-                if on_bytes is not None:
-                    pending += len(raw)
-                    if lineno % 4096 == 0:
-                        on_bytes(pending)
-                        pending = 0
-                if b"\x00" in raw:
-                    raise DataError(f"{p} line {lineno}: NUL byte; this looks like a binary file, not text")
-                try:
-                    line = raw.decode("utf-8", errors=encoding_errors)
-                except UnicodeDecodeError as e:
-                    raise DataError(
-                        f"{p} line {lineno}: bytes that are not UTF-8 ({raw[e.start:e.start + 4]!r}); "
-                        "convert the file to UTF-8 or pass --encoding-errors replace"
-                    ) from None
-                if lineno == 1 and line.startswith("\ufeff"):
-                    line = line[1:]
-                yield line.rstrip("\r\n")
-            if on_bytes is not None and pending:
-                on_bytes(pending)
-    except (gzip.BadGzipFile, zlib.error, EOFError) as e:
-        raise DataError(f"{p} is not a valid gzip file ({e}); check the download or drop the .gz suffix") from None
+    reported = 0
+    with open_binary(p) as (f, stored):
+        for lineno, raw in _bounded_lines(f):
+            if on_bytes is not None and lineno % 4096 == 0:
+                now = stored()
+                on_bytes(now - reported)
+                reported = now
+            if b"\x00" in raw:
+                raise DataError(f"{p} line {lineno}: NUL byte; this looks like a binary file, not text")
+            try:
+                line = raw.decode("utf-8", errors=encoding_errors)
+            except UnicodeDecodeError as e:
+                raise DataError(
+                    f"{p} line {lineno}: bytes that are not UTF-8 ({raw[e.start:e.start + 4]!r}); "
+                    "convert the file to UTF-8 or pass --encoding-errors replace"
+                ) from None
+            if lineno == 1 and line.startswith("\ufeff"):
+                line = line[1:]
+            yield line.rstrip("\r\n")
+    if on_bytes is not None and p.stat().st_size > reported:
+        on_bytes(p.stat().st_size - reported)
 
 
 @dataclass
@@ -279,19 +275,28 @@ def detect_layout(path: str | Path, encoding_errors: str = "strict", sample_line
     return LayoutGuess(layout, blanks > 0, blanks > 0 and wrapped / n > 0.3)
 
 
-def iter_sentences(path: str | Path, layout: str = "auto", encoding_errors: str = "strict",
-                   on_bytes: Callable[[int], None] | None = None) -> Iterator[str | None]:
-    """Stream one file as sentences, with ``None`` after each document's last sentence.
+#: how a unit of text (see :func:`iter_units`) becomes sentences: as it is, split as a paragraph, or split
+#: as a record's whole text (with the layout the record is read in)
+SENTENCE, PARAGRAPH, RECORD_AUTO, RECORD_LINES, RECORD_PARAGRAPHS = range(5)
+RECORD_MODES = {"auto": RECORD_AUTO, "lines": RECORD_LINES, "paragraphs": RECORD_PARAGRAPHS}
 
-    Memory holds one paragraph at most, however long a document is.
+
+def iter_units(path: str | Path, layout: str = "auto", encoding_errors: str = "strict",
+               on_bytes: Callable[[int], None] | None = None) -> tuple[int, Iterator[str | None]]:
+    """Stream one text file as units of text, with ``None`` after each document's last unit.
+
+    A unit is a sentence (``lines`` layout) or a paragraph to split with :func:`split_sentences`
+    (``paragraphs``): reading finds the documents, and the costly splitting can run elsewhere
+    (``prepare`` splits in its worker processes). Memory holds one paragraph at most.
 
     Args:
-        path: a ``.txt`` (any suffix) or ``.gz`` UTF-8 file.
+        path: a UTF-8 text file (plain or compressed).
         layout: ``"auto"``, ``"lines"`` or ``"paragraphs"`` (see the module docstring).
         encoding_errors: ``"strict"`` or ``"replace"``.
         on_bytes: progress callback, see :func:`read_lines`.
-    Yields:
-        Non-empty stripped sentences; ``None`` ends a (non-empty) document.
+    Returns:
+        ``(mode, units)``: :data:`SENTENCE` or :data:`PARAGRAPH` (give it to :func:`unit_sentences`),
+        and the stream of non-empty stripped units, ``None`` ending each non-empty document.
     """
     if layout not in LAYOUTS:
         raise DataError(f"layout must be one of {LAYOUTS}, not {layout!r}")
@@ -299,29 +304,35 @@ def iter_sentences(path: str | Path, layout: str = "auto", encoding_errors: str 
     if layout == "auto":
         layout = guess.layout
         logger.debug("%s: layout %s", path, layout)
-    in_doc = False
+    lines = read_lines(path, encoding_errors, on_bytes)
     if layout == "lines":
-        for line in read_lines(path, encoding_errors, on_bytes):
-            s = line.strip()
-            if s:
-                in_doc = True
-                yield s
-            elif in_doc:
-                in_doc = False
-                yield None
-        if in_doc:
-            yield None
-        return
+        return SENTENCE, _line_units(lines)
+    return PARAGRAPH, _paragraph_units(lines, doc_per_paragraph=not guess.has_blank_lines, join_lines=guess.wrapped)
 
-    doc_per_paragraph = not guess.has_blank_lines
-    join_lines = guess.wrapped
+
+def _line_units(lines: Iterator[str]) -> Iterator[str | None]:
+    in_doc = False
+    for line in lines:
+        s = line.strip()
+        if s:
+            in_doc = True
+            yield s
+        elif in_doc:
+            in_doc = False
+            yield None
+    if in_doc:
+        yield None
+
+
+def _paragraph_units(lines: Iterator[str], doc_per_paragraph: bool, join_lines: bool) -> Iterator[str | None]:
+    in_doc = False
     para = ""
-    for line in read_lines(path, encoding_errors, on_bytes):
+    for line in lines:
         s = line.strip()
         if not s:
-            for sent in split_sentences(para):
+            if para:
                 in_doc = True
-                yield sent
+                yield para
             para = ""
             if in_doc:
                 in_doc = False
@@ -329,23 +340,84 @@ def iter_sentences(path: str | Path, layout: str = "auto", encoding_errors: str 
             continue
         para = _join(para, s) if para else s
         if not join_lines or _ends_sentence(s):
-            for sent in split_sentences(para):
-                in_doc = True
-                yield sent
+            in_doc = True
+            yield para
             para = ""
-            if doc_per_paragraph and in_doc:
+            if doc_per_paragraph:
                 in_doc = False
                 yield None
-    for sent in split_sentences(para):
+    if para:
         in_doc = True
-        yield sent
+        yield para
     if in_doc:
         yield None
 
 
+def text_sentences(text: str, layout: str = "auto") -> list[str]:
+    """The sentences of one record's text (a JSONL, CSV, Parquet or dataset record: one document).
+
+    ``lines``: each non-empty line is a sentence. ``paragraphs``: the whole text is split with
+    :func:`split_sentences`. ``auto``: paragraphs are separated by blank lines, a line that does not
+    end a sentence continues on the next (hard-wrapped text), and each paragraph is split; text with
+    one sentence a line comes out as its lines.
+    """
+    if layout == "lines":
+        return [s for s in (line.strip() for line in text.splitlines()) if s]
+    if layout == "paragraphs" or "\n" not in text:
+        return split_sentences(text)
+    lines = text.splitlines()
+    if all(line.strip() for line in lines):  # no blank line, so nothing is hard-wrapped: a line is a paragraph
+        return [s for line in lines for s in split_sentences(line)]
+    out: list[str] = []
+    para = ""
+    for line in text.splitlines():
+        s = line.strip()
+        if s:
+            para = _join(para, s) if para else s
+        if para and (not s or _ends_sentence(s)):
+            out.extend(split_sentences(para))
+            para = ""
+    out.extend(split_sentences(para))
+    return out
+
+
+_RECORD_LAYOUT = {RECORD_AUTO: "auto", RECORD_LINES: "lines", RECORD_PARAGRAPHS: "paragraphs"}
+
+
+def unit_sentences(unit: str, mode: int) -> list[str]:
+    """The sentences of a unit read in ``mode`` (:data:`SENTENCE`, :data:`PARAGRAPH` or a record mode)."""
+    if mode == SENTENCE:
+        return [unit]
+    if mode == PARAGRAPH:
+        return split_sentences(unit)
+    return text_sentences(unit, _RECORD_LAYOUT[mode])
+
+
+def iter_sentences(path: str | Path, layout: str = "auto", encoding_errors: str = "strict",
+                   on_bytes: Callable[[int], None] | None = None) -> Iterator[str | None]:
+    """Stream one text file as sentences, with ``None`` after each document's last sentence.
+
+    Memory holds one paragraph at most, however long a document is.
+
+    Args:
+        path: a UTF-8 text file (plain or compressed).
+        layout: ``"auto"``, ``"lines"`` or ``"paragraphs"`` (see the module docstring).
+        encoding_errors: ``"strict"`` or ``"replace"``.
+        on_bytes: progress callback, see :func:`read_lines`.
+    Yields:
+        Non-empty stripped sentences; ``None`` ends a (non-empty) document.
+    """
+    mode, units = iter_units(path, layout, encoding_errors, on_bytes)
+    for unit in units:
+        if unit is None:
+            yield None
+        else:
+            yield from unit_sentences(unit, mode)
+
+
 def iter_documents(path: str | Path, layout: str = "auto", encoding_errors: str = "strict",
                    on_bytes: Callable[[int], None] | None = None) -> Iterator[list[str]]:
-    """Stream one file as documents, each a list of sentences (see :func:`iter_sentences`).
+    """Stream one text file as documents, each a list of sentences (see :func:`iter_sentences`).
 
     Yields:
         Non-empty lists of non-empty sentences.
@@ -357,32 +429,6 @@ def iter_documents(path: str | Path, layout: str = "auto", encoding_errors: str 
             doc = []
         else:
             doc.append(s)
-
-
-def iter_corpus(files: Iterable[str | Path], layout: str = "auto", encoding_errors: str = "strict"
-                ) -> Iterator[tuple[Path, list[str]]]:
-    """Stream documents from several files, checking every file before reading any.
-
-    Yields:
-        ``(file, sentences)`` per document.
-    Raises:
-        DataError: a bad file (see :func:`check_file`), bad bytes, or no text in any file.
-    """
-    paths = [check_file(f) for f in files]
-    if not paths:
-        raise DataError("no input files given")
-    found = False
-    for p in paths:
-        n = 0
-        for doc in iter_documents(p, layout, encoding_errors):
-            n += 1
-            found = True
-            yield p, doc
-        if n == 0:
-            logger.warning("%s holds no text; skipped", p)
-    if not found:
-        names = ", ".join(str(p) for p in paths[:3]) + (" ..." if len(paths) > 3 else "")
-        raise DataError(f"the corpus is empty: no text in {names}")
 
 
 # --- built-in and packaged corpora --------------------------------------------------------------

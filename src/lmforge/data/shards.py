@@ -12,30 +12,27 @@ A shard folder holds, per split (``train``, ``val``):
 - ``<split>.documents.bin``: ``int64`` document start offsets into the sentence array, plus the
   end (length ``n_documents + 1``).
 
-plus ``meta.json`` (tokenizer hash and kind, vocabulary size, dtype, counts, sources) and the
-tokenizer itself in ``tokenizer/``.
+plus ``meta.json`` (tokenizer hash and kind, vocabulary size, dtype, counts, sources; every field
+checked on read by :mod:`lmforge.data.shard_meta`) and the tokenizer itself in ``tokenizer/``.
 
-:func:`prepare` streams: text is read by a background thread in chunks, each chunk is encoded with
-``tokenizers``' parallel ``encode_batch`` and appended to the files, so memory does not grow with
-the corpus. Documents go to ``val`` by a deterministic hash of their index (at least one document
-when there are two or more). Everything is written into a temporary folder that is renamed into
-place at the end: a failed run leaves no folder that looks valid.
+:func:`prepare` streams: the corpus (any format, :mod:`lmforge.data.sources`) is read in chunks of
+documents that a pool of processes splits into sentences and encodes (:mod:`lmforge.data.chunks`);
+the results are appended to the files in order, so memory does not grow with the corpus and the
+shards do not depend on the number of processes. Documents go to ``val`` by a deterministic hash of
+their index (at least one document when there are two or more). Everything is written into a
+temporary folder that is renamed into place at the end: a failed run leaves no folder that looks valid.
 """
 
 from __future__ import annotations
 
 import contextlib
 import hashlib
-import itertools
 import json
 import logging
 import os
-import queue
 import shutil
-import threading
 import uuid
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -43,15 +40,15 @@ import numpy as np
 from ..errors import DataError
 from ..tokenization import Tokenizer
 from ..utils import atomic_write_text
-from .corpus import _CJK, ENCODING_ERRORS, LAYOUTS, check_file, detect_layout, iter_sentences
+from .chunks import ChunkEncoder, Encoded, default_workers, read_chunks
+from .shard_meta import FORMAT, SPLITS, VERSION, check_meta
+from .sources import Corpus, CorpusOptions
 
 logger = logging.getLogger(__name__)
 
-FORMAT = "lmforge-shards"
-VERSION = 1
-SPLITS = ("train", "val")
 TOKENIZER_SUBDIR = "tokenizer"
-# Text per encode_batch call: big enough to keep both cores busy, small enough to bound memory.
+# Text per chunk handed to a worker: about a second of one core's encoding, so handing it over costs
+# little next to encoding it, and a few chunks in flight bound the memory.
 CHUNK_CHARS = 1 << 21
 
 
@@ -66,75 +63,6 @@ def is_val_document(index: int, val_fraction: float) -> bool:
         return False
     h = hashlib.blake2b(index.to_bytes(8, "little"), digest_size=8, person=b"lmforge-split").digest()
     return int.from_bytes(h, "little") / 2**64 < val_fraction
-
-
-# --- reading side -------------------------------------------------------------------------------
-
-
-@dataclass
-class _Chunk:
-    """A slice of the corpus: sentences with the (global) document index each belongs to."""
-
-    sentences: list[str] = field(default_factory=list)
-    doc_index: list[int] = field(default_factory=list)
-    ends_doc: list[bool] = field(default_factory=list)  # True on a document's last sentence
-    chars: int = 0
-    bytes_read: int = 0
-
-
-def _produce(files: list[Path], layouts: list[str], encoding_errors: str, out: queue.Queue,
-             stop: threading.Event, bpe_spacing: bool) -> None:
-    """Reader thread: put _Chunks on ``out``, then None; an exception is put on the queue instead."""
-    try:
-        chunk = _Chunk()
-        doc_idx = 0
-        first_in_doc = True
-        for path, layout in zip(files, layouts):
-            counter = _ByteCounter()
-            for s in iter_sentences(path, layout, encoding_errors, on_bytes=counter.add):
-                if s is None:  # the document ends with the last sentence added (still in ``chunk``)
-                    chunk.ends_doc[-1] = True
-                    doc_idx += 1
-                    first_in_doc = True
-                    continue
-                if chunk.chars >= CHUNK_CHARS:  # flush before adding, so a document's end can be marked
-                    chunk.bytes_read = counter.take()
-                    _put(out, chunk, stop)
-                    chunk = _Chunk()
-                if bpe_spacing and not first_in_doc and not _CJK.match(s[0]):
-                    s = " " + s  # byte-level BPE: the stream decodes to the document's text
-                first_in_doc = False
-                chunk.sentences.append(s)
-                chunk.doc_index.append(doc_idx)
-                chunk.ends_doc.append(False)
-                chunk.chars += len(s)
-            chunk.bytes_read += counter.take()
-        if chunk.sentences or chunk.bytes_read:
-            _put(out, chunk, stop)
-        _put(out, None, stop)
-    except BaseException as e:  # handed to the main thread, which re-raises it
-        _put(out, e, stop)
-
-
-class _ByteCounter:
-    def __init__(self):
-        self.n = 0
-
-    def add(self, n: int) -> None:
-        self.n += n
-
-    def take(self) -> int:
-        n, self.n = self.n, 0
-        return n
-
-
-def _put(q: queue.Queue, item, stop: threading.Event) -> None:
-    while not stop.is_set():
-        try:
-            q.put(item, timeout=0.1)
-            return
-        except queue.Full:
-            continue
 
 
 # --- writing side -------------------------------------------------------------------------------
@@ -264,77 +192,62 @@ def uncompressed_size(path: Path) -> int:
 
 
 def prepare(
-    files: Iterable[str | Path],
+    corpus: Corpus | Iterable[str | Path],
     tokenizer_dir,
     out_dir: str | Path,
     val_fraction: float = 0.05,
     encoding_errors: str = "strict",
     layout: str = "auto",
-    workers: int = 2,
+    workers: int | None = None,
     progress: Callable[[int], None] | None = None,
 ) -> dict:
-    """Tokenise text files into a shard folder (streaming; memory does not grow with the corpus).
+    """Tokenize a corpus into a shard folder (streaming: memory does not grow with the corpus).
 
     Args:
-        files: ``.txt``/``.gz`` files (see :mod:`lmforge.data.corpus` for the layouts).
+        corpus: a :class:`~lmforge.data.sources.Corpus` (any format; its own options apply), or files
+            and folders read with ``layout`` and ``encoding_errors``.
         tokenizer_dir: a tokenizer folder (or a :class:`~lmforge.tokenization.Tokenizer`).
         out_dir: the shard folder to write; an existing shard folder there is replaced.
         val_fraction: share of documents for the validation split, in [0, 1).
         encoding_errors: ``"strict"`` or ``"replace"`` for bytes that are not UTF-8.
         layout: ``"auto"``, ``"lines"`` or ``"paragraphs"``.
-        workers: threads for ``tokenizers``' parallel encoding (``RAYON_RS_NUM_CPUS``); it only takes
-            effect if this process has not encoded a batch yet.
-        progress: called with the number of input bytes read since the last call (for a progress bar).
+        workers: processes that split and encode (default: the cores this process may use); the
+            shards are the same whatever the number.
+        progress: called with the number of stored input bytes read since the last call (the calls
+            add up to ``corpus.total_bytes``).
     Returns:
         The ``meta.json`` dict.
     Raises:
-        DataError: bad input files, an empty corpus, or an ``out_dir`` that is not a shard folder.
+        DataError: bad inputs, an empty corpus, or an ``out_dir`` that is not a shard folder.
     """
     if not 0 <= val_fraction < 1:
         raise DataError(f"val_fraction must be in [0, 1), not {val_fraction}")
-    if layout not in LAYOUTS:
-        raise DataError(f"layout must be one of {LAYOUTS}, not {layout!r}")
-    if encoding_errors not in ENCODING_ERRORS:
-        raise DataError(f"encoding_errors must be one of {ENCODING_ERRORS}, not {encoding_errors!r}")
-    paths = [check_file(f) for f in files]
-    if not paths:
-        raise DataError("no input files given")
+    workers = default_workers() if workers is None else workers
+    if workers < 1:
+        raise DataError(f"workers must be 1 or more, not {workers}")
+    if not isinstance(corpus, Corpus):
+        corpus = Corpus.open(list(corpus), options=CorpusOptions(layout=layout, encoding_errors=encoding_errors))
     out_dir = Path(out_dir)
     _prepare_out_dir(out_dir)
     tok = _resolve_tokenizer(tokenizer_dir)
-    if workers >= 1:
-        os.environ.setdefault("RAYON_RS_NUM_CPUS", str(workers))
-    layouts = [detect_layout(p, encoding_errors).layout if layout == "auto" else layout for p in paths]
-
     dtype = dtype_for_vocab(tok.vocab_size)
     eot = tok.eot_id if tok.kind == "bpe" else None
     out_dir.parent.mkdir(parents=True, exist_ok=True)
     tmp = out_dir.parent / f".{out_dir.name}.tmp-{uuid.uuid4().hex[:8]}"
     tmp.mkdir()
-    stop = threading.Event()
     try:
         writers = {s: _SplitWriter(tmp, s, dtype, eot) for s in SPLITS}
-        q: queue.Queue = queue.Queue(maxsize=3)
-        reader = threading.Thread(target=_produce, args=(paths, layouts, encoding_errors, q, stop, eot is not None),
-                                  daemon=True, name="lmforge-prepare-reader")
-        reader.start()
-        while True:
-            item = q.get()
-            if item is None:
-                break
-            if isinstance(item, BaseException):
-                raise item
-            chunk: _Chunk = item
-            if chunk.sentences:
-                _write_chunk(tok, chunk, writers, val_fraction)
+        read = _ByteCounter()
+        chunks = read_chunks(corpus.units(on_bytes=read.add), read.take, CHUNK_CHARS)
+        for enc in ChunkEncoder(tok.backend, workers, eot is not None, dtype).encode(chunks):
+            if len(enc.lengths):
+                _write_encoded(enc, writers, val_fraction)
             if progress is not None:
-                progress(chunk.bytes_read)
-        reader.join()
+                progress(enc.bytes_read)
         if writers["train"].doc_open or writers["val"].doc_open:
             raise RuntimeError("internal error: a document was left open")
         if writers["train"].n_tokens + writers["val"].n_tokens == 0:
-            names = ", ".join(str(p) for p in paths[:3]) + (" ..." if len(paths) > 3 else "")
-            raise DataError(f"the corpus is empty: no tokens in {names}")
+            raise DataError(f"the corpus is empty: no tokens in {corpus.describe()}")
         if val_fraction > 0:
             _balance_splits(writers, val_fraction)
         for w in writers.values():
@@ -353,20 +266,30 @@ def prepare(
             "dtype": dtype.name,
             "eot_id": eot,
             "val_fraction": val_fraction,
-            "encoding_errors": encoding_errors,
+            "encoding_errors": corpus.options.encoding_errors,
             "splits": {s: w.counts() for s, w in writers.items()},
-            "sources": [{"path": str(p.resolve()), "bytes": p.stat().st_size, "layout": lay}
-                        for p, lay in zip(paths, layouts)],
+            "sources": [src.meta() for src in corpus.sources],
         }
 
         atomic_write_text(tmp / "meta.json", json.dumps(meta, indent=2) + "\n")
         _swap_into_place(tmp, out_dir)
     except BaseException:
-        stop.set()
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     logger.debug("prepared %s: %s", out_dir, meta["splits"])
     return meta
+
+
+class _ByteCounter:
+    def __init__(self):
+        self.n = 0
+
+    def add(self, n: int) -> None:
+        self.n += n
+
+    def take(self) -> int:
+        n, self.n = self.n, 0
+        return n
 
 
 def _balance_splits(writers: dict[str, _SplitWriter], val_fraction: float) -> None:
@@ -407,12 +330,8 @@ def _balance_splits(writers: dict[str, _SplitWriter], val_fraction: float) -> No
         move_document(train, val)
 
 
-def _write_chunk(tok, chunk: _Chunk, writers: dict[str, _SplitWriter], val_fraction: float) -> None:
-    encs = tok.backend.encode_batch(chunk.sentences, add_special_tokens=False)
-    lengths = np.fromiter((len(e.ids) for e in encs), dtype=np.int64, count=len(encs))
-    ids = np.fromiter(itertools.chain.from_iterable(e.ids for e in encs), dtype=np.int64, count=int(lengths.sum()))
-    doc_index = np.asarray(chunk.doc_index, dtype=np.int64)
-    ends_doc = np.asarray(chunk.ends_doc, dtype=bool)
+def _write_encoded(enc: Encoded, writers: dict[str, _SplitWriter], val_fraction: float) -> None:
+    lengths, ids, doc_index, ends_doc = enc.lengths, enc.ids, enc.doc_index, enc.ends_doc
     # Sentences with no tokens (e.g. only control characters) are dropped; a document's end moves
     # to its last kept sentence, and a document with none kept disappears.
     keep = lengths > 0
@@ -500,17 +419,16 @@ class Shards:
             meta = json.loads(mp.read_text(encoding="utf-8"))
         except (OSError, ValueError) as e:
             raise DataError(f"{mp} is corrupt ({e}); run lmforge prepare again") from None
-        needed = ("format", "tokenizer_hash", "dtype", "splits", "vocab_size", "tokenizer_kind")
-        if not isinstance(meta, dict) or meta.get("format") != FORMAT or any(k not in meta for k in needed):
-            raise DataError(f"{mp} is not an lmforge shard meta.json; run lmforge prepare again")
-        if meta.get("version", 0) > VERSION:
-            raise DataError(f"{p} was written by a newer lmforge (shard format {meta['version']}); upgrade lmforge")
+        check_meta(meta, mp)
         shards = cls(p, meta)
         for split in SPLITS:
-            n = meta["splits"][split]["tokens"]
-            f = p / f"{split}.tokens.bin"
-            if not f.is_file() or f.stat().st_size != n * shards.dtype.itemsize:
-                raise DataError(f"{f} is missing or truncated ({n} tokens expected); run lmforge prepare again")
+            c = meta["splits"][split]
+            for name, n, itemsize in (("tokens", c["tokens"], shards.dtype.itemsize),
+                                      ("sentences", c["sentences"] + 1, 8), ("documents", c["documents"] + 1, 8)):
+                f = p / f"{split}.{name}.bin"
+                if not f.is_file() or f.stat().st_size != n * itemsize:
+                    raise DataError(f"{f} is missing or truncated ({n} {name} entries expected); "
+                                    "run lmforge prepare again")
         return shards
 
     @property
