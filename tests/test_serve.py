@@ -22,11 +22,11 @@ from test_transfer_families import rows, tiny_bert, tiny_elmo, tiny_gpt, tiny_wo
 
 import lmforge
 from lmforge.cli import main
+from lmforge.data.tasks import TaskData, example_from_fields
 from lmforge.evaluate.polysemy import word_similarities
 from lmforge.generation import generate_text
 from lmforge.serve import ServeLimits, create_app, pca_2d
 from lmforge.transfer import load_run, run_transfer
-from lmforge.transfer.tasks import TaskData, example_from_fields
 
 SNAKE = "He got bit by Python."
 LANG = "Python is my favorite programming language."

@@ -10,11 +10,11 @@ import torch
 from test_transfer_core import NEG, POS, make_body, toy_tokenizer
 
 from lmforge.cli import main
+from lmforge.data.tasks import ChoiceExample, TaskData, load_task
 from lmforge.errors import DataError
 from lmforge.transfer import load_run
 from lmforge.transfer import run as modes
 from lmforge.transfer.config import TransferConfig
-from lmforge.transfer.tasks import ChoiceExample, TaskData, load_task
 
 FILL = ["the", "movie", "a", "plot", "and", "it", "story", "really"]
 

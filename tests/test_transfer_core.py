@@ -189,11 +189,11 @@ import logging  # noqa: E402
 
 import pytest  # noqa: E402
 
+from lmforge.data.tasks import load_task  # noqa: E402
 from lmforge.errors import DataError, LmforgeError  # noqa: E402
 from lmforge.transfer import run as modes  # noqa: E402
 from lmforge.transfer.config import TransferConfig  # noqa: E402
 from lmforge.transfer.specs import SPECS  # noqa: E402
-from lmforge.transfer.tasks import load_task  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -360,7 +360,7 @@ def test_token_task(toy_tok, tmp_path):
 
 def test_token_labels_first_subtoken_only(toy_tok):
     run = modes.TransferRun(make_body(toy_tok), TransferConfig(task="tokens"), ["B-PER", "I-PER", "O"])
-    from lmforge.transfer.tasks import TokensExample
+    from lmforge.data.tasks import TokensExample
 
     ex = TokensExample(["alice", "smithsmith", "paris"], ["B-PER", "I-PER", "O"])
     enc = run.fmt.encode_words(ex.words)

@@ -102,8 +102,8 @@ def test_real_reviews_beat_chance(tmp_path):
 def test_learning_curve_files(tmp_path):
     from test_transfer_core import make_body, sentiment_rows, toy_tokenizer
 
+    from lmforge.data.tasks import TaskData, TextExample
     from lmforge.transfer import learning_curve
-    from lmforge.transfer.tasks import TaskData, TextExample
 
     tok = toy_tokenizer()
     body = make_body(tok)

@@ -10,10 +10,9 @@ import pytest
 import torch
 
 from lmforge.cli import main
+from lmforge.data.tasks import TaskData, TextExample
 from lmforge.errors import LmforgeError
 from lmforge.transfer import load_run, run_transfer
-from lmforge.transfer.batching import collate
-from lmforge.transfer.tasks import TaskData, TextExample
 
 POS = ["good", "great", "fine", "nice", "happy", "love"]
 NEG = ["bad", "awful", "poor", "sad", "hate", "terrible"]
@@ -267,45 +266,10 @@ def test_bert_freeze_layers_and_lr_decay(wordpiece_tokenizer, cls_files):
     assert all(not torch.equal(before[k], after[k]) for k in trained if k.endswith("weight"))
 
 
-def test_bert_auxiliary_masked_lm_loss(wordpiece_tokenizer, cls_files):
-    """BERT's --lm-weight: a masked-LM loss on a second pass over the batch's own texts, hiding 15 % of
-    the text positions (never [CLS] / [SEP] / padding), 80 % of them as [MASK]."""
-    from lmforge.transfer.config import TransferConfig
-    from lmforge.transfer.run import TransferRun
-    from lmforge.transfer.tasks import load_task
-
-    tok = wordpiece_tokenizer
-    body = tiny_bert(tok)
-    run = TransferRun(body, TransferConfig(lm_weight=0.5, max_len=32), ["neg", "pos"])
-    run.build()
-    encs = run.encode(load_task(cls_files[0], "classify"))
-    seen = {}
-    real_forward = body.forward
-
-    def spy(input_ids, attention_mask=None, token_type_ids=None, labels=None, **kw):
-        seen.update(input_ids=input_ids, labels=labels)
-        return real_forward(input_ids, attention_mask, token_type_ids, labels=labels, **kw)
-
-    body.forward = spy
-    torch.manual_seed(0)
-    loss = run.lm_loss(encs)
-    assert loss.requires_grad and 3.0 < float(loss.detach()) < 10.0  # an untrained MLM: about ln(V)
-    batch = collate(encs, run.fmt.pad_id)
-    picked = seen["labels"] != -100
-    text = batch["segment"] >= 0
-    assert bool((picked <= text).all())  # specials and padding are never hidden
-    assert 0.10 < picked.sum() / text.sum() < 0.20
-    assert torch.equal(seen["labels"][picked], batch["input_ids"][picked])
-    as_mask = (seen["input_ids"][picked] == tok.mask_id).float().mean()
-    assert 0.65 < float(as_mask) < 0.95
-    assert torch.equal(seen["input_ids"][~picked], batch["input_ids"][~picked])
-    body.forward = real_forward
-    kw = dict(mode="finetune", epochs=2, lr=2e-3, max_len=32)
-    plain = run_transfer(tiny_bert(tok), "classify", *cls_files, lm_weight=0.0, **kw)
-    aux = run_transfer(tiny_bert(tok), "classify", *cls_files, lm_weight=0.5, **kw)
-    assert aux["train_loss"] > plain["train_loss"] + 0.5 * 3.0
-    again = run_transfer(tiny_bert(tok), "classify", *cls_files, lm_weight=0.5, **kw)
-    assert (again["train_loss"], again["accuracy"]) == (aux["train_loss"], aux["accuracy"])  # seeded masks
+def test_auxiliary_lm_loss_is_gpt_only(wordpiece_tokenizer, cls_files):
+    """GPT-1's auxiliary LM loss belongs to GPT; BERT fine-tunes on the task loss alone."""
+    with pytest.raises(LmforgeError, match="applies to GPT in --mode finetune only"):
+        run_transfer(tiny_bert(wordpiece_tokenizer), "classify", *cls_files, lm_weight=0.5, epochs=1, max_len=32)
 
 
 def test_gpt_three_modes_and_reload(bpe_tokenizer, cls_files, tmp_path):
@@ -331,7 +295,7 @@ def test_gpt_three_modes_and_reload(bpe_tokenizer, cls_files, tmp_path):
     plain = run_transfer(tiny_gpt(bpe_tokenizer), "classify", *cls_files, lm_weight=0.0, **kw)
     aux = run_transfer(tiny_gpt(bpe_tokenizer), "classify", *cls_files, lm_weight=0.5, **kw)
     assert aux["train_loss"] > plain["train_loss"] + 0.5 * 3.0  # an untrained LM loss is about ln(V) > 6
-    with pytest.raises(LmforgeError, match="GPT and BERT in --mode finetune only"):
+    with pytest.raises(LmforgeError, match="applies to GPT in --mode finetune only"):
         run_transfer(tiny_word2vec(bpe_tokenizer), "classify", *cls_files, lm_weight=0.5)
 
 
@@ -469,8 +433,8 @@ def test_gpt_qa_reads_long_contexts_in_windows(bpe_tokenizer, tmp_path):
     test = who_wrote_it(tmp_path / "test.json", 32, rng, 20)
     # start + question + delim + extract leave about 12 context tokens per input of 20: every answer lies
     # past the first window, so the answer is found only by reading the later windows
+    from lmforge.data.tasks import load_task
     from lmforge.transfer import TransferConfig, TransferRun
-    from lmforge.transfer.tasks import load_task
 
     data = load_task(test, "qa")
     run = TransferRun(tiny_gpt(bpe_tokenizer), TransferConfig(task="qa", max_len=20), [])

@@ -15,11 +15,11 @@ from test_transfer_core import (
     write_squad,
 )
 
+from lmforge.data.tasks import load_task
 from lmforge.errors import DataError
 from lmforge.transfer import run as modes
 from lmforge.transfer.config import TransferConfig
 from lmforge.transfer.encoding import InputFormat
-from lmforge.transfer.tasks import load_task
 
 
 @pytest.fixture(scope="module")

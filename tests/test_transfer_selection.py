@@ -17,10 +17,10 @@ import pytest
 import torch
 from test_transfer_families import rows, tiny_bert, tiny_gpt
 
+from lmforge.data.tasks import TaskData, TextExample
 from lmforge.errors import LmforgeError
 from lmforge.transfer import TransferConfig, TransferRun, run_transfer
 from lmforge.transfer.run import validation_split
-from lmforge.transfer.tasks import TaskData, TextExample
 
 
 def data(n: int, seed: int) -> TaskData:

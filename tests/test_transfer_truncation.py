@@ -6,14 +6,13 @@ import random
 
 import pytest
 from test_transfer_families import FILL, tiny_bert
-from test_transfer_prompt import verbalizer  # noqa: F401, F811  (fixture: two one-token words of the vocabulary)
 
 from lmforge.cli import main
+from lmforge.data.tasks import TaskData, TextExample
 from lmforge.errors import ConfigError, LmforgeError
 from lmforge.transfer import load_run, run_transfer
 from lmforge.transfer.config import TransferConfig
 from lmforge.transfer.encoding import InputFormat
-from lmforge.transfer.tasks import TaskData, TextExample
 
 
 def test_head_and_head_tail_cuts(wordpiece_tokenizer):
@@ -45,6 +44,16 @@ def test_truncation_settings_are_checked():
         TransferConfig(task="tokens", truncation="head+tail")
 
 
+@pytest.fixture(scope="module")
+def label_words(wordpiece_tokenizer):
+    """Two whole words of the tiny vocabulary, one token each: the cue of each label in the data."""
+    tok = wordpiece_tokenizer
+    words = sorted(w for w in tok.get_vocab() if w.isalpha() and len(w) >= 4 and w not in FILL)
+    words = [w for w in words if len(tok.encode_with_offsets(w)[0]) == 1]
+    assert len(words) >= 2
+    return {"pos": words[0], "neg": words[-1]}
+
+
 def _data(n: int, seed: int, words: dict[str, str]) -> TaskData:
     """Long texts of filler words whose label word comes last: past any head-only cut of 16 positions."""
     rng = random.Random(seed)
@@ -55,11 +64,11 @@ def _data(n: int, seed: int, words: dict[str, str]) -> TaskData:
     return TaskData("classify", out, ["neg", "pos"], "toy")
 
 
-def test_head_tail_reads_the_end_that_head_cuts_away(tmp_path, wordpiece_tokenizer, verbalizer, capsys):  # noqa: F811
+def test_head_tail_reads_the_end_that_head_cuts_away(tmp_path, wordpiece_tokenizer, label_words, capsys):
     tok = wordpiece_tokenizer
     body_dir = tmp_path / "bert"
     tiny_bert(tok, seed=0).save_pretrained(body_dir, tok)
-    train, test = _data(96, 1, verbalizer), _data(60, 2, verbalizer)
+    train, test = _data(96, 1, label_words), _data(60, 2, label_words)
     opts = dict(mode="finetune", epochs=15, patience=15, lr=1e-3, batch_size=8, max_len=16, seed=0)
     head = run_transfer(str(body_dir), "classify", train, test, **opts)
     both = run_transfer(str(body_dir), "classify", train, test, out_dir=tmp_path / "run", truncation="head+tail",

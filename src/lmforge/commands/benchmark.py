@@ -43,12 +43,11 @@ def register(sub) -> None:
         "curve",
         help="learning curve: each transfer mode vs the same architecture from scratch, by number of labels",
         description="Draw training sets of each size (one draw per seed, shared by every mode) from the "
-        "benchmark's training side, train each mode on them and score it on the fixed test set (or, with "
-        "--score-on dev, on held-out training-side examples: for choosing a method). Writes "
+        "benchmark's training side, train each mode on them and score it on the fixed test set. Writes "
         "curve.json (every run, its choices and validation score), curve.md (mean and spread per size and mode) "
         "and curve.png into --out.",
     )
-    from .finetune import add_prompt_args, add_truncation_arg
+    from .finetune import add_truncation_arg
 
     c.add_argument("name", choices=BENCHMARKS)
     c.add_argument("model_dir", help="pretrained model folder")
@@ -56,36 +55,18 @@ def register(sub) -> None:
     c.add_argument("--sizes", type=int, nargs="+", default=[100, 300, 1000], help="training-set sizes")
     c.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     c.add_argument("--modes", nargs="+", default=None,
-                   help="subset of scratch frozen features finetune, or scratch:PRESET (default: scratch and every "
-                   "mode the family has)")
-    c.add_argument("--scratch-presets", nargs="+", default=[], metavar="PRESET",
-                   help="also train the from-scratch baseline in these presets' shapes (e.g. tiny), with the "
-                   "scratch grid; the lead is reported over the strongest baseline")
+                   help="subset of scratch frozen features finetune, and scratch:PRESET for the from-scratch "
+                   "baseline in another preset's shape, e.g. scratch:tiny (default: scratch and every mode the "
+                   "family has); the lead is reported over the strongest baseline")
     c.add_argument("--n-test", type=int, default=1000, help="test examples (the start of the fixed test partition)")
     c.add_argument("--pool", type=int, default=10000,
-                   help="labelled training-side examples the training sets are drawn from (with --score-on dev, "
-                   "the held-out dev examples included)")
-    c.add_argument("--score-on", choices=["test", "dev"], default="test",
-                   help="test: the fixed test partition (report this); dev: the last --dev-size examples of the "
-                   "training pool, never drawn, so methods can be compared without looking at the test set")
-    c.add_argument("--dev-size", type=int, default=2000, help="held-out dev examples with --score-on dev")
-    c.add_argument("--min-steps", type=int, default=100, help="every run trains at least this many steps")
+                   help="labelled training-side examples the training sets are drawn from")
     c.add_argument("--max-len", type=int, default=128)
     add_truncation_arg(c)
     c.add_argument("--batch-size", type=int, default=32)
     c.add_argument("--cache-dir", default=None, help="features mode: vector cache (default ~/.cache/lmforge/features)")
-    c.add_argument("--finetune-lr", type=float, default=None, help="lr of finetune and scratch runs")
-    c.add_argument("--finetune-epochs", type=int, default=None, help="epochs of finetune and scratch runs")
-    c.add_argument("--lr-grid-finetune", type=float, nargs="+", default=None, metavar="LR",
-                   help="finetune: try these lrs, keep the best on the validation split")
-    c.add_argument("--lr-grid-scratch", type=float, nargs="+", default=None, metavar="LR",
-                   help="scratch: as many trials on the same validation split (give both grids or neither)")
     c.add_argument("--no-refit", dest="refit", action="store_false",
                    help="keep each run's best validation epoch instead of refitting on all its examples")
-    add_prompt_args(c)
-    c.add_argument("--prompt-modes", nargs="+", default=["finetune", "frozen"], metavar="MODE",
-                   help="the modes that read the --prompt (default: finetune frozen; add scratch to give the "
-                   "baseline the same read-out)")
     c.set_defaults(func=run_curve)
 
 
@@ -116,44 +97,11 @@ def run_data(args) -> int:
 
 
 def run_curve(args) -> int:
-    from ..errors import LmforgeError
     from ..transfer import learning_curve
-    from ..transfer.benchmarks import BENCHMARK_PROMPTS, hold_out_dev, load_benchmark
+    from ..transfer.benchmarks import load_benchmark
     from ..transfer.curve import curve_table, leads_text
-    from .finetune import verbalizer_option
 
-    grids = (args.lr_grid_finetune, args.lr_grid_scratch)
-    if (grids[0] is None) != (grids[1] is None) or (grids[0] and len(grids[0]) != len(grids[1])):
-        raise LmforgeError(
-            "give --lr-grid-finetune and --lr-grid-scratch together, with as many lrs each: the baseline gets "
-            "as many trials as the pretrained model"
-        )
-    # --prompt default: the benchmark's own template and words; a template of one's own keeps its words
-    prompt = {"prompt": args.prompt, "verbalizer": verbalizer_option(args.verbalizer)}
-    if args.prompt is not None and args.verbalizer is None and args.name in BENCHMARK_PROMPTS:
-        prompt["verbalizer"] = BENCHMARK_PROMPTS[args.name][1]
-    if args.prompt == "default":
-        if args.name not in BENCHMARK_PROMPTS:
-            raise LmforgeError(f"{args.name} has no default prompt; give --prompt TEMPLATE --verbalizer LABEL=WORD ...")
-        prompt["prompt"] = BENCHMARK_PROMPTS[args.name][0]
-    if prompt["prompt"] is not None and prompt["verbalizer"] is None:
-        raise LmforgeError("--prompt needs --verbalizer LABEL=WORD ... (a word for each label)")
-    bad = [m for m in args.prompt_modes if m not in ("scratch", "finetune", "frozen")]
-    if bad:
-        raise LmforgeError(f"--prompt-modes takes scratch, finetune and frozen, got {bad}")
-    per_mode = {
-        "finetune": {"lr": args.finetune_lr, "epochs": args.finetune_epochs, "lr_grid": args.lr_grid_finetune},
-        "scratch": {"lr": args.finetune_lr, "epochs": args.finetune_epochs, "lr_grid": args.lr_grid_scratch},
-        "frozen": {},
-    }
-    if prompt["prompt"] is not None:
-        for m in args.prompt_modes:
-            per_mode[m].update(prompt)
-    if args.score_on == "dev":
-        train, _ = load_benchmark(args.name, args.pool, args.n_test, seed=0)
-        train, test = hold_out_dev(train, args.dev_size)
-    else:
-        train, test = load_benchmark(args.name, max(args.pool, max(args.sizes)), args.n_test, seed=0)
+    train, test = load_benchmark(args.name, max(args.pool, max(args.sizes)), args.n_test, seed=0)
     res = learning_curve(
         args.model_dir,
         train.task,
@@ -163,20 +111,15 @@ def run_curve(args) -> int:
         seeds=args.seeds,
         modes=args.modes,
         out_dir=args.out,
-        min_steps=args.min_steps,
         max_len=args.max_len,
         truncation=args.truncation,
         batch_size=args.batch_size,
         cache_dir=args.cache_dir,
         refit=args.refit,
-        mode_options=per_mode,
-        scratch_presets=args.scratch_presets,
     )
     print(curve_table(res))
     leads = leads_text(res)
     if leads:
         print(leads)
-    if args.score_on == "dev":
-        print(f"scored on {len(test)} held-out training-side examples (--score-on dev), not on the test set")
     print(f"wrote {args.out}/curve.png, curve.md, curve.json")
     return 0

@@ -76,8 +76,8 @@ def run_wic(args) -> int:
 def run_run(args) -> int:
     import json
 
+    from ..data.tasks import TaskData, check_labels, load_task
     from ..transfer import load_run
-    from ..transfer.tasks import TaskData, check_labels, load_task
     from ..utils import atomic_write_text
 
     run_ = load_run(args.run_dir)

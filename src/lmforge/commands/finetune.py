@@ -4,44 +4,15 @@ from __future__ import annotations
 
 import json
 
-from ..errors import LmforgeError
-
 
 def add_truncation_arg(p) -> None:
     """``--truncation``: how a text longer than --max-len is cut (finetune and benchmark curve)."""
     p.add_argument(
         "--truncation", choices=["head", "head+tail"], default="head",
         help="a text longer than --max-len keeps its start (head), or its first quarter and as much of its "
-        "end as fits (head+tail: where reviews tend to state their verdict); classify and pair tasks",
+        "end as fits (head+tail: for long documents whose end carries the label, such as reviews that give "
+        "their verdict last); classify and pair tasks",
     )
-
-
-def add_prompt_args(p) -> None:
-    """``--prompt`` and ``--verbalizer``: prompted BERT classification (shared with ``benchmark curve``)."""
-    p.add_argument(
-        "--prompt", default=None, metavar="TEMPLATE",
-        help="BERT classify: read each text inside TEMPLATE at its [MASK] through the masked LM's own head, "
-        "restricted to the --verbalizer words, e.g. '{text} It was [MASK].' (without {text} the text comes first)",
-    )
-    p.add_argument(
-        "--verbalizer", nargs="+", default=None, metavar="LABEL=WORD",
-        help="with --prompt: each label's word, one token each with the model's tokenizer, e.g. pos=great neg=bad",
-    )
-
-
-def verbalizer_option(pairs: list[str] | None) -> dict[str, str] | None:
-    """``["pos=great", "neg=bad"]`` as ``{"pos": "great", "neg": "bad"}`` (one line on a malformed pair)."""
-    if pairs is None:
-        return None
-    out: dict[str, str] = {}
-    for pair in pairs:
-        label, eq, word = pair.partition("=")
-        if not eq or not label or not word.strip():
-            raise LmforgeError(f"--verbalizer takes LABEL=WORD pairs, got {pair!r}")
-        if label in out:
-            raise LmforgeError(f"--verbalizer names label {label!r} twice")
-        out[label] = word.strip()
-    return out
 
 
 def register(sub) -> None:
@@ -128,12 +99,12 @@ def register(sub) -> None:
     )
     p.add_argument(
         "--pool",
-        choices=["cls", "pooler", "last", "mean", "tokens", "mask"],
+        choices=["cls", "pooler", "last", "mean", "tokens"],
         default=None,
         help="how a sentence is read: cls (BERT's top [CLS]), pooler (BERT's NSP-trained tanh pooler on [CLS]), "
-        "last (GPT's extract token), mean, tokens (bilstm), mask (a --prompt's [MASK]) (default: mask with "
-        "--prompt; mean for single texts in features and frozen mode and for a BERT pretrained without "
-        "next-sentence prediction; else BERT cls, GPT last, ELMo/word2vec mean)",
+        "last (GPT's extract token), mean, tokens (bilstm) (default: mean for single texts in features and "
+        "frozen mode and for a BERT pretrained without next-sentence prediction; else BERT cls, GPT last, "
+        "ELMo/word2vec mean)",
     )
     p.add_argument(
         "--layer", default=None, metavar="K|mix|auto",
@@ -141,15 +112,6 @@ def register(sub) -> None:
         "ScalarMix of all) or auto (features + logreg: chosen by cross-validation) (default: auto in features "
         "mode, mix for ELMo, else the top layer)",
     )
-    mix = p.add_mutually_exclusive_group()
-    mix.add_argument(
-        "--layer-mix",
-        dest="layer_mix",
-        action="store_true",
-        default=None,
-        help="same as --layer mix",
-    )
-    mix.add_argument("--top-layer", dest="layer_mix", action="store_false", help="same as --layer -1")
     p.add_argument(
         "--from-scratch",
         action="store_true",
@@ -160,9 +122,8 @@ def register(sub) -> None:
         type=float,
         default=None,
         metavar="W",
-        help="finetune: add W x an auxiliary LM loss on the task's own texts: GPT-1's next-token loss for GPT "
-        "(default 0.5, as in the paper), a masked-LM loss with 15%% of the text hidden for BERT (default 0); "
-        "0 turns it off",
+        help="GPT, finetune: add W x GPT-1's auxiliary next-token loss on the task's own texts (default 0.5, as "
+        "in the paper; 0 turns it off)",
     )
     p.add_argument(
         "--doc-stride",
@@ -185,7 +146,6 @@ def register(sub) -> None:
         help="pair (BERT/GPT): read each pair as (a, b) and (b, a) and add the two read-outs, as GPT-1 did for "
         "similarity, so the order of the two texts does not matter",
     )
-    add_prompt_args(p)
     p.add_argument("--cache-dir", default=None, help="features mode: vector cache (default ~/.cache/lmforge/features)")
     p.add_argument(
         "--device", choices=["auto", "cpu", "cuda"], default="auto", help="where to train (auto: CUDA if any)"
@@ -222,15 +182,12 @@ def run(args) -> int:
         "seed": args.seed,
         "classifier": args.classifier,
         "pool": args.pool,
-        "layer_mix": args.layer_mix,
         "from_scratch": args.from_scratch,
         "cache_dir": args.cache_dir,
         "lm_weight": args.lm_weight,
         "doc_stride": args.doc_stride,
         "max_answer_tokens": args.max_answer_tokens,
         "both_orders": args.both_orders,
-        "prompt": args.prompt,
-        "verbalizer": verbalizer_option(args.verbalizer),
     }
     # the run is written into a hidden folder beside --out and renamed into place when complete, so a kill
     # at any moment leaves --out as it was

@@ -31,9 +31,9 @@ def register(sub) -> None:
 
 
 def run(args) -> int:
+    from ..data.tasks import TaskData, example_from_fields, load_task
     from ..errors import DataError
     from ..transfer import load_run
-    from ..transfer.tasks import TaskData, example_from_fields, load_task
     from ..utils import atomic_write_text
 
     given = [("--text", args.text), ("--text-pair", args.text_pair), *(("--choice", c) for c in args.choice or [])]

@@ -41,10 +41,11 @@ import torch
 from tokenizers import AddedToken, processors
 from tokenizers import Tokenizer as HFTokenizer
 
-from ..config import from_dict, load_json, save_json
+from ..config import load_json, save_json
 from ..errors import CheckpointError, LmforgeError
 from ..tokenization import EOT
-from ..transfer import TransferConfig, load_run
+from ..transfer import load_run
+from ..transfer.config import saved_config
 from ..transfer.gpt_inputs import TASK_TOKENS
 from ..utils import atomic_write_text, save_safetensors
 from .bert import hf_config_dict as bert_config_dict
@@ -85,7 +86,7 @@ def check_exportable(data: dict) -> tuple[str, str]:
     Returns:
         (HF architecture, pipeline task).
     """
-    cfg = from_dict(TransferConfig, data["transfer"])
+    cfg = saved_config(data, "this run")
     family, task = data.get("family"), cfg.task
     if family not in ("bert", "gpt"):
         raise LmforgeError(f"export-hf exports BERT and GPT runs to HF task classes; this is a {family} run")
@@ -112,8 +113,7 @@ def check_exportable(data: dict) -> tuple[str, str]:
                            "read one input: retrain without --both-orders to export it")
     pool = data.get("pool")
     if family == "bert" and task in ("classify", "pair") and pool != "pooler":
-        what = {"cls": "the raw top [CLS] (--pool cls)", "mean": "the mean of the token vectors (--pool mean)",
-                "mask": "a prompt's [MASK] through the MLM head (--prompt)"}
+        what = {"cls": "the raw top [CLS] (--pool cls)", "mean": "the mean of the token vectors (--pool mean)"}
         raise LmforgeError(
             f"this run reads {what.get(pool, f'--pool {pool}')}, but BertForSequenceClassification reads [CLS] "
             "through BERT's tanh pooler, so it cannot be exported exactly: retrain with --pool pooler"

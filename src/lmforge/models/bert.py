@@ -17,7 +17,6 @@ small dict; only the inside of a layer uses lmforge's shared names (fused ``attn
 
 from __future__ import annotations
 
-import copy
 import dataclasses
 import logging
 from typing import Any
@@ -413,14 +412,6 @@ class BertForPreTraining(PretrainedModel):
         if self.bert.encoder.ln_f is not None:
             parts.append(self.bert.encoder.ln_f)
         return parts
-
-    def mlm_head_for(self, token_ids: list[int]) -> tuple[nn.Module, torch.Tensor, torch.Tensor]:
-        """The masked LM's scorer restricted to ``token_ids``: a copy of its transform (dense, GELU,
-        LayerNorm) and the output rows of those tokens, weight (K, C) and bias (K,), detached copies (a
-        prompted classifier starts from them and trains them apart from the model)."""
-        lm = self.cls.predictions
-        weight = self.bert.embeddings.word_embeddings.weight  # the decoder is tied to these rows
-        return copy.deepcopy(lm.transform), weight[token_ids].detach().clone(), lm.bias[token_ids].detach().clone()
 
     def pooled(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
                token_type_ids: torch.Tensor | None = None) -> torch.Tensor:

@@ -3,7 +3,7 @@
 Every answer comes from the library functions the CLI calls: ``model.fill_mask`` (``lmforge
 fill-mask``), :func:`lmforge.generation.generate_text` (``lmforge generate``),
 :func:`lmforge.evaluate.polysemy.word_similarities` over ``model.embed`` (``lmforge embed``) and
-``TransferRun.predict`` with :func:`lmforge.transfer.tasks.example_from_fields` (``lmforge predict``),
+``TransferRun.predict`` with :func:`lmforge.data.tasks.example_from_fields` (``lmforge predict``),
 so the server and the CLI give the same numbers for the same inputs.
 
 Requests to one model's ``embed`` and to one run's ``predict`` go through a
@@ -205,7 +205,7 @@ class Server:
 
     @staticmethod
     def _predict_fn(entry: Entry):
-        from ..transfer.tasks import TaskData
+        from ..data.tasks import TaskData
 
         run = entry.obj
 
@@ -443,7 +443,7 @@ class Server:
         }
 
     async def predict(self, req: PredictRequest) -> dict:
-        from ..transfer.tasks import example_from_fields
+        from ..data.tasks import example_from_fields
 
         e = self.entry(req.model, "predict")
         text = self.text(req.text, "text")

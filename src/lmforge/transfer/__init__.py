@@ -12,12 +12,12 @@ Python API::
 
 from __future__ import annotations
 
+from ..data.tasks import TASKS, TaskData, load_task
 from .batching import RowStore
 from .config import MODES, SUPPORTED, TransferConfig, check_supported
 from .curve import learning_curve
 from .run import TransferRun, load_body, load_run, run_transfer
 from .specs import SPECS, TaskSpec
-from .tasks import TASKS, TaskData, load_task
 
 __all__ = [
     "MODES",

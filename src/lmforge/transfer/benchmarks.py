@@ -1,5 +1,4 @@
-"""The real downstream evaluations: named labelled tasks, their in-domain unlabelled text, and a
-comparison table over models and modes.
+"""The real downstream evaluations: named labelled tasks and their in-domain unlabelled text.
 
 | name | data | task | classes |
 |---|---|---|---|
@@ -21,42 +20,29 @@ comparison table over models and modes.
 (every review / tweet / People's Daily sentence on the training side, labels dropped), for domain- and
 task-adaptive pretraining; :func:`write_domain_text` writes it as a file, one document per item
 (``lmforge benchmark text NAME OUT.txt``, then ``prepare --layout lines`` and ``pretrain --init``; see
-docs/training.md).
-
-The scripts ``scripts/eval_*.py`` and ``scripts/learning_curve.py`` are thin wrappers of
-:func:`load_benchmark`, :func:`compare` and :func:`lmforge.transfer.learning_curve`.
+docs/training.md).  ``lmforge benchmark curve`` draws from :func:`load_benchmark` for
+:func:`lmforge.transfer.learning_curve`.
 """
 
 from __future__ import annotations
 
 import gzip
 import hashlib
-import json
 import logging
 import random
-from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from ..data import labelled as L
 from ..data.corpus import builtin_corpus_path
+from ..data.tasks import TaskData
 from ..errors import LmforgeError
-from ..models.registry import folder_family
 from ..utils import atomic_write_text
-from .config import SUPPORTED
-from .run import run_transfer
-from .tasks import TaskData
 
 logger = logging.getLogger(__name__)
 
 BENCHMARKS = ("zh-sentiment", "zh-ner", "zh-pos", "en-tweets")
 TEST_SHARE = 0.2  # the fixed share of each benchmark's examples that only ever serves as test data
 _TEST_SEED = 20241203  # the test draw inside the test partition: fixed, whatever the training seed
-# ``benchmark curve NAME --prompt default``: each classification benchmark's template and label words
-# (docs/transfer.md, "Prompts", says how they were chosen: on held-out training-side examples)
-BENCHMARK_PROMPTS: dict[str, tuple[str, dict[str, str]]] = {
-    "zh-sentiment": ("{text}总之很[MASK]。", {"pos": "好", "neg": "差"}),
-    "en-tweets": ("[MASK] : {text}", {"negative": "bad", "neutral": "interesting", "positive": "good"}),
-}
 
 
 def _norm(text: str) -> str:
@@ -143,23 +129,6 @@ def _example_key(ex) -> str:
     return "".join(ex.words) if hasattr(ex, "words") else _norm(ex.text)
 
 
-def hold_out_dev(train: TaskData, n_dev: int) -> tuple[TaskData, TaskData]:
-    """Split a benchmark's training side into a pool to draw from and ``n_dev`` held-out examples to
-    score on (the last ``n_dev`` of ``train``): choosing between methods on the dev examples leaves the
-    test partition untouched.  No text is on both sides: a pool example repeating a dev example's text
-    (the review corpus has duplicates) leaves the pool."""
-    if not 0 < n_dev < len(train):
-        raise LmforgeError(
-            f"--dev-size must be between 1 and {len(train) - 1}: the training pool has {len(train)} examples"
-        )
-    cut = len(train) - n_dev
-    dev = train.subset(list(range(cut, len(train))))
-    held = {_example_key(ex) for ex in dev.examples}
-    pool = train.subset([i for i in range(cut) if _example_key(train.examples[i]) not in held])
-    pool.source, dev.source = f"{train.source} (draw pool)", f"{train.source} (held-out dev)"
-    return pool, dev
-
-
 def domain_text(name: str) -> list[str]:
     """Benchmark ``name``'s unlabelled in-domain text: one document per item, none from its test partition.
 
@@ -212,78 +181,3 @@ def write_domain_text(
     atomic_write_text(path, text)
     return docs
 
-
-def compare(
-    model_dirs: Sequence[str | Path],
-    bench: str,
-    n_train: int = 1000,
-    n_test: int = 1000,
-    modes: Sequence[str] | None = None,
-    seed: int = 0,
-    out_dir: str | Path | None = None,
-    with_scratch: bool = True,
-    mode_options: dict[str, dict] | None = None,
-    progress: Callable[[str], None] | None = None,
-    **options,
-) -> dict:
-    """Run every supported mode of every model on one benchmark (plus a from-scratch baseline).
-
-    Args:
-        model_dirs: pretrained model folders (any families).
-        bench: one of :data:`BENCHMARKS`.
-        modes: which of frozen / features / finetune to run (default: all the family supports).
-        with_scratch: also train each architecture from random init (``finetune --from-scratch``).
-        mode_options: per-mode settings over ``options``, keyed ``frozen`` / ``features`` / ``finetune`` /
-            ``scratch``, e.g. ``{"finetune": {"lr": 1e-3}}`` (small models fine-tune at larger rates).
-        out_dir: writes ``results.json``, ``results.md`` and one run folder per (model, mode).
-        **options: TransferConfig fields (epochs, lr, max_len, batch_size, ...).
-    Returns:
-        ``{"bench", "n_train", "n_test", "rows": [{"model", "family", "mode", metrics...}]}``.
-    """
-    options = {k: v for k, v in options.items() if v is not None}  # unset: the mode's (or baseline's) default
-    train, test = load_benchmark(bench, n_train, n_test, seed)
-    task = train.task
-    rows = []
-    for md in model_dirs:
-        fam = folder_family(md).name
-        todo = [m for m in (modes or SUPPORTED[fam]) if m in SUPPORTED[fam]]
-        runs = [(m, False) for m in todo] + ([("finetune", True)] if with_scratch else [])
-        for mode, scratch in runs:
-            name = "scratch" if scratch else mode
-            out = Path(out_dir) / f"{Path(md).name}-{name}" if out_dir else None
-            per_mode = {k: v for k, v in (mode_options or {}).get(name, {}).items() if v is not None}
-            opts = {**options, **per_mode}
-            m = run_transfer(md, task, train, test, mode=mode, from_scratch=scratch, seed=seed, out_dir=out, **opts)
-            row = {**m, "model": str(md), "family": fam, "mode": name}
-            rows.append(row)
-            headline = {k: m[k] for k in ("accuracy", "macro_f1", "entity_f1", "token_accuracy") if k in m}
-            line = f"{Path(md).name} {name}: " + ", ".join(f"{k} {v:.4f}" for k, v in headline.items())
-            logger.info(line)
-            if progress:
-                progress(line)
-    result = {"bench": bench, "task": task, "n_train": len(train), "n_test": len(test), "seed": seed, "rows": rows}
-    if out_dir is not None:
-        out = Path(out_dir)
-        out.mkdir(parents=True, exist_ok=True)
-        atomic_write_text(out / "results.json", json.dumps(result, indent=2, ensure_ascii=False) + "\n")
-        atomic_write_text(out / "results.md", results_table(result))
-    return result
-
-
-def results_table(result: dict) -> str:
-    """A markdown table of :func:`compare`'s rows."""
-    keys = [
-        k
-        for k in ("accuracy", "macro_f1", "entity_f1", "entity_precision", "entity_recall", "token_accuracy")
-        if any(k in r for r in result["rows"])
-    ]
-    lines = [
-        f"{result['bench']}: {result['n_train']} training / {result['n_test']} test examples, seed {result['seed']}",
-        "",
-        f"| model | family | mode | {' | '.join(keys)} | train s |",
-        "|---|---|---|" + "---|" * (len(keys) + 1),
-    ]
-    for r in result["rows"]:
-        cells = " | ".join(f"{r[k]:.4f}" if k in r else "" for k in keys)
-        lines.append(f"| {Path(r['model']).name} | {r['family']} | {r['mode']} | {cells} | {r['train_seconds']:.0f} |")
-    return "\n".join(lines) + "\n"

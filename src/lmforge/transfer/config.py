@@ -27,7 +27,8 @@ from __future__ import annotations
 import dataclasses
 import logging
 
-from ..errors import ConfigError, LmforgeError
+from ..config import from_dict
+from ..errors import CheckpointError, ConfigError, LmforgeError
 from ..models.registry import FAMILIES
 from .encoding import DEFAULT_POOL, POOLS, TRUNCATIONS
 from .heads import CLASSIFIERS
@@ -81,8 +82,9 @@ class TransferConfig:
         batch_size: examples per step (also per body pass when extracting features).
         max_len: most positions per input, special tokens included (longer inputs are cut).
         truncation: how a longer text is cut (``classify`` and ``pair``): ``head`` keeps its start;
-            ``head+tail`` keeps its first quarter of the room and fills the rest from its end, where a
-            review often states its verdict (Sun et al. 2019 found head+tail best for long texts).
+            ``head+tail`` keeps its first quarter of the room and fills the rest from its end. Reach for
+            it when the texts run past ``max_len`` and their end carries the label (a review that states
+            its verdict last); Sun et al. 2019 found it the best cut for long documents.
         seed: seeds the validation split, the head's init, dropout and the order of examples.
         classifier: ``linear`` (dropout + Linear), ``logreg``, ``mlp`` or ``bilstm``; default ``logreg``
             in features mode, else ``linear``.
@@ -91,8 +93,7 @@ class TransferConfig:
             (default 0.9 for a pretrained body, none from scratch; 1 turns it off).
         pool: how a sentence is read: ``cls`` (BERT's top ``[CLS]``), ``pooler`` (BERT's NSP-trained tanh
             pooler on ``[CLS]``), ``last`` (GPT's extract token), ``mean``, or ``tokens`` (every token, for
-            the ``bilstm`` head), ``mask`` (a ``prompt``'s ``[MASK]``, the default with one); default: ``mean``
-            for single texts in frozen and features mode (a frozen
+            the ``bilstm`` head); default: ``mean`` for single texts in frozen and features mode (a frozen
             body's mean vector measures best there) and for single texts fine-tuned on a BERT pretrained
             without next-sentence prediction (its ``[CLS]`` was never trained as a summary), else BERT ``cls``
             and GPT ``last`` (a pair is read where the body attended across both texts), ELMo / word2vec
@@ -101,7 +102,6 @@ class TransferConfig:
             negative from the top), ``"mix"`` (all layers mixed by a learned ScalarMix) or ``"auto"``
             (features + logreg: the layer that cross-validates best). Default: ``auto`` for features +
             logreg, ``mix`` in frozen mode (and other features heads) and for ELMo, else the top layer.
-        layer_mix: the older switch for ``layer="mix"`` (True) / the top layer (False).
         dropout: dropout of the head.
         head_hidden: hidden width of the ``mlp`` head, LSTM size per direction of the ``bilstm`` head.
         weight_decay: AdamW weight decay.
@@ -116,20 +116,12 @@ class TransferConfig:
             state of the trial itself.
         cv_folds: features + logreg: cross-validation folds over the training data.
         from_scratch: re-initialise the body from its config (finetune: the no-pretraining baseline).
-        lm_weight: finetune: weight of an auxiliary language-modelling loss on the task's own inputs
-            (``loss = task_loss + lm_weight * lm_loss``): GPT-1's next-token loss for GPT (default 0.5 as
-            in the paper), a masked-LM loss on a second pass with 15 % of the text hidden for BERT
-            (default 0); 0 turns it off.
+        lm_weight: GPT, finetune: weight of GPT-1's auxiliary next-token loss on the task's own inputs
+            (``loss = task_loss + lm_weight * lm_loss``; default 0.5 as in the paper, 0 turns it off).
         max_answer_tokens: QA: the longest answer span considered.
         doc_stride: QA: a context longer than fits is read in windows starting this many tokens apart
             (default: half the room after the question); 0 cuts it instead.
         both_orders: pair: read each pair in both orders and add the two read-outs (GPT-1's similarity).
-        prompt: BERT, ``classify``, finetune or frozen: read each text inside this template at its ``[MASK]``
-            (e.g. ``"{text} It was [MASK]."``; without ``{text}`` the text comes first) through the masked
-            LM's own output layer, restricted to the ``verbalizer`` words: the head starts as the pretrained
-            MLM head scoring those words, so what pretraining learned about them is the starting classifier
-            (pattern-exploiting training, Schick & Schuetze 2021; LM-BFF, Gao et al. 2021).
-        verbalizer: with ``prompt``: each label's word, one token each, e.g. ``{"pos": "great", "neg": "bad"}``.
         device: ``auto`` (CUDA when available), ``cpu`` or ``cuda``.
         bf16: run the body under bfloat16 autocast.
         cache_dir: where features mode caches vectors (default ``~/.cache/lmforge/features``).
@@ -149,7 +141,6 @@ class TransferConfig:
     layer_lr_decay: float | None = None
     pool: str | None = None
     layer: int | str | None = None
-    layer_mix: bool | None = None
     dropout: float = 0.1
     head_hidden: int = 128
     weight_decay: float = 0.01
@@ -163,8 +154,6 @@ class TransferConfig:
     max_answer_tokens: int = 30
     doc_stride: int | None = None
     both_orders: bool = False
-    prompt: str | None = None
-    verbalizer: dict[str, str] | None = None
     device: str = "auto"
     bf16: bool = False
     cache_dir: str | None = None
@@ -205,16 +194,6 @@ class TransferConfig:
         need(self.doc_stride is None or self.doc_stride >= 0, "doc_stride must be >= 0 (0 = no sliding window)")
         need(self.lm_weight is None or self.lm_weight >= 0, f"lm_weight must be >= 0, got {self.lm_weight}")
         need(self.device in ("auto", "cpu", "cuda"), f"device must be auto, cpu or cuda, got {self.device!r}")
-        need((self.prompt is None) == (self.verbalizer is None), "prompt and verbalizer go together")
-        if self.prompt is not None:
-            need(self.prompt.count("[MASK]") == 1, f"the prompt must hold one [MASK], got {self.prompt!r}")
-            need(self.prompt.count("{text}") <= 1, f"the prompt may hold {{text}} once, got {self.prompt!r}")
-            need(
-                isinstance(self.verbalizer, dict) and len(self.verbalizer) >= 2
-                and all(isinstance(w, str) and w.strip() for w in self.verbalizer.values()),
-                f"the verbalizer maps every label to a word, got {self.verbalizer!r}",
-            )
-            need(len(set(self.verbalizer.values())) == len(self.verbalizer), "the verbalizer's words must differ")
         if isinstance(self.layer, str) and self.layer not in ("mix", "auto"):
             try:
                 self.layer = int(self.layer)
@@ -225,13 +204,6 @@ class TransferConfig:
     def head_classifier(self) -> str:
         return self.classifier or ("logreg" if self.mode == "features" else "linear")
 
-    def _explicit_layer(self) -> int | str | None:
-        if self.layer is not None:
-            return self.layer
-        if self.layer_mix is not None:
-            return "mix" if self.layer_mix else -1
-        return None
-
     @property
     def uses_sklearn(self) -> bool:
         """features + logreg on a task whose rows are independent examples (and no learned layer mix):
@@ -240,17 +212,16 @@ class TransferConfig:
             self.mode == "features"
             and self.head_classifier == "logreg"
             and SPECS[self.task].sklearn
-            and self._explicit_layer() != "mix"
+            and self.layer != "mix"
         )
 
     def layer_choice(self, family: str) -> int | str:
         """What the head reads: an index, ``"mix"`` or ``"auto"`` (see the ``layer`` attribute)."""
-        explicit = self._explicit_layer()
-        if explicit is not None:
-            return explicit
+        if self.layer is not None:
+            return self.layer
         if self.uses_sklearn:
             return "auto"
-        if self.pool == "pooler" or self.prompt is not None:
+        if self.pool == "pooler":
             return -1
         return "mix" if family == "elmo" or self.mode in ("frozen", "features") else -1
 
@@ -267,8 +238,6 @@ class TransferConfig:
             return "tokens"
         if self.pool is not None:
             return self.pool
-        if self.prompt is not None:
-            return "mask"
         if family in ("elmo", "word2vec") or (self.mode in ("frozen", "features") and self.task == "classify"):
             return "mean"
         if self.task == "classify" and not summary_trained:
@@ -326,8 +295,8 @@ def check_supported(family: str | None, cfg: TransferConfig) -> None:
         raise LmforgeError("--from-scratch trains the whole randomly initialised body: use it with --mode finetune")
     if cfg.mode != "finetune" and (cfg.freeze_layers is not None or cfg.layer_lr_decay is not None):
         raise LmforgeError("--freeze-layers and --layer-lr-decay apply to --mode finetune only")
-    if cfg.lm_weight and (family not in ("gpt", "bert") or cfg.mode != "finetune"):
-        raise LmforgeError("--lm-weight (the auxiliary LM loss) applies to GPT and BERT in --mode finetune only")
+    if cfg.lm_weight and (family != "gpt" or cfg.mode != "finetune"):
+        raise LmforgeError("--lm-weight (GPT-1's auxiliary LM loss) applies to GPT in --mode finetune only")
     if cfg.both_orders and cfg.task != "pair":
         raise LmforgeError(f"--both-orders reads a pair in both orders: it serves --task pair, not {cfg.task}")
     if cfg.head_classifier == "bilstm" and cfg.task == "qa":
@@ -337,16 +306,6 @@ def check_supported(family: str | None, cfg: TransferConfig) -> None:
         raise LmforgeError(f"--pool pooler reads BERT's NSP-trained pooler; the {family} model has none")
     if pool == "tokens" and cfg.head_classifier != "bilstm":
         raise LmforgeError("--pool tokens feeds every token vector to a BiLSTM: use it with --classifier bilstm")
-    if cfg.prompt is not None:
-        if family != "bert":
-            raise LmforgeError(f"--prompt is read by a masked LM at its [MASK]: it needs a BERT model, not {family}")
-        if cfg.task != "classify" or cfg.mode not in ("finetune", "frozen"):
-            raise LmforgeError("--prompt serves --task classify in --mode finetune or frozen")
-        if pool != "mask" or cfg.head_classifier != "linear" or cfg._explicit_layer() not in (None, -1):
-            raise LmforgeError("--prompt reads the top layer at [MASK] through the MLM head: leave --pool, "
-                               "--classifier and --layer unset")
-    elif pool == "mask":
-        raise LmforgeError("--pool mask reads a prompt's [MASK]: give --prompt and --verbalizer")
     layer = cfg.layer_choice(family)
     if layer == "auto" and not cfg.uses_sklearn:
         raise LmforgeError(
@@ -358,3 +317,32 @@ def check_supported(family: str | None, cfg: TransferConfig) -> None:
         logger.info(
             "classifier %s in %s mode: the head is that classifier on top of the body", cfg.classifier, cfg.mode
         )
+
+
+# Settings a run folder may record that lmforge no longer has (CHANGELOG.md says why each went). A run that
+# left one at its default loads as before; a run that used one is refused: it cannot be rebuilt as trained.
+_REMOVED = {
+    "prompt": "--prompt/--verbalizer (a prompted BERT classifier), which lmforge no longer has; retrain it without",
+    "verbalizer": "--prompt/--verbalizer (a prompted BERT classifier), which lmforge no longer has; retrain it without",
+    "layer_mix": "--layer-mix/--top-layer, the old spelling of --layer: in its config.json replace "
+    '"layer_mix": true by "layer": "mix" (false: "layer": -1)',
+}
+
+
+def saved_config(data: dict, where: object) -> TransferConfig:
+    """The :class:`TransferConfig` of a run folder's parsed ``config.json`` (``where`` names it in errors).
+
+    Raises:
+        CheckpointError: the run was trained with a setting lmforge no longer has (one line saying what to do).
+    """
+    fields = dict(data["transfer"])
+    for key, what in _REMOVED.items():
+        if fields.pop(key, None) is not None:
+            raise CheckpointError(f"{where} was trained with {what}")
+    cfg = from_dict(TransferConfig, fields)
+    if data.get("family") == "bert" and cfg.lm_weight:
+        raise CheckpointError(
+            f"{where} was trained with BERT's auxiliary masked-LM loss (--lm-weight), which lmforge no longer "
+            "has; retrain it without --lm-weight"
+        )
+    return cfg

@@ -28,13 +28,13 @@ from pathlib import Path
 import numpy as np
 from torch import nn
 
+from ..data.tasks import TaskData, check_labels, load_task
 from ..errors import LmforgeError
 from ..models.registry import get_family
 from ..utils import atomic_write_text
 from .config import SUPPORTED, TransferConfig, check_supported
 from .run import TransferRun, load_body
 from .specs import SPECS
-from .tasks import TaskData, check_labels, load_task
 
 logger = logging.getLogger(__name__)
 
@@ -109,9 +109,7 @@ def learning_curve(
     modes: Sequence[str] | None = None,
     out_dir: str | Path | None = None,
     min_steps: int = 100,
-    mode_options: dict[str, dict] | None = None,
     progress: Callable[[str], None] | None = None,
-    scratch_presets: Sequence[str] = (),
     **options,
 ) -> dict:
     """Score each mode at each training-set size over several seeds.
@@ -126,10 +124,9 @@ def learning_curve(
             ``scratch:PRESET`` for a from-scratch baseline in another preset's shape.
         out_dir: when given, writes ``curve.json``, ``curve.md`` (the table) and ``curve.png``.
         min_steps: the least number of optimizer steps of any run.
-        mode_options: per-mode overrides of the TransferConfig fields, e.g. ``{"finetune": {"lr": 3e-4}}``.
         progress: called with one line per finished run.
-        scratch_presets: adds a ``scratch:PRESET`` mode for each (options as ``scratch``'s in ``mode_options``).
-        **options: TransferConfig fields for every mode (batch_size, max_len, ...).
+        **options: TransferConfig fields for every mode (batch_size, max_len, ...); unset (None) ones take
+            each mode's own default.
     Returns:
         ``{"task", "metric", "family", "sizes", "modes", "runs": [{"mode", "n", "seed", "score", ...}],
         "summary": {mode: {n: {"mean", "std", "scores"}}}}``.
@@ -140,7 +137,7 @@ def learning_curve(
         raise LmforgeError(f"unknown model family '{family}'")
     if not modes:
         modes = ["scratch", *[m for m in ("frozen", "features", "finetune") if m in SUPPORTED[family]]]
-    modes = list(modes) + [f"scratch:{p}" for p in scratch_presets if f"scratch:{p}" not in modes]
+    modes = list(modes)
     bad = [m for m in modes if m not in CURVE_MODES and not m.startswith("scratch:")]
     if bad:
         raise LmforgeError(
@@ -156,16 +153,12 @@ def learning_curve(
             logger.warning("learning curve: skipping n=%d, the training pool has only %d examples", n, len(pool))
     if not usable:
         raise LmforgeError(f"every size in {list(sizes)} exceeds the {len(pool)} training examples")
-    mode_options = mode_options or {}
     options = {k: v for k, v in options.items() if v is not None}  # unset: the mode's (or baseline's) default
 
     def config(mode: str, n: int, seed: int) -> TransferConfig:
         real = "finetune" if is_scratch(mode) else mode
-        own = mode_options.get(mode, mode_options.get("scratch", {}) if is_scratch(mode) else {})
-        per_mode = {k: v for k, v in own.items() if v is not None}
-        opts = {**options, **per_mode}
-        cfg = TransferConfig(task=task, mode=real, seed=seed, from_scratch=is_scratch(mode), **opts)
-        return cfg if "epochs" in opts else with_min_steps(cfg, family, n, min_steps)
+        cfg = TransferConfig(task=task, mode=real, seed=seed, from_scratch=is_scratch(mode), **options)
+        return cfg if "epochs" in options else with_min_steps(cfg, family, n, min_steps)
 
     for mode in modes:  # fail before any training when a mode does not fit the family
         check_supported(family, config(mode, usable[0], seeds[0]))

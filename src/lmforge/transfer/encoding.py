@@ -8,7 +8,6 @@ Each family reads its input in its own way:
   and extract tokens); a sentence (pair) is read at the extract token, the last one.
 - **ELMo / word2vec** ("plain"): the tokens of ``A`` then ``B`` with no special tokens; a sentence is
   the mean of its token vectors, a pair is read as ``[a, b, |a - b|, a * b]`` of the two means.
-- **BERT with a prompt**: ``[CLS] template-with-A [SEP]``, read at the template's ``[MASK]``.
 
 An :class:`Encoding` records, besides the ids, what the task head reads: ``rows`` are the token
 positions whose vectors form the head's input (one per word for tagging, every position for QA
@@ -32,12 +31,12 @@ logger = logging.getLogger(__name__)
 
 # How each family reads a whole sentence (or pair) by default.
 DEFAULT_POOL = {"bert": "cls", "gpt": "last", "elmo": "mean", "word2vec": "mean"}
-# pooler: read at [CLS], through BERT's tanh pooler; mask: read at the [MASK] of a prompt (see InputFormat)
-POOLS = ("cls", "pooler", "last", "mean", "tokens", "mask")
+# pooler: read at [CLS], through BERT's tanh pooler
+POOLS = ("cls", "pooler", "last", "mean", "tokens")
 # how a text longer than the room is cut: keep its start, or its first quarter and as much of its end as fits
+# (head+tail: for long documents whose end carries the label, such as reviews that give their verdict last)
 TRUNCATIONS = ("head", "head+tail")
 HEAD_SHARE = 0.25  # head+tail: the share of the room kept from the start (Sun et al. 2019: 128 of 510)
-MASK = "[MASK]"
 
 
 def summary_trained(body) -> bool:
@@ -126,21 +125,16 @@ class InputFormat:
         family: ``"bert"``, ``"gpt"``, ``"elmo"`` or ``"word2vec"`` (model_type).
         tokenizer: the body's attached tokenizer (``encode_with_offsets``, special ids).
         max_len: the most positions an encoding may have, specials included.
-        pool: ``"cls"``, ``"pooler"``, ``"last"``, ``"mean"``, ``"tokens"`` (every token, for a BiLSTM head)
-            or ``"mask"`` (a prompt's ``[MASK]``; needs ``prompt``).
+        pool: ``"cls"``, ``"pooler"``, ``"last"``, ``"mean"`` or ``"tokens"`` (every token, for a BiLSTM head).
         gpt: for GPT, the input transformation object of ``gpt_inputs`` (adds start/delim/extract).
         doc_stride: QA: tokens between the starts of consecutive context windows (None: half the
             context room, so windows overlap by half; 0: one window, the rest of the context is cut;
             larger than the room: the room, so no context token is skipped).
         both_orders: pairs: also encode ``(text_pair, text)`` as the ``twin`` of ``(text, text_pair)``;
             needs a one-position read-out (``cls`` or ``last``).
-        prompt: BERT, single texts, ``pool="mask"``: a template holding one ``[MASK]`` and optionally
-            ``{text}`` (where the text goes; default: first, then the template). The input is
-            ``[CLS] template-with-text [SEP]`` and the head reads the ``[MASK]`` position, where the
-            masked LM would predict a word (pattern-exploiting fine-tuning, Schick & Schuetze 2021).
-            The text and the template's pieces are tokenized apart, and only the text is cut to fit.
         truncation: how a text longer than its room is cut: ``head`` (keep the start) or ``head+tail``
-            (keep the first quarter of the room from the start and the rest from the end).
+            (keep the first quarter of the room from the start and the rest from the end: for long documents
+            whose end carries the label).
     """
 
     def __init__(
@@ -152,7 +146,6 @@ class InputFormat:
         gpt=None,
         doc_stride: int | None = None,
         both_orders: bool = False,
-        prompt: str | None = None,
         truncation: str = "head",
     ):
         if tokenizer is None:
@@ -187,18 +180,8 @@ class InputFormat:
             raise LmforgeError(f"unknown truncation '{truncation}'; choose one of {', '.join(TRUNCATIONS)}")
         self.truncation = truncation
         self.n_special = {"bert": 3, "gpt": 3}.get(family, 0)
-        if (self.pool == "mask") != (prompt is not None):
-            raise LmforgeError("a prompt is read at its [MASK]: give --prompt together with the mask read-out")
-        self.prompt = prompt
-        self._prompt_ids: tuple[list[int], list[int], int] | None = None
-        if prompt is not None:
-            if family != "bert" or getattr(tokenizer, "mask_id", None) is None:
-                raise LmforgeError(f"--prompt is read by a masked LM at its [MASK]: it needs BERT, not {family}")
-            self._prompt_ids = self._template(prompt)
-            self.n_special = 2 + len(self._prompt_ids[0]) + len(self._prompt_ids[1])
         if self.max_len < self.n_special + 2:
-            what = f" (the prompt and the specials take {self.n_special})" if prompt is not None else ""
-            raise LmforgeError(f"--max-len {self.max_len} is too short{what}; use at least {self.n_special + 8}")
+            raise LmforgeError(f"--max-len {self.max_len} is too short; use at least {self.n_special + 8}")
 
     @property
     def pad_id(self) -> int:
@@ -209,20 +192,6 @@ class InputFormat:
         return 0
 
     # -- pieces ------------------------------------------------------------------------------------
-    def _template(self, prompt: str) -> tuple[list[int], list[int], int]:
-        """The prompt's ids before and after the text, and the index of ``[MASK]`` in ``before + after``."""
-        before, after = prompt.split("{text}") if "{text}" in prompt else ("", prompt)
-
-        def ids(part: str) -> list[int]:
-            if MASK not in part:
-                return self._pieces(part)[0] if part.strip() else []
-            left, right = part.split(MASK)
-            return [*ids(left), self.tok.mask_id, *ids(right)]
-
-        b, a = ids(before), ids(after)
-        at = (b + a).index(self.tok.mask_id)
-        return b, a, at
-
     def _pieces(self, text: str) -> tuple[list[int], list[tuple[int, int]]]:
         ids, _tokens, offsets = self.tok.encode_with_offsets(text)
         return list(ids), [tuple(o) for o in offsets]
@@ -297,14 +266,6 @@ class InputFormat:
         la, lb = self._budget(len(a), len(b) if b is not None else None)
         a = self._cut(a, la)
         b = self._cut(b, lb) if b is not None else None
-        if self._prompt_ids is not None:
-            if b is not None:
-                raise LmforgeError("--prompt reads single texts (--task classify), not pairs")
-            before, after, at = self._prompt_ids
-            ids = [self.tok.cls_id, *before, *a, *after, self.tok.sep_id]
-            seg = [-1] * (1 + len(before)) + [0] * len(a) + [-1] * (len(after) + 1)
-            mask_pos = 1 + at if at < len(before) else 1 + len(a) + at
-            return Encoding(ids, [0] * len(ids), seg, rows=[mask_pos])
         ids, types, seg, a_pos, b_pos = self._assemble(a, b)
         enc = Encoding(ids, types, seg)
         if self.pool in ("cls", "pooler"):

@@ -20,10 +20,6 @@ BiLSTM head) and ``L`` layers of the body, with a ``(B, n)`` mask of real rows. 
 The classifier is ``linear`` (dropout + Linear: the standard fine-tuning head), ``logreg`` (a
 Linear: logistic regression), ``mlp`` (Linear-ReLU-dropout-Linear) or ``bilstm`` (a small
 bidirectional LSTM over the rows, then max-pooled for sentences or per row for tagging).
-
-A prompted BERT run (:meth:`TaskHead.start_from_lm`) puts the masked LM's own transform
-(dense-GELU-LayerNorm) before the Linear and starts that Linear from the LM's output rows of the
-label words, so the untrained head already scores the labels as the pretrained MLM would.
 """
 
 from __future__ import annotations
@@ -31,8 +27,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from ..data.tasks import SENTENCE_TASKS
 from ..nn.scalar_mix import ScalarMix
-from .tasks import SENTENCE_TASKS
 
 CLASSIFIERS = ("linear", "logreg", "mlp", "bilstm")
 
@@ -92,17 +88,6 @@ class TaskHead(nn.Module):
             )
         else:
             self.out = nn.Linear(width, out)
-        self.lm_transform: nn.Module | None = None
-
-    @torch.no_grad()
-    def start_from_lm(self, transform: nn.Module, weight: torch.Tensor, bias: torch.Tensor) -> None:
-        """Become a masked LM's output layer restricted to K words: ``transform`` (its own module, trained
-        with the head) runs before the Linear, whose weight (K, C) and bias (K,) are copied in."""
-        if self.classifier != "linear" or self.out.weight.shape != weight.shape:
-            raise ValueError(f"an LM head fits a linear classifier of shape {tuple(self.out.weight.shape)}")
-        self.lm_transform = transform
-        self.out.weight.copy_(weight)
-        self.out.bias.copy_(bias)
 
     @torch.no_grad()
     def set_standardization(self, mean: torch.Tensor, std: torch.Tensor) -> None:
@@ -151,7 +136,4 @@ class TaskHead(nn.Module):
         Returns:
             (B, K) for classify/pair/choice, (B, n, K) for tokens, (B, n, 2) for qa.
         """
-        x = self.drop(self.readout(blocks, mask))
-        if self.lm_transform is not None:
-            x = self.lm_transform(x)
-        return self.out(x)
+        return self.out(self.drop(self.readout(blocks, mask)))

@@ -37,17 +37,17 @@ import numpy as np
 import torch
 from torch import nn
 
-from ..config import from_dict, load_json, save_json, to_dict
+from ..config import load_json, save_json, to_dict
+from ..data.tasks import TaskData, check_labels, load_task
 from ..errors import CheckpointError, LmforgeError
 from ..utils import atomic_write_text, file_sha256, load_safetensors, save_safetensors, seed_everything
 from . import features as FT
 from .batching import RowStore, TransferModel, collate, with_twins
-from .config import TransferConfig, check_supported
+from .config import TransferConfig, check_supported, saved_config
 from .encoding import Encoding, InputFormat, summary_trained
 from .fit import fit_trials, snapshot, train_trial
 from .heads import TaskHead
 from .specs import SPECS
-from .tasks import TaskData, check_labels, load_task
 
 logger = logging.getLogger(__name__)
 
@@ -144,7 +144,6 @@ class TransferRun:
             gpt=gpt,
             doc_stride=cfg.doc_stride,
             both_orders=cfg.both_orders,
-            prompt=cfg.prompt,
             truncation=cfg.truncation,
         )
         self.layer = cfg.layer_choice(self.family)
@@ -209,28 +208,8 @@ class TransferRun:
             dropout=self.cfg.dropout,
             mlp_hidden=self.cfg.head_hidden,
         )
-        if self.cfg.prompt is not None:
-            head.start_from_lm(*self._verbalizer_head())
         self.model = TransferModel(self.body, head, ids, pooler=self.pooler).to(self.device)
         return self.model
-
-    def _verbalizer_head(self) -> tuple[nn.Module, torch.Tensor, torch.Tensor]:
-        """The body's MLM transform (a copy) and its output rows (weight, bias) of each label's word."""
-        words = self.cfg.verbalizer or {}
-        if set(words) != set(self.labels):
-            raise LmforgeError(
-                f"the verbalizer names {sorted(words)} but the labels are {self.labels}: give one word per label"
-            )
-        ids = []
-        for label in self.labels:
-            pieces = self.body.tokenizer.encode_with_offsets(words[label])[0]
-            if len(pieces) != 1:
-                raise LmforgeError(
-                    f"the verbalizer word {words[label]!r} is {len(pieces)} tokens with this model's tokenizer; "
-                    "choose words that are one token each (lmforge fill-mask shows what the model predicts)"
-                )
-            ids.append(int(pieces[0]))
-        return self.body.mlm_head_for(ids)
 
     def encode(self, data: TaskData) -> list[Encoding]:
         """The body inputs of ``data`` in order (QA: one per window; choice: one per choice); each
@@ -514,8 +493,8 @@ class TransferRun:
         """What a fit trains on for ``data``; with ``standardize`` frozen and features heads read vectors
         standardised over it (off for a validation split)."""
         encs = self.encode(data)
-        # standardised vectors, as in features mode (not for a prompt: the MLM head reads raw vectors)
-        if standardize and self.cfg.mode == "frozen" and encs and self.cfg.prompt is None:
+        # standardised vectors, as in features mode
+        if standardize and self.cfg.mode == "frozen" and encs:
             mean, std = RowStore(*self.extract(encs)).stats()
             self.model.head.set_standardization(*self._head_stats(mean, std))
         if store is not None:
@@ -592,34 +571,14 @@ class TransferRun:
         }
 
     def lm_loss(self, encs: Sequence[Encoding]) -> torch.Tensor:
-        """The auxiliary LM loss on the batch's own inputs: GPT-1's next-token prediction (GPT), or BERT's
-        masked LM on a second pass with 15 % of the text positions hidden (80 % ``[MASK]``, 10 % a random
-        token, 10 % kept; the torch generator seeded by the fit draws them)."""
+        """GPT-1's auxiliary LM loss: next-token prediction on the batch's own inputs."""
         from ..nn.losses import linear_cross_entropy, shift_labels
 
-        if self.family == "bert":
-            return self._mlm_loss(encs)
         top = self.model.last_top  # (B, T, C) of the batch just run (twins included)
         ids = collate(with_twins(encs), self.fmt.pad_id)
         labels = ids["input_ids"].masked_fill(ids["attention_mask"] == 0, -100).to(top.device)
         targets = shift_labels(labels).reshape(-1)  # (B*T,)
         return linear_cross_entropy(top.reshape(-1, top.shape[-1]).float(), self.body.lm_head.weight, targets)
-
-    def _mlm_loss(self, encs: Sequence[Encoding], prob: float = 0.15) -> torch.Tensor:
-        batch = collate(encs, self.fmt.pad_id)
-        ids = batch["input_ids"]
-        text = batch["segment"] >= 0  # (B, T): text positions, not specials or a prompt's template
-        pick = (torch.rand(ids.shape) < prob) & text  # none picked: the model's forward returns a zero loss
-        labels = ids.masked_fill(~pick, -100)
-        roll = torch.rand(ids.shape)
-        masked = ids.masked_fill(pick & (roll < 0.8), self.body.tokenizer.mask_id)
-        swap = pick & (roll >= 0.8) & (roll < 0.9)
-        low = max(self.body.tokenizer.special_ids) + 1  # a random token is never a special one
-        masked = torch.where(swap, torch.randint(low, int(self.body.config.vocab_size), ids.shape), masked)
-        dev = self.device
-        out = self.body(masked.to(dev), batch["attention_mask"].to(dev), batch["token_type_ids"].to(dev),
-                        labels=labels.to(dev))
-        return out.loss  # no next-sentence label: the masked-LM loss alone
 
     @torch.no_grad()
     def validate(self, plan: FitPlan, data: TaskData) -> tuple[float, float]:
@@ -763,7 +722,7 @@ def run_transfer(
     Args:
         model: a model folder (any family) or a loaded body with ``.tokenizer``.
         task: ``classify``, ``pair``, ``tokens``, ``qa`` or ``choice``.
-        train, test: data files (see :mod:`lmforge.transfer.tasks`) or loaded :class:`TaskData`.
+        train, test: data files (see :mod:`lmforge.data.tasks`) or loaded :class:`TaskData`.
         mode: ``frozen``, ``features`` or ``finetune``.
         out_dir: when given, the run folder (metrics.json, predictions.jsonl, config.json, weights).
         progress: called with a line per epoch.
@@ -821,7 +780,7 @@ def load_run(run_dir: str | Path) -> TransferRun:
     data = load_json(p / "config.json")
     if "transfer" not in data:
         raise CheckpointError(f"{p / 'config.json'} is not a transfer run config")
-    cfg = from_dict(TransferConfig, data["transfer"])
+    cfg = saved_config(data, p)
     model_dir = data.get("model_dir")
     if not model_dir or not Path(model_dir).is_dir():
         raise CheckpointError(f"the run's model folder {model_dir} is gone; the run needs it to predict")

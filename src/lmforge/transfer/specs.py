@@ -2,7 +2,7 @@
 
 Everything that differs between ``classify``, ``pair``, ``tokens``, ``qa`` and ``choice`` lives here;
 the run, the fit loop and the features cache are the same for all of them.  Adding a task kind means
-adding one spec to :data:`SPECS` (and its file loader in :mod:`lmforge.transfer.tasks`).
+adding one spec to :data:`SPECS` (and its file loader in :mod:`lmforge.data.tasks`).
 
 A spec works on *encodings* (:class:`~lmforge.transfer.encoding.Encoding`): one per example, except
 that a QA context too long for one input is read as several windows and a multiple-choice question
@@ -17,10 +17,10 @@ from collections.abc import Sequence
 import torch
 import torch.nn.functional as F
 
+from ..data.tasks import ChoiceExample, QAExample, TaskData, TextExample, TokensExample, is_bio
 from ..errors import DataError
 from . import metrics as M
 from .encoding import Encoding
-from .tasks import ChoiceExample, QAExample, TaskData, TextExample, TokensExample, is_bio
 
 logger = logging.getLogger(__name__)
 
