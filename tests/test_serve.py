@@ -145,7 +145,7 @@ def _one_line_error(r, status: int) -> str:
 # -- the API against the Python API and the CLI ----------------------------------------------------------------
 def test_models_health_and_docs(client, folders):
     assert client.get("/health").json()["status"] == "ok"
-    models = {m["name"]: m for m in client.get("/v1/models").json()["models"]}
+    models = {m["id"]: m for m in client.get("/v1/models").json()["data"]}
     assert set(models) == set(folders)
     assert models["bert"]["family"] == "bert" and set(models["bert"]["supports"]) == {"embed", "fill-mask"}
     assert set(models["gpt"]["supports"]) == {"embed", "generate"}
@@ -307,7 +307,7 @@ def test_predict_equals_python_and_cli(client, folders, capsys, name, fields, ar
     r = client.post("/v1/predict", json={"model": name, **fields})
     assert r.status_code == 200, r.text
     got = r.json()["prediction"]
-    assert got == json.loads(_cli(capsys, "predict", str(folders[name]), *argv))
+    assert got == json.loads(_cli(capsys, "predict", str(folders[name]), *argv, "--json"))
     run = load_run(folders[name])
     ex = example_from_fields(run.cfg.task, fields["text"], fields.get("text_pair"), fields.get("choices"))
     assert got == run.predict(TaskData(run.cfg.task, [ex], run.labels), use_cache=False)[0]
@@ -347,9 +347,9 @@ def test_bad_requests_get_one_line_4xx_and_the_server_keeps_serving(client):
         400,
     )
     assert err.startswith("malformed JSON")
-    inf = b'{"model": "gpt", "prompt": "hi", "temperature": Infinity}'  # Python's JSON reads it; generate refuses it
-    err = _one_line_error(client.post("/v1/generate", content=inf, headers={"content-type": "application/json"}), 400)
-    assert "temperature must be >= 0" in err
+    inf = b'{"model": "gpt", "prompt": "hi", "temperature": Infinity}'  # Python's JSON reads it; the server refuses it
+    err = _one_line_error(client.post("/v1/generate", content=inf, headers={"content-type": "application/json"}), 422)
+    assert "field 'temperature': Input should be a finite number" in err
     assert "over 8000 bytes" in _one_line_error(
         client.post("/v1/embed", json={"model": "bert", "texts": ["a" * 9000]}), 413
     )
@@ -361,12 +361,12 @@ def test_bad_requests_get_one_line_4xx_and_the_server_keeps_serving(client):
 
 def test_generation_limit_answers_429(client):
     server = client.app.state.server
-    server.generations = LIMITS.max_generations  # every slot taken
+    server.generations.running = LIMITS.max_generations  # every slot taken
     try:
         r = client.post("/v1/generate", json={"model": "gpt", "prompt": "hi", "max_new_tokens": 2})
         assert "--max-generations" in _one_line_error(r, 429) and r.headers["retry-after"] == "1"
     finally:
-        server.generations = 0
+        server.generations.running = 0
     assert client.post("/v1/generate", json={"model": "gpt", "prompt": "hi", "max_new_tokens": 2}).status_code == 200
     assert client.get("/health").json()["generations_running"] == 0
 

@@ -12,6 +12,8 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
+import os
+import time
 from pathlib import Path
 from typing import Any
 
@@ -35,6 +37,10 @@ class Entry:
         family: ``bert``, ``gpt``, ``elmo``, ``word2vec`` (a run: its body's family), or None.
         obj: the loaded model or :class:`~lmforge.transfer.TransferRun` (None for ``training``).
         supports: the operations it serves: ``embed``, ``fill-mask``, ``generate``, ``predict``, ``curves``.
+        stamp: :func:`folder_stamp` of the folder when it was opened (a different stamp: it changed on disk).
+        loaded_at: when it was opened (seconds since the epoch).
+        reloads: how often the server has reopened it since it started.
+        stale: why the folder on disk is not what is served (it changed but could not be reopened), or None.
     """
 
     name: str
@@ -43,6 +49,13 @@ class Entry:
     family: str | None
     obj: Any
     supports: tuple[str, ...]
+    stamp: tuple | None = None
+    loaded_at: float = dataclasses.field(default_factory=time.time)
+    reloads: int = 0
+    stale: str | None = None
+
+    def changed_on_disk(self) -> bool:
+        return folder_stamp(self.path) != self.stamp
 
     def describe(self) -> dict[str, Any]:
         """The entry as ``/v1/models`` lists it."""
@@ -52,6 +65,9 @@ class Entry:
             "kind": self.kind,
             "family": self.family,
             "supports": list(self.supports),
+            "loaded_at": round(self.loaded_at, 3),
+            "reloads": self.reloads,
+            "stale": self.stale,
         }
         if self.kind == "model":
             d["parameters"] = int(self.obj.num_parameters())
@@ -71,6 +87,30 @@ def family_operations(family: str) -> tuple[str, ...]:
     return ("embed",) + (("fill-mask",) if fam.fills_mask else ()) + (("generate",) if fam.generates else ())
 
 
+#: the files whose replacement means the served folder is another model now (metrics.jsonl grows all the time)
+STAMPED_FILES = ("config.json", "model.safetensors", "head.safetensors", "tokenizer.json", "vocab.txt")
+
+
+def folder_stamp(path: Path) -> tuple | None:
+    """Identity and modification times of a folder and its model files (None if the folder is missing).
+
+    A staged replace (``finetune --overwrite``, ``import-hf --overwrite``) renames another folder into the
+    path, which changes its inode; an atomic re-save (a pretraining's checkpoint) replaces the files.
+    """
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    parts: list[tuple] = [(st.st_dev, st.st_ino)]
+    for name in STAMPED_FILES:
+        try:
+            f = os.stat(path / name)
+            parts.append((name, f.st_ino, f.st_mtime_ns, f.st_size))
+        except OSError:
+            parts.append((name,))
+    return tuple(parts)
+
+
 def _has_curves(p: Path) -> bool:
     return (p / METRICS_FILE).is_file()
 
@@ -78,6 +118,13 @@ def _has_curves(p: Path) -> bool:
 def open_entry(path: str | Path, name: str) -> Entry:
     """Open one folder as an :class:`Entry` (a CheckpointError with one line when it is none of the kinds)."""
     p = Path(path)
+    stamp = folder_stamp(p)  # taken first: a change while loading shows up on the next check
+    entry = _open(p, name)
+    entry.stamp = stamp
+    return entry
+
+
+def _open(p: Path, name: str) -> Entry:
     if not p.is_dir():
         raise CheckpointError(
             f"{p} is not a folder; give model folders, runs from `lmforge finetune`, or model folders being pretrained"

@@ -349,7 +349,7 @@ function drawCurves() {
 // -- start ------------------------------------------------------------------------------------------------
 async function start() {
   try {
-    MODELS = (await api("/v1/models")).models;
+    MODELS = (await api("/v1/models")).data;
   } catch (e) {
     document.body.prepend(el("p", {class: "status error"}, `cannot reach the server: ${e.message}`));
     return;
