@@ -15,6 +15,9 @@ SMALL = {  # a small config of each family, on top of its "tiny" (or default) pr
     "gpt": dict(n_positions=64, n_embd=32, n_layer=2, n_head=2),
     "elmo": {},
     "word2vec": dict(vector_size=16),
+    "electra": dict(hidden_size=32, embedding_size=16, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64,
+                    generator_size_divisor=2, max_position_embeddings=64, max_seq_length=32,
+                    hidden_dropout_prob=0.1, attention_probs_dropout_prob=0.1),  # embeddings projected 16 -> 32
 }
 
 

@@ -34,6 +34,7 @@ PIPELINE = {
     "gpt": "text-generation",
     "elmo": "feature-extraction",
     "word2vec": "feature-extraction",
+    "electra": "feature-extraction",  # the discriminator is the body; its generator fills masks besides
 }
 TASK_PIPELINE = {
     "classify": "text-classification",
@@ -42,8 +43,8 @@ TASK_PIPELINE = {
     "qa": "question-answering",
     "choice": "multiple-choice",
 }
-FAMILY_NAMES = {"bert": "BERT", "gpt": "GPT", "elmo": "ELMo", "word2vec": "word2vec"}
-HF_ARCH = {"bert": "BertForPreTraining", "gpt2": "GPT2LMHeadModel"}
+FAMILY_NAMES = {"bert": "BERT", "gpt": "GPT", "elmo": "ELMo", "word2vec": "word2vec", "electra": "ELECTRA"}
+HF_ARCH = {"bert": "BertForPreTraining", "gpt2": "GPT2LMHeadModel", "electra": "ElectraForPreTraining"}
 SHARD_ARRAYS = ("tokens", "sentences", "documents")
 
 
@@ -305,6 +306,9 @@ def _model_card(folder: Path, corpus: dict[str, Any] | None, hf: dict[str, Any] 
         "GPT-1's input transformations (`lmforge finetune`)",
         "elmo": "contextual word vectors mixed by a learned ScalarMix for frozen or feature-based transfer",
         "word2vec": "static word vectors (one per token, the same in every context) for feature-based transfer",
+        "electra": "contextual word vectors from the discriminator (`lmforge embed`), a body to fine-tune on the "
+        "same tasks as BERT (`lmforge finetune`), and filling in masked words with its small generator "
+        "(`lmforge fill-mask`)",
     }
     parts.append(
         "## Intended use\n\n" + f"Research and teaching: {uses.get(family, 'feature extraction')}; "

@@ -66,7 +66,7 @@ _KNOWN: dict[str, tuple[str, ...]] = {
     "shards": ("meta.json", "*.bin", "tokenizer"),
     "tokenizer": _TOKENIZER_FILES,
     "export": ("config.json", "model.safetensors", *_TOKENIZER_FILES, "generation_config.json", "vocab.json",
-               "merges.txt", "README.md"),
+               "merges.txt", "README.md", "generator"),  # generator/: ELECTRA's second HF model
     "demo": ("*",),
 }
 # lmforge's own bookkeeping and the leftovers of interrupted writes: never "foreign"

@@ -1,11 +1,12 @@
-"""``lmforge fill-mask MODEL_DIR "my dog is [MASK] ."``: the top-k fillers of each ``[MASK]`` with BERT."""
+"""``lmforge fill-mask MODEL_DIR "my dog is [MASK] ."``: the top-k fillers of each ``[MASK]`` (BERT; ELECTRA's
+generator); the registry says which families fill masks."""
 
 from __future__ import annotations
 
 
 def register(sub) -> None:
-    p = sub.add_parser("fill-mask", help="predict the tokens behind [MASK] with a BERT model")
-    p.add_argument("model_dir", help="BERT model folder (from `lmforge pretrain bert` or `lmforge import-hf`)")
+    p = sub.add_parser("fill-mask", help="predict the tokens behind [MASK] with a BERT or ELECTRA model")
+    p.add_argument("model_dir", help="BERT or ELECTRA model folder (from `lmforge pretrain` or `lmforge import-hf`)")
     p.add_argument("text", help='text with one or more [MASK], e.g. "my dog is [MASK] ."')
     p.add_argument("--top-k", type=int, default=5, help="candidates to show per [MASK] (default 5)")
     p.set_defaults(func=run)
@@ -13,11 +14,12 @@ def register(sub) -> None:
 
 def run(args) -> int:
     from ..errors import LmforgeError
-    from ..models import load
+    from ..models import FAMILIES, get_family, load
 
     model = load(args.model_dir)
-    if model.model_type != "bert":
-        raise LmforgeError(f"{args.model_dir} holds a '{model.model_type}' model; fill-mask needs a BERT")
+    if not get_family(model.model_type).fills_mask:
+        which = " or ".join(f.label for f in FAMILIES.values() if f.fills_mask)
+        raise LmforgeError(f"{args.model_dir} holds a '{model.model_type}' model; fill-mask needs a {which} model")
     results = model.fill_mask(args.text, top_k=args.top_k)
     for i, candidates in enumerate(results, 1):
         if len(results) > 1:

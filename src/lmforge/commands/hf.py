@@ -4,18 +4,22 @@ from __future__ import annotations
 
 
 def register(sub) -> None:
-    p = sub.add_parser("export-hf", help="write a BERT/GPT model folder or fine-tuned run as an HF transformers folder",
-                       description="A model folder becomes BertForPreTraining / GPT2LMHeadModel; a finetune run folder "
+    p = sub.add_parser("export-hf",
+                       help="write a BERT/GPT/ELECTRA model folder or fine-tuned run as an HF transformers folder",
+                       description="A model folder becomes BertForPreTraining / GPT2LMHeadModel / "
+                       "ElectraForPreTraining (ELECTRA's generator, ElectraForMaskedLM, in OUT_DIR/generator); "
+                       "a finetune run folder "
                        "becomes its task's class (BERT: sequence / token classification, question answering; GPT: "
                        "sequence classification) that transformers.pipeline reads. A run head with no exact HF "
                        "form is refused, saying what to retrain with (docs/transfer.md).")
-    p.add_argument("model_dir", help="lmforge model folder (BERT or GPT) or transfer run folder (finetune --out)")
+    p.add_argument("model_dir",
+                   help="lmforge model folder (BERT, GPT or ELECTRA) or transfer run folder (finetune --out)")
     p.add_argument("out_dir", help="folder to write (config.json, model.safetensors, tokenizer); an earlier export "
                    "there is replaced once the new one is complete")
     p.add_argument("--overwrite", action="store_true",
                    help="replace a folder of another kind or holding other files (its old content is deleted)")
     p.set_defaults(func=run_export)
-    q = sub.add_parser("import-hf", help="read an HF BERT/GPT-2 folder into an lmforge model folder")
+    q = sub.add_parser("import-hf", help="read an HF BERT/GPT-2/ELECTRA folder into an lmforge model folder")
     q.add_argument("hf_dir", help="HF folder with config.json and model.safetensors, or a model id (org/name) "
                    "already in the local HF cache (nothing is downloaded)")
     q.add_argument("model_dir", help="lmforge model folder to write (a new one: it appears complete or not at all)")

@@ -14,7 +14,8 @@ from the token shards instead of writing ``dupe_factor`` masked copies to disk:
 5. ``round(masked_lm_prob * n)`` of the n tokens other than ``[CLS]`` / ``[SEP]`` (``[UNK]`` included;
    at least 1, at most ``max_predictions_per_seq``, by default ``round(masked_lm_prob * max_seq_length)``)
    are picked; each becomes ``[MASK]`` 80 % of the time, a random
-   token 10 %, and stays unchanged 10 %.  Labels hold the original id there and -100 elsewhere.
+   token 10 %, and stays unchanged 10 % (``mask_token_prob``, ``random_token_prob``).  Labels hold the
+   original id there and -100 elsewhere.
    With ``whole_word_mask`` whole words are picked: a word is a token plus its ``##``
    continuations, or, for Chinese (one token per character, no ``##``), a ``jieba`` word.
 
@@ -77,6 +78,8 @@ class BertPretrainingSampler:
         pack_documents: without NSP, carry on into the following documents until the row is full,
             with ``[SEP]`` between documents.
         tokenizer: the shards' tokenizer (default: ``shards.tokenizer()``).
+        mask_token_prob, random_token_prob: shares of the picked tokens that become ``[MASK]`` and a random
+            token (the rest stay unchanged): BERT's 0.8 / 0.1; ELECTRA's generator reads 0.85 / 0.0.
     """
 
     def __init__(
@@ -90,6 +93,8 @@ class BertPretrainingSampler:
         whole_word_mask: bool = False,
         pack_documents: bool = False,
         tokenizer=None,
+        mask_token_prob: float = 0.8,
+        random_token_prob: float = 0.1,
     ):
         tok = tokenizer if tokenizer is not None else shards.tokenizer()
         if getattr(tok, "kind", None) != "wordpiece":
@@ -112,6 +117,10 @@ class BertPretrainingSampler:
         if pack_documents and next_sentence:
             raise DataError("pack_documents fills MLM-only rows; turn next_sentence off to pack documents")
         self.pack_documents = pack_documents
+        if min(mask_token_prob, random_token_prob) < 0 or mask_token_prob + random_token_prob > 1:
+            raise DataError(f"mask_token_prob {mask_token_prob} and random_token_prob {random_token_prob} must be "
+                            ">= 0 and add up to at most 1")
+        self.mask_token_prob, self.random_token_prob = mask_token_prob, random_token_prob
         self.cls_id, self.sep_id, self.pad_id, self.mask_id = tok.cls_id, tok.sep_id, tok.pad_id, tok.mask_id
         V = tok.vocab_size
         specials = sorted(int(i) for i in tok.special_ids)
@@ -342,8 +351,8 @@ class BertPretrainingSampler:
         labels[pos] = ids[pos]
         u = rng.random(len(pos))
         replacement = self._normal_ids[rng.integers(len(self._normal_ids), size=len(pos))]
-        out[pos[u < 0.8]] = self.mask_id
-        rand = (u >= 0.8) & (u < 0.9)
+        out[pos[u < self.mask_token_prob]] = self.mask_id
+        rand = (u >= self.mask_token_prob) & (u < self.mask_token_prob + self.random_token_prob)
         out[pos[rand]] = replacement[rand]
         return out, labels
 

@@ -36,6 +36,8 @@ class Family:
         generates: has ``generate`` (``lmforge generate``).
         fills_mask: has ``fill_mask`` (``lmforge fill-mask``).
         transfer_modes: the transfer modes its body supports (``frozen``, ``features``, ``finetune``).
+        inputs_like: the family whose input format transfer builds for this body (special tokens, segments,
+            the position a sentence is read at); None = its own.  ELECTRA's discriminator reads BERT's.
     """
 
     name: str
@@ -50,6 +52,12 @@ class Family:
     generates: bool = False
     fills_mask: bool = False
     transfer_modes: tuple[str, ...] = ()
+    inputs_like: str | None = None
+
+    @property
+    def input_format(self) -> str:
+        """The family name transfer's input format is keyed by (:attr:`inputs_like`, else this family's)."""
+        return self.inputs_like or self.name
 
     def import_module(self) -> ModuleType:
         return importlib.import_module(self.module)
@@ -95,6 +103,11 @@ FAMILIES: dict[str, Family] = {
     "word2vec": Family(
         "word2vec", "word2vec", "lmforge.models.word2vec", "Word2Vec", "Word2VecConfig", None, trainer=False,
         transfer_modes=("frozen", "features", "finetune"),
+    ),
+    "electra": Family(
+        "electra", "ELECTRA", "lmforge.models.electra", "ElectraForPreTraining", "ElectraConfig", "wordpiece",
+        trainer=True, hf_module="lmforge.interop.electra", hf_model_type="electra", fills_mask=True,
+        transfer_modes=("frozen", "features", "finetune"), inputs_like="bert",
     ),
 }
 

@@ -15,10 +15,12 @@ from collections.abc import Callable
 from typing import Any
 
 from ..data.bert import BertPretrainingSampler
+from ..data.electra import ElectraPretrainingSampler
 from ..data.samplers import BiLMWindowSampler, CausalWindowSampler
 from ..errors import DataError, LmforgeError
 from ..models import Family, get_family
 from ..models.bert import BertConfig, BertForPreTraining
+from ..models.electra import ElectraConfig, ElectraForPreTraining
 from ..models.elmo import ElmoBiLM, ElmoConfig
 from ..models.gpt import GPTConfig, GPTLMHeadModel
 from . import word2vec
@@ -69,6 +71,14 @@ def setup_elmo(config: ElmoConfig, shards, tokenizer) -> tuple[ElmoBiLM, BiLMWin
     return model, BiLMWindowSampler(shards, config.seq_len)
 
 
+def _check_wordpiece(tokenizer, label: str) -> None:
+    if getattr(tokenizer, "kind", None) != "wordpiece":
+        raise DataError(
+            f"{label} needs shards made with a WordPiece tokenizer, but these were made with a "
+            f"'{getattr(tokenizer, 'kind', '?')}' tokenizer; train one with kind=wordpiece and prepare the data again"
+        )
+
+
 def setup_bert(config: BertConfig, shards, tokenizer) -> tuple[BertForPreTraining, BertPretrainingSampler]:
     """Build the model and its MLM+NSP sampler for ``lmforge pretrain bert``.
 
@@ -80,11 +90,7 @@ def setup_bert(config: BertConfig, shards, tokenizer) -> tuple[BertForPreTrainin
     Returns:
         ``(model, sampler)``.
     """
-    if getattr(tokenizer, "kind", None) != "wordpiece":
-        raise DataError(
-            f"BERT needs shards made with a WordPiece tokenizer, but these were made with a "
-            f"'{getattr(tokenizer, 'kind', '?')}' tokenizer; train one with kind=wordpiece and prepare the data again"
-        )
+    _check_wordpiece(tokenizer, "BERT")
     config = dataclasses.replace(config, vocab_size=tokenizer.vocab_size, pad_token_id=tokenizer.pad_id)
     model = BertForPreTraining(config)
     model.tokenizer = tokenizer
@@ -113,9 +119,45 @@ def setup_bert(config: BertConfig, shards, tokenizer) -> tuple[BertForPreTrainin
     return model, sampler
 
 
+def setup_electra(config: ElectraConfig, shards, tokenizer) -> tuple[ElectraForPreTraining, ElectraPretrainingSampler]:
+    """Build the discriminator + generator and their sampler for ``lmforge pretrain electra``.
+
+    Args:
+        config: the chosen preset / config file; ``vocab_size`` and ``pad_token_id`` come from the tokenizer.
+        shards: an opened :class:`lmforge.data.shards.Shards` made with a WordPiece tokenizer.
+        tokenizer: that tokenizer.
+    Returns:
+        ``(model, sampler)``: BERT's masked rows without next-sentence pairs, plus the sampling noise.
+    """
+    _check_wordpiece(tokenizer, "ELECTRA")
+    config = dataclasses.replace(config, vocab_size=tokenizer.vocab_size, pad_token_id=tokenizer.pad_id)
+    model = ElectraForPreTraining(config)
+    model.tokenizer = tokenizer
+    sampler = ElectraPretrainingSampler(
+        shards,
+        max_seq_length=config.max_seq_length,
+        short_seq_prob=config.short_seq_prob,
+        masked_lm_prob=config.masked_lm_prob,
+        max_predictions_per_seq=config.max_predictions_per_seq,
+        whole_word_mask=config.whole_word_mask,
+        pack_documents=config.pack_documents,
+        tokenizer=tokenizer,
+    )
+    width, _, _ = config.generator_shape
+    logger.info(
+        "ELECTRA %d layers, hidden %d, embedding %d, %d heads, generator width %d, vocab %d: %.2fM parameters%s%s",
+        config.num_hidden_layers, config.hidden_size, config.embedding_size, config.num_attention_heads, width,
+        config.vocab_size, model.num_parameters() / 1e6,
+        ", whole-word masking" if config.whole_word_mask else "",
+        ", documents packed" if config.pack_documents else "",
+    )
+    return model, sampler
+
+
 # family -> (config, shards, tokenizer) -> (model, sampler), for every family the Trainer pretrains
 SETUPS: dict[str, Callable[[Any, Any, Any], tuple[Any, Any]]] = {
     "bert": setup_bert,
+    "electra": setup_electra,
     "gpt": setup_gpt,
     "elmo": setup_elmo,
 }

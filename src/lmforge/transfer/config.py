@@ -30,7 +30,7 @@ import logging
 from ..config import from_dict
 from ..errors import CheckpointError, ConfigError, LmforgeError
 from ..models.registry import FAMILIES
-from .encoding import DEFAULT_POOL, POOLS, TRUNCATIONS
+from .encoding import DEFAULT_POOL, POOLS, TRUNCATIONS, input_format
 from .heads import CLASSIFIERS
 from .specs import SPECS
 
@@ -242,7 +242,7 @@ class TransferConfig:
             return "mean"
         if self.task == "classify" and not summary_trained:
             return "mean"
-        return DEFAULT_POOL[family]
+        return DEFAULT_POOL[input_format(family)]
 
     def resolved(self, family: str, hidden_size: int | None = None) -> Recipe:
         """The learning rate, epochs, warm-up, layer decay, patience and LM weight this run uses.

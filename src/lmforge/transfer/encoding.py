@@ -26,6 +26,7 @@ import dataclasses
 import logging
 
 from ..errors import LmforgeError
+from ..models.registry import FAMILIES
 
 logger = logging.getLogger(__name__)
 
@@ -39,6 +40,12 @@ TRUNCATIONS = ("head", "head+tail")
 HEAD_SHARE = 0.25  # head+tail: the share of the room kept from the start (Sun et al. 2019: 128 of 510)
 
 
+def input_format(family: str | None) -> str | None:
+    """The family whose input format a ``family`` body reads (the registry's ``Family.input_format``): ELECTRA
+    reads BERT's; an unknown name (a stand-in body) is its own."""
+    return FAMILIES[family].input_format if family in FAMILIES else family
+
+
 def summary_trained(body) -> bool:
     """Whether the position a family reads a sentence at by default was trained to summarise the input.
 
@@ -47,8 +54,9 @@ def summary_trained(body) -> bool:
     on single texts it reads the mean of its token vectors instead (docs/transfer.md measures both).
     GPT's extract position sees the whole input under the LM objective; ELMo and word2vec read the mean.
     """
-    if getattr(body, "model_type", None) == "bert":
-        return bool(getattr(getattr(body, "config", None), "next_sentence", True))
+    family = getattr(body, "model_type", None)
+    if input_format(family) == "bert":  # ELECTRA's discriminator has no next-sentence loss either
+        return bool(getattr(getattr(body, "config", None), "next_sentence", family == "bert"))
     return True
 
 
@@ -150,6 +158,7 @@ class InputFormat:
     ):
         if tokenizer is None:
             raise LmforgeError(f"the {family} model has no tokenizer attached; load it with lmforge.load(model_dir)")
+        family = input_format(family)  # e.g. ELECTRA's discriminator: BERT's [CLS] A [SEP] B [SEP]
         self.family = family
         self.tok = tokenizer
         self.max_len = int(max_len)
