@@ -357,7 +357,7 @@ def test_evaluate_lm_gives_the_final_validation_of_pretraining(family, shards_fi
     assert val.keys() == r.val.keys()
     assert all(abs(val[k] - r.val[k]) <= 1e-6 * max(1.0, abs(r.val[k])) for k in val), (val, r.val)
     rc, stdout, err = run_cli(capsys, "evaluate", "lm", str(out), "--data", str(shards), "--batches", "3",
-                              "--batch-size", "2", "--split", "train")
+                              "--batch-size", "2", "--split", "train", "--json")
     got = json.loads(stdout)
     assert rc == 0 and got["split"] == "train" and math.isfinite(got["loss"])
     ppls = [k for k in got if k.endswith("ppl")]  # ppl (GPT, ELMo) or mlm_ppl (BERT with NSP)

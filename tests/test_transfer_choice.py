@@ -100,7 +100,7 @@ def test_gpt_choice_inputs_and_cli(bpe_tokenizer, tmp_path, capsys):
     tiny_gpt(bpe_tokenizer).save_pretrained(base, bpe_tokenizer)
     out = tmp_path / "run"
     args = ["finetune", str(base), "--task", "choice", "--train", str(tr), "--test", str(te), "--out", str(out)]
-    assert main([*args, "--epochs", "2", "--lr", "2e-3", "--max-len", "32", "--lm-weight", "0.5"]) == 0
+    assert main([*args, "--epochs", "2", "--lr", "2e-3", "--max-len", "32", "--lm-weight", "0.5", "--json"]) == 0
     printed = next(json.loads(x) for x in capsys.readouterr().out.splitlines() if x.startswith("{"))
     assert printed["task"] == "choice" and 0 <= printed["accuracy"] <= 1
     run = load_run(out)
@@ -109,7 +109,8 @@ def test_gpt_choice_inputs_and_cli(bpe_tokenizer, tmp_path, capsys):
     assert len(enc) == 2 and [e.example for e in enc] == [0, 0]
     ctx, choice = bpe_tokenizer.encode("the plot"), bpe_tokenizer.encode("a good one")
     assert enc[0].input_ids == run.fmt.gpt.build(ctx, choice)[0] and enc[0].rows == [len(enc[0].input_ids) - 1]
-    assert main(["predict", str(out), "--text", "the plot", "--choice", "a good one", "--choice", "a bad one"]) == 0
+    assert main(["predict", str(out), "--text", "the plot", "--choice", "a good one", "--choice", "a bad one",
+                 "--json"]) == 0
     pred = json.loads(capsys.readouterr().out)
     assert pred["label"] in (0, 1) and len(pred["probs"]) == 2
     assert main(["predict", str(out), "--text", "the plot", "--choice", "only one"]) == 2

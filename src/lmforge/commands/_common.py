@@ -144,10 +144,11 @@ def show(args: argparse.Namespace, record: Any, summary: Sequence[str] | Callabl
 @contextlib.contextmanager
 def progress(desc: str, total: int | None = None, unit: str = "epoch", quiet: bool = False,
              quiet_loggers: Sequence[str] = ()) -> Iterator[Callable[[str], None]]:
-    """A callback ``line(text)`` for long work: on a terminal it moves a tqdm bar (showing ``text``) and the
-    ``quiet_loggers`` say only warnings meanwhile; when piped the bar is off (tqdm's ``disable=None``) and the
-    loggers' plain lines are the progress."""
+    """A callback ``line(text)`` for long work: on a terminal it moves a tqdm bar (showing ``text``), the
+    ``quiet_loggers`` (whose lines the bar shows) say only warnings meanwhile and other log lines go above the
+    bar; when piped the bar is off (tqdm's ``disable=None``) and the loggers' plain lines are the progress."""
     from tqdm import tqdm
+    from tqdm.contrib.logging import logging_redirect_tqdm
 
     bar = tqdm(total=total, desc=desc, unit=unit, file=sys.stderr, leave=False, dynamic_ncols=True,
                disable=True if quiet else None)
@@ -161,7 +162,9 @@ def progress(desc: str, total: int | None = None, unit: str = "epoch", quiet: bo
         bar.set_postfix_str(text[:80], refresh=True)
 
     try:
-        yield line
+        with logging_redirect_tqdm(loggers=[logging.getLogger("lmforge")]) if not bar.disable \
+                else contextlib.nullcontext():
+            yield line
     finally:
         bar.close()
         for lg, level in zip(loggers, levels):

@@ -47,6 +47,7 @@ def register(sub) -> None:
         "curve.json (every run, its choices and validation score), curve.md (mean and spread per size and mode) "
         "and curve.png into --out.",
     )
+    from ._common import add_compute_args, add_json_arg
     from .finetune import add_truncation_arg
 
     c.add_argument("name", choices=BENCHMARKS)
@@ -67,6 +68,8 @@ def register(sub) -> None:
     c.add_argument("--cache-dir", default=None, help="features mode: vector cache (default ~/.cache/lmforge/features)")
     c.add_argument("--no-refit", dest="refit", action="store_false",
                    help="keep each run's best validation epoch instead of refitting on all its examples")
+    add_compute_args(c)
+    add_json_arg(c)
     c.set_defaults(func=run_curve)
 
 
@@ -100,26 +103,18 @@ def run_curve(args) -> int:
     from ..transfer import learning_curve
     from ..transfer.benchmarks import load_benchmark
     from ..transfer.curve import curve_table, leads_text
+    from ._common import compute_options, progress, show
 
     train, test = load_benchmark(args.name, max(args.pool, max(args.sizes)), args.n_test, seed=0)
-    res = learning_curve(
-        args.model_dir,
-        train.task,
-        train,
-        test,
-        sizes=args.sizes,
-        seeds=args.seeds,
-        modes=args.modes,
-        out_dir=args.out,
-        max_len=args.max_len,
-        truncation=args.truncation,
-        batch_size=args.batch_size,
-        cache_dir=args.cache_dir,
-        refit=args.refit,
-    )
-    print(curve_table(res))
+    compute = compute_options(args)
+    with progress("learning curve", unit="run", quiet=getattr(args, "quiet", False),
+                  quiet_loggers=("lmforge.transfer.fit", "lmforge.transfer.curve")) as bar:
+        res = learning_curve(
+            args.model_dir, train.task, train, test, sizes=args.sizes, seeds=args.seeds, modes=args.modes,
+            out_dir=args.out, max_len=args.max_len, truncation=args.truncation, batch_size=args.batch_size,
+            cache_dir=args.cache_dir, refit=args.refit, progress=bar, **compute,
+        )
     leads = leads_text(res)
-    if leads:
-        print(leads)
-    print(f"wrote {args.out}/curve.png, curve.md, curve.json")
+    lines = [curve_table(res), *([leads] if leads else []), f"wrote {args.out}/curve.png, curve.md, curve.json"]
+    show(args, res, lines)
     return 0

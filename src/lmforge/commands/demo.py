@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import argparse
 
+from ._common import add_compute_args, add_json_arg, show
+
 
 def register(sub) -> None:
     p = sub.add_parser(
@@ -20,7 +22,10 @@ def register(sub) -> None:
         formatter_class=argparse.RawDescriptionHelpFormatter,
         epilog="examples:\n  lmforge demo                      # about 15 minutes on 2 CPU cores\n"
         "  lmforge demo --quick              # tiny models, about a minute\n"
-        "  lmforge demo --budget 30m --out big-demo",
+        "  lmforge demo --budget 30m --out big-demo\n"
+        "  lmforge demo --quick --precision fp32     # full precision even where bf16 is native\n\n"
+        "The figures repeat exactly on the same machine; another CPU kind, thread count or precision gives "
+        "slightly\ndifferent ones (report.md names the machine).",
     )
     p.add_argument("--out", default=None, metavar="DIR",
                    help="demo folder (default: lmforge-demo/, or lmforge-demo-quick/ with --quick)")
@@ -30,6 +35,8 @@ def register(sub) -> None:
     p.add_argument("--quick", action="store_true",
                    help="tiny models on a slice of the corpus, a few steps each: the whole path in about a minute")
     p.add_argument("--force", action="store_true", help="rebuild every step even if a previous run built it")
+    add_compute_args(p)
+    add_json_arg(p)
     p.set_defaults(func=run)
 
 
@@ -69,14 +76,16 @@ def run(args) -> int:
     try:
         with output_folder(out, "demo", hint=None):
             result = run_demo(args.out, quick=args.quick, budget=args.budget, progress=progress,
-                              show_bars=False if quiet else None, on_step=on_step, on_done=on_done, force=args.force)
+                              show_bars=False if quiet else None, on_step=on_step, on_done=on_done, force=args.force,
+                              device=args.device or "auto", precision=args.precision or "auto")
     finally:
         for lg, level in zip(chatty, levels):
             lg.setLevel(level)
     n_reused = sum(r.reused for r in result.steps)
-    print()
-    for line in result.highlights:
-        print(line)
-    print(f"demo done in {result.elapsed:.1f}s: {len(result.steps)} steps ({n_reused} reused); "
-          f"report: {result.report}")
+    done = (f"demo done in {result.elapsed:.1f}s: {len(result.steps)} steps ({n_reused} reused); "
+            f"report: {result.report}")
+    record = {"out": str(result.out), "report": str(result.report), "elapsed": result.elapsed,
+              "steps": [{"name": r.name, "summary": r.summary, "reused": r.reused, "seconds": r.seconds}
+                        for r in result.steps], "results": result.results}
+    show(args, record, ["", *result.highlights, done])
     return 0

@@ -4,6 +4,8 @@ table), ``run RUN_DIR --test FILE [--out F]`` (a trained transfer run scored on 
 
 from __future__ import annotations
 
+from ._common import add_json_arg, pairs, show
+
 
 def register(sub) -> None:
     p = sub.add_parser(
@@ -17,29 +19,31 @@ def register(sub) -> None:
         help="same sense or not? cosine-threshold accuracy per model and layer on WordNet example pairs",
         description=(
             "Builds balanced same-sense / different-sense sentence pairs from WordNet's examples, picks a "
-            "cosine threshold per model and layer on the dev split and reports test accuracy (chance 50%%)."
+            "cosine threshold per model and layer on the dev split and reports test accuracy (chance 50%)."
         ),
     )
     w.add_argument("model_dirs", nargs="*", metavar="MODEL_DIR", help="lmforge model folders")
     w.add_argument("--max-pairs", type=int, default=2000, help="pairs to build (default 2000; 0 = all)")
     w.add_argument("--reference", choices=["minilm"], help="add the real all-MiniLM-L6-v2 as a reference row")
+    add_json_arg(w)
     w.set_defaults(func=run_wic)
     r = tasks.add_parser(
         "run",
         help="score a trained task (a folder written by `lmforge finetune`) on another labelled file",
-        description="Loads the run, predicts every example of --test and prints the task's metrics as one JSON "
-        "line (the same metrics `lmforge finetune` writes to metrics.json).",
+        description="Loads the run, predicts every example of --test and prints the task's metrics (the same "
+        "metrics `lmforge finetune` writes to metrics.json; --json prints them as one JSON line).",
     )
     r.add_argument("run_dir", help="folder written by `lmforge finetune --out`")
     r.add_argument("--test", required=True, help="labelled data file in the run's task format")
     r.add_argument("--out", default=None, help="also write one record per example (gold and prediction) as JSONL")
+    add_json_arg(r)
     r.set_defaults(func=run_run)
     m = tasks.add_parser(
         "lm",
         help="a pretrained model's own loss and perplexity on other shards (e.g. your domain's text)",
         description="Scores a bert / gpt / elmo model folder with its pretraining objective (GPT next token, ELMo "
         "both directions, BERT masked LM + NSP) on seeded batches of shards made with the model's tokenizer, "
-        "exactly as pretraining validates. Prints one JSON line.",
+        "exactly as pretraining validates. Prints the loss and perplexity (--json: one JSON line).",
     )
     m.add_argument("model_dir", help="lmforge model folder (bert, gpt or elmo)")
     m.add_argument(
@@ -57,6 +61,7 @@ def register(sub) -> None:
         metavar="KEY=VALUE",
         help="model-config keys of the sampler, e.g. next_sentence=false for single-sentence documents",
     )
+    add_json_arg(m)
     m.set_defaults(func=run_lm)
 
 
@@ -69,7 +74,9 @@ def run_wic(args) -> int:
         raise LmforgeError(f"--max-pairs must be >= 0, got {args.max_pairs}")
     models = load_models(args.model_dirs, args.reference)
     rows, info = wic_table(models, max_pairs=args.max_pairs or None)
-    print(format_wic(rows, info))
+    import dataclasses
+
+    show(args, {"rows": [dataclasses.asdict(r) for r in rows], "info": info}, [format_wic(rows, info)])
     return 0
 
 
@@ -87,12 +94,15 @@ def run_run(args) -> int:
     metrics, records = run_.evaluate(data)
     if args.out:
         atomic_write_text(args.out, "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in records))
-    print(json.dumps({"task": task, "family": run_.family, "n_test": len(data), **metrics}))
+    record = {"task": task, "family": run_.family, "n_test": len(data), **metrics}
+    lines = [f"{task} run {args.run_dir} ({run_.family}) on {len(data)} examples of {args.test}: {pairs(metrics)}"]
+    if args.out:
+        lines.append(f"wrote each example's gold and prediction to {args.out}")
+    show(args, record, lines)
     return 0
 
 
 def run_lm(args) -> int:
-    import json
     import math
 
     from ..errors import LmforgeError
@@ -114,5 +124,7 @@ def run_lm(args) -> int:
             f"{args.model_dir} gives a non-finite loss ({val['loss']}) on {args.data}: its weights are unusable; "
             f"resume its training from an earlier checkpoint with a lower learning rate"
         )
-    print(json.dumps({"model": str(args.model_dir), "data": str(args.data), "split": args.split, **val}))
+    record = {"model": str(args.model_dir), "data": str(args.data), "split": args.split, **val}
+    show(args, record, [f"{args.model_dir} on the {args.split} split of {args.data} ({args.batches} batches of "
+                        f"{args.batch_size}): {pairs(val)}"])
     return 0

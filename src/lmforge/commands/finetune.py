@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
-import json
+from ._common import add_compute_args, add_json_arg, progress, show
+from ._finetune import add_run_file_args, summary, transfer_settings
 
 
 def add_truncation_arg(p) -> None:
     """``--truncation``: how a text longer than --max-len is cut (finetune and benchmark curve)."""
     p.add_argument(
-        "--truncation", choices=["head", "head+tail"], default="head",
+        "--truncation", choices=["head", "head+tail"], default=None,
         help="a text longer than --max-len keeps its start (head), or its first quarter and as much of its "
         "end as fits (head+tail: for long documents whose end carries the label, such as reviews that give "
         "their verdict last); classify and pair tasks",
@@ -25,16 +26,21 @@ def register(sub) -> None:
     p.add_argument("model_dir", help="pretrained model folder (bert, gpt, elmo or word2vec)")
     p.add_argument(
         "--task",
-        required=True,
+        default=None,
         choices=["classify", "pair", "tokens", "qa", "choice"],
         help="classify/pair: CSV or JSONL with text[,text_pair],label; tokens: CoNLL; qa: SQuAD JSON; "
-        "choice: JSONL with context, choices (a list), label (the right choice's index)",
+        "choice: JSONL with context, choices (a list), label (the right choice's index); required unless "
+        "--config names it",
     )
     p.add_argument("--train", required=True, help="training data file")
-    p.add_argument("--test", required=True, help="test data file (labelled, same format)")
+    p.add_argument("--test", default=None,
+                   help="test data file (labelled, same format); without it --test-fraction of --train is held out")
+    p.add_argument("--test-fraction", type=float, default=0.2, metavar="F",
+                   help="without --test: hold out this fraction of --train as the test set, drawn with --seed and "
+                   "stratified by label (default 0.2)")
     p.add_argument(
         "--mode",
-        default="finetune",
+        default=None,
         choices=["frozen", "features", "finetune"],
         help="frozen: body fixed, head trains; features: cached vectors + small classifier; "
         "finetune: everything trains (default)",
@@ -72,7 +78,7 @@ def register(sub) -> None:
         help="try each peak learning rate and keep the one that scores best on the validation split",
     )
     p.add_argument(
-        "--val-fraction", type=float, default=0.2, metavar="F",
+        "--val-fraction", type=float, default=None, metavar="F",
         help="hold out this fraction of the training data to choose the epoch and the lr (default 0.2; 0 trains "
         "on all of it for --epochs)",
     )
@@ -82,14 +88,16 @@ def register(sub) -> None:
         "improved (default by mode: 3-8)",
     )
     p.add_argument(
-        "--no-refit", dest="refit", action="store_false",
+        "--no-refit", dest="refit", action="store_false", default=None,
         help="keep the best epoch's model of the validation run instead of training again on all the training "
         "data (held-out part included) with the chosen lr and number of epochs",
     )
-    p.add_argument("--batch-size", type=int, default=32)
-    p.add_argument("--max-len", type=int, default=128, help="most tokens per input, special tokens included")
+    p.add_argument("--batch-size", type=int, default=None, help="examples per step (default 32)")
+    p.add_argument("--max-len", type=int, default=None,
+                   help="most tokens per input, special tokens included (default 128)")
     add_truncation_arg(p)
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=int, default=None,
+                   help="seeds the held-out splits, the head's init, dropout and the order of examples (default 0)")
     p.add_argument(
         "--classifier",
         choices=["linear", "logreg", "mlp", "bilstm"],
@@ -136,7 +144,7 @@ def register(sub) -> None:
     p.add_argument(
         "--max-answer-tokens",
         type=int,
-        default=30,
+        default=None,
         metavar="N",
         help="qa: the longest answer span considered, in tokens (default 30)",
     )
@@ -147,67 +155,52 @@ def register(sub) -> None:
         "similarity, so the order of the two texts does not matter",
     )
     p.add_argument("--cache-dir", default=None, help="features mode: vector cache (default ~/.cache/lmforge/features)")
-    p.add_argument(
-        "--device", choices=["auto", "cpu", "cuda"], default="auto", help="where to train (auto: CUDA if any)"
-    )
-    p.add_argument("--bf16", action="store_true", help="run the body under bfloat16 autocast")
+    add_compute_args(p)
     p.add_argument(
         "--log",
         choices=["jsonl", "tensorboard"],
         default="jsonl",
         help="tensorboard: also write TensorBoard event files into --out (train/loss per epoch, test metrics)",
     )
+    add_run_file_args(p)
+    add_json_arg(p)
     p.set_defaults(func=run)
 
 
 def run(args) -> int:
+    from ..data.tasks import load_task
     from ..folders import check_model_folder, output_folder, staged_folder
     from ..transfer import run_transfer
+    from ..transfer.holdout import hold_out
 
-    options = {
-        "freeze_layers": args.freeze_layers,
-        "layer_lr_decay": args.layer_lr_decay,
-        "epochs": args.epochs,
-        "lr": args.lr,
-        "lr_grid": args.lr_grid,
-        "val_fraction": args.val_fraction,
-        "patience": args.patience,
-        "refit": args.refit,
-        "layer": args.layer,
-        "device": args.device,
-        "bf16": args.bf16,
-        "batch_size": args.batch_size,
-        "max_len": args.max_len,
-        "truncation": args.truncation,
-        "seed": args.seed,
-        "classifier": args.classifier,
-        "pool": args.pool,
-        "from_scratch": args.from_scratch,
-        "cache_dir": args.cache_dir,
-        "lm_weight": args.lm_weight,
-        "doc_stride": args.doc_stride,
-        "max_answer_tokens": args.max_answer_tokens,
-        "both_orders": args.both_orders,
-    }
+    task, mode, options = transfer_settings(args)
+    train, test, split = args.train, args.test, None
+    if test is None:  # one labelled file: a seeded, stratified part of it is the test set
+        split = hold_out(load_task(args.train, task), args.test_fraction, options.get("seed") or 0)
+        train, test = split.train, split.test
     # the run is written into a hidden folder beside --out and renamed into place when complete, so a kill
     # at any moment leaves --out as it was
     with output_folder(args.out, "run", args.overwrite, inputs=[args.model_dir], beside=True):
         check_model_folder(args.model_dir)
         with staged_folder(args.out, "run") as tmp:
-            progress = None
+            tb = None
             if args.log == "tensorboard":
                 from ..train.tblog import EpochLog
 
-                progress = EpochLog(tmp)
-            metrics = run_transfer(
-                args.model_dir, args.task, args.train, args.test, mode=args.mode, out_dir=tmp, progress=progress,
-                **options,
-            )
-            if progress is not None:
-                progress.finish(metrics)
-    shown = {k: v for k, v in metrics.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
-    print(json.dumps({"task": metrics["task"], "mode": metrics["mode"], "family": metrics["family"], **shown}))
-    if metrics.get("choices"):
-        print("chosen on validation data: " + json.dumps(metrics["choices"]))
-    print(f"wrote {args.out}/metrics.json, predictions.jsonl, config.json and the weights")
+                tb = EpochLog(tmp)
+            quiet = getattr(args, "quiet", False)
+            with progress("finetune", quiet=quiet, quiet_loggers=("lmforge.transfer.fit",)) as bar:
+                def on_epoch(line: str) -> None:
+                    bar(line)
+                    if tb is not None:
+                        tb(line)
+
+                metrics = run_transfer(args.model_dir, task, train, test, mode=mode, out_dir=tmp, progress=on_epoch,
+                                       **options)
+            if tb is not None:
+                tb.finish(metrics)
+    held_out = {"held_out_of": str(args.train), "fraction": split.fraction, "seed": split.seed,
+                "stratified": split.stratified} if split is not None else None
+    record = {**metrics, "out": str(args.out), "test": held_out or str(args.test)}
+    show(args, record, lambda: summary(metrics, args.out, split.describe() if split is not None else None))
     return 0

@@ -5,13 +5,17 @@ from __future__ import annotations
 import json
 import sys
 
+from ._predict import prediction_line, with_inputs
+
 
 def register(sub) -> None:
     p = sub.add_parser(
         "predict",
         help="run a trained task (a folder written by `lmforge finetune`) on new text",
-        description="Prints one JSON line per example. classify/pair: the label and class probabilities; tokens: "
-        "the words (split on white space) and their tags; qa: --text is the question, --text-pair the context; "
+        description="Prints one line per example: the prediction beside its input (--json: one JSON record per "
+        "example; with --file each record holds the example's input fields too). classify/pair: the label and "
+        "class probabilities; tokens: the words (split on white space) and their tags; qa: --text is the question, "
+        "--text-pair the context; "
         "choice: --text is the context, each --choice one choice (the index of the chosen one and the probabilities).",
     )
     p.add_argument("run_dir", help="folder written by `lmforge finetune --out`")
@@ -26,7 +30,9 @@ def register(sub) -> None:
         metavar="TEXT",
         help="choice task: one choice (give two or more); --text is the context",
     )
-    p.add_argument("--out", default=None, help="write the predictions (JSONL) here instead of printing them")
+    p.add_argument("--out", default=None,
+                   help="write the predictions (JSONL, each beside its input) here instead of printing them")
+    p.add_argument("--json", action="store_true", help="print one JSON record per example")
     p.set_defaults(func=run)
 
 
@@ -49,10 +55,13 @@ def run(args) -> int:
         ex = example_from_fields(task, args.text, args.text_pair, args.choice, flags)
         data = TaskData(task, [ex], list(run_.labels), "<command line>")
     preds = run_.predict(data, use_cache=False)
-    lines = "".join(json.dumps(p, ensure_ascii=False) + "\n" for p in preds)
+    beside = [with_inputs(ex, p) for ex, p in zip(data.examples, preds)]  # each prediction beside its input
+    records = beside if args.file else preds  # --text: the record the server answers too
     if args.out:
-        atomic_write_text(args.out, lines)
-        print(f"wrote {len(preds)} predictions to {args.out}")
+        atomic_write_text(args.out, "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in beside))
+        print(f"wrote {len(preds)} predictions, each beside its input, to {args.out}")
+    elif args.json:
+        sys.stdout.write("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in records))
     else:
-        sys.stdout.write(lines)
+        sys.stdout.write("".join(prediction_line(task, r) + "\n" for r in beside))
     return 0

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import os
+import textwrap
 
 from ..config import FIELD_SYNONYMS
 from ..models import FAMILIES
@@ -45,7 +46,8 @@ def _key_names() -> str:
     """The epilog's list of keys: training keys, and each family's names for its shape."""
     flag_owned = ("device", "precision", "max_time")
     train = " ".join(f.name for f in dataclasses.fields(TrainConfig) if f.name not in flag_owned)
-    lines = [f"training keys (bert, gpt, elmo): {train}", "the shape keys of each family (--set):"]
+    lines = [textwrap.fill(f"training keys (bert, gpt, elmo): {train}", width=104, subsequent_indent="  "),
+             "the shape keys of each family (--set):"]
     for name, fam in FAMILIES.items():
         fields = {f.name for f in dataclasses.fields(fam.config_class)}
         shape = [n for group in FIELD_SYNONYMS[:5] for n in group if n in fields]

@@ -35,6 +35,11 @@ class DemoContext:
         plan: the sizes of this run.
         progress: progress-bar factory for long steps (``progress(total, desc, unit)``).
         show_bars: the Trainer's progress bars (``None``: only on a terminal).
+        device: the ``--device`` of the training steps (``auto``, ``cpu``, ``cuda``, ``cuda:N``).
+        precision: the resolved precision of the training steps (``fp32``, ``bf16`` or ``fp16``): part of
+            their inputs, so a run in another precision rebuilds them.
+        machine: one line naming where this run computes (CPU model and flags, threads, torch, the code's
+            commit or version, the precision); every step built in this run records it.
         results: each finished (or reused) step's ``info``, by step name.
         started: ``time.monotonic()`` at the start of the run.
     """
@@ -43,6 +48,9 @@ class DemoContext:
     plan: DemoPlan
     progress: ProgressFactory = no_progress
     show_bars: bool | None = None
+    device: str = "auto"
+    precision: str = "fp32"
+    machine: str = ""
     results: dict[str, dict] = dataclasses.field(default_factory=dict)
     started: float = dataclasses.field(default_factory=time.monotonic)
 

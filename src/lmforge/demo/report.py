@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import math
 import os
-import platform
 from pathlib import Path
 
 from ..utils import atomic_path, atomic_write_text, file_sha256
@@ -158,7 +157,7 @@ def report_step() -> Step:
         return file_sha256(ctx.path(info["path"])) == info["sha256"]
 
     return Step("report", "write report.md", inputs, build, lambda i: f"report: {i['path']}",
-                lambda i: [i["path"]], valid, version=6)
+                lambda i: [i["path"]], valid, version=7)
 
 
 def _md_table(head: list[str], rows: list[list[str]]) -> str:
@@ -171,18 +170,41 @@ def _pct(x: float | None) -> str:
     return "–" if x is None else f"{100 * x:.1f}%"
 
 
+def machine_line(precision: str) -> str:
+    """Where figures are made: the CPU model and its notable flags, torch's threads, torch, the precision and
+    the code (git commit in a checkout, else the package version)."""
+    from .. import __version__
+    from ..provenance import describe_machine, git_commit
+
+    commit = git_commit()
+    return f"{describe_machine()}, {precision}, {f'lmforge commit {commit}' if commit else f'lmforge {__version__}'}"
+
+
+def machines_text(results: dict[str, dict]) -> str:
+    """The machine(s) the recorded steps were built on, for the report and the highlights."""
+    by_machine: dict[str, list[str]] = {}
+    for step, info in results.items():
+        if step != "report":
+            by_machine.setdefault(info.get("_machine") or "an unrecorded machine", []).append(step)
+    if len(by_machine) <= 1:
+        return next(iter(by_machine), "an unrecorded machine")
+    return "; ".join(f"{m} ({', '.join(steps)})" for m, steps in by_machine.items())
+
+
+SAME_MACHINE_NOTE = ("the figures repeat exactly on the same machine; another CPU kind (another instruction set), "
+                     "thread count or precision gives slightly different figures, as floating-point sums run in "
+                     "another order")
+
+
 def render_report(ctx: DemoContext) -> str:
     """The markdown report of everything in ``ctx.results`` (figures are linked relative to the folder)."""
     R, plan = ctx.results, ctx.plan
-    import torch
-
     parts = [
         "# lmforge demo report\n\n",
         f"Plan **{plan.name}**: fixed step counts (sized for {plan.budget / 60:g} min on 2 CPU cores; nothing "
-        f"stops by time, so the figures depend only on the plan, the corpus and the seeds). Built on "
-        f"{platform.machine()} with {os.cpu_count()} CPU core(s), torch {torch.__version__} "
-        f"({torch.get_num_threads()} threads). Time to build each step (first run): {_build_time(R):.0f}s in "
-        f"total, per step in the last table.\n\n",
+        f"stops by time, so the figures depend only on the plan, the corpus, the seeds and the machine). "
+        f"Figures made on {machines_text(R)}: {SAME_MACHINE_NOTE}. Time to build each step (first run): "
+        f"{_build_time(R):.0f}s in total on {os.cpu_count()} CPU core(s), per step in the last table.\n\n",
     ]
     # corpus, tokenizers, shards
     c = R["corpus"]
@@ -372,4 +394,6 @@ def highlights(results: dict[str, dict]) -> list[str]:
         verdicts = curve_verdicts(C)
         if verdicts:
             out.append(f"{MODEL_LABEL[DOMAIN_BERT]} vs scratch: " + "; ".join(verdicts))
+    if results:
+        out.append(f"figures made on {machines_text(results)} ({SAME_MACHINE_NOTE})")
     return out

@@ -9,9 +9,10 @@ from collections.abc import Callable
 from pathlib import Path
 
 from ..errors import LmforgeError
+from ..train.precision import resolve_device, resolve_precision
 from .context import REPORT_FILE, DemoContext, ProgressFactory, Step, jsonable, no_progress
 from .plan import DEFAULT_OUT, DOMAIN, MODEL_ORDER, QUICK_OUT, make_plan
-from .report import highlights, report_step
+from .report import highlights, machine_line, report_step
 from .steps import (
     corpus_step,
     curve_step,
@@ -82,6 +83,8 @@ def run_demo(
     on_step: Callable[[int, int, Step], None] | None = None,
     on_done: Callable[[StepReport], None] | None = None,
     force: bool = False,
+    device: str = "auto",
+    precision: str = "auto",
 ) -> DemoResult:
     """Run the demo steps in order, reusing what an earlier run built from the same inputs.
 
@@ -96,6 +99,9 @@ def run_demo(
         on_step: called as ``on_step(i, n, step)`` before step ``i`` (1-based) of ``n``.
         on_done: called with each step's :class:`StepReport`.
         force: rebuild everything.
+        device: where the models train (``auto``, ``cpu``, ``cuda``, ``cuda:N``).
+        precision: ``auto`` (bf16 where the device computes it natively, else fp32), ``fp32``, ``bf16`` or
+            ``fp16``; the resolved choice is part of every training step's inputs.
     Returns:
         A :class:`DemoResult`.
     """
@@ -104,7 +110,10 @@ def run_demo(
     if folder.exists() and not folder.is_dir():
         raise LmforgeError(f"--out {folder} is a file; give a folder for the demo")
     folder.mkdir(parents=True, exist_ok=True)
-    ctx = DemoContext(folder, plan, progress or no_progress, show_bars)
+    resolved = resolve_precision(precision, resolve_device(device))
+    ctx = DemoContext(folder, plan, progress or no_progress, show_bars, device=device, precision=resolved,
+                      machine=machine_line(resolved))
+    logger.info("the demo computes on %s", ctx.machine)
     steps = STEPS if steps is None else steps
     reports = []
     for i, step in enumerate(steps, 1):
@@ -118,6 +127,7 @@ def run_demo(
         if info is None:
             info = step.build(ctx)
             info["_seconds"] = round(time.monotonic() - t0, 1)
+            info["_machine"] = ctx.machine  # where this step's figures were made
             info = jsonable(info)
             ctx.record(step.name, inputs, info)
         else:

@@ -213,7 +213,7 @@ def pretrain_step(key: str) -> Step:
     def inputs(ctx: DemoContext) -> dict:
         fp = ctx.plan.family(key)
         shards = ctx.results[f"shards-{fp.tokenizer}"]
-        return jsonable({"config": fp.config, "train": fp.train,
+        return jsonable({"config": fp.config, "train": fp.train, **compute_inputs(ctx),
                          "shards": {"tokenizer_hash": shards["tokenizer_hash"], "splits": shards["splits"]}})
 
     def build(ctx: DemoContext) -> dict:
@@ -230,7 +230,8 @@ def pretrain_step(key: str) -> Step:
         save_json({"model_type": fp.family, **fp.config}, cfg_file)
         t0 = time.monotonic()
         res = pretrain(fp.family, ctx.path(f"shards-{fp.tokenizer}"), out, preset_or_file=str(cfg_file),
-                       overrides=[f"{k}={v}" for k, v in fp.train.items()], progress=ctx.show_bars)
+                       overrides=[f"{k}={v}" for k, v in fp.train.items()], progress=ctx.show_bars,
+                       device=ctx.device, precision=ctx.precision)
         seconds = time.monotonic() - t0
         model = load(out)  # the folder must open as a model; and it counts the parameters
         curves = out / "training_curves.png"
@@ -265,7 +266,7 @@ def pretrain_step(key: str) -> Step:
 
     what = {"word2vec": "skip-gram word2vec", "elmo": "an ELMo biLM", "gpt": "a GPT", "bert": "a BERT (MLM + NSP)",
             DOMAIN_BERT: f"a BERT on the {DOMAIN} (MLM only)"}
-    return Step(name, f"pretrain {what[key]}", inputs, build, summary, outputs, valid, version=2)
+    return Step(name, f"pretrain {what[key]}", inputs, build, summary, outputs, valid, version=3)
 
 
 def first_train_loss(metrics_path: Path) -> float | None:
@@ -359,16 +360,25 @@ def word_pieces(tokenizer, sentence: str, word: str) -> list[str]:
 # --- transfer ----------------------------------------------------------------------------------------
 
 
+def compute_inputs(ctx: DemoContext) -> dict:
+    """Where and in which precision a training step computes (part of its inputs: another choice rebuilds it)."""
+    from ..train.precision import resolve_device
+
+    return {"device": resolve_device(ctx.device).type, "precision": ctx.precision}
+
+
 def transfer_options(ctx: DemoContext) -> dict:
-    """What every transfer run is given: the plan's sizes and the features cache; the rest are defaults."""
-    return {**ctx.plan.transfer, "cache_dir": str(ctx.path("features-cache"))}
+    """What every transfer run is given: the plan's sizes, the features cache, the device and the precision; the
+    rest are defaults."""
+    return {**ctx.plan.transfer, "cache_dir": str(ctx.path("features-cache")), "device": ctx.device,
+            "precision": ctx.precision}
 
 
 def transfer_step() -> Step:
     def inputs(ctx: DemoContext) -> dict:
         p = ctx.plan
         return jsonable({"models": models_inputs(ctx), "bench": TRANSFER_BENCH, "n_train": p.n_train,
-                         "n_test": p.n_test, "transfer": p.transfer})
+                         "n_test": p.n_test, "transfer": p.transfer, **compute_inputs(ctx)})
 
     def build(ctx: DemoContext) -> dict:
         from ..transfer import run_transfer
@@ -416,7 +426,7 @@ def curve_step() -> Step:
         return jsonable({"bert": ctx.results[f"pretrain-{DOMAIN_BERT}"]["weights_sha256"], "bench": TRANSFER_BENCH,
                          "sizes": p.curve_sizes, "seeds": p.curve_seeds, "min_steps": p.curve_min_steps,
                          "n_test": p.n_test, "transfer": p.transfer, "modes": CURVE_MODES,
-                         "reference": p.reference})
+                         "reference": p.reference, **compute_inputs(ctx)})
 
     def build(ctx: DemoContext) -> dict:
         from ..transfer import learning_curve

