@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import logging
 import re
 
 import pytest
@@ -141,12 +142,18 @@ def _section(report: str, title: str) -> str:
 
 
 @pytest.mark.slow
-def test_quick_demo_end_to_end_then_reused(tmp_path, capsys):
+def test_quick_demo_end_to_end_then_reused(tmp_path, capsys, caplog, monkeypatch):
     torch.manual_seed(0)
     out = tmp_path / "demo"
-    r1 = D.run_demo(out, quick=True)
+    monkeypatch.setattr(logging.getLogger("lmforge"), "propagate", True)  # the CLI's setup turns it off
+    with caplog.at_level(logging.WARNING, logger="lmforge"):
+        r1 = D.run_demo(out, quick=True)
+    assert "freshly initialised" not in caplog.text  # the MiniLM reference's unused heads are not news
     assert not any(s.reused for s in r1.steps)
     report = (out / "report.md").read_text(encoding="utf-8")
+    # where the figures came from: the CPU, the threads, torch, the precision, the code
+    assert f"torch {torch.__version__}" in report and "thread" in report and "fp32" in report
+    assert "another CPU kind" in report and ("lmforge commit" in report or "lmforge 0." in report)
 
     # every section, with real numbers
     pre = _section(report, "## Pretraining")

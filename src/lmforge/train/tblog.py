@@ -32,7 +32,7 @@ def open_writer(folder: str | Path):
             from torch.utils.tensorboard import SummaryWriter
         except ImportError:
             raise LmforgeError(
-                "--log tensorboard needs the tensorboard package: pip install 'lmforge[tensorboard]'"
+                "TensorBoard logging needs the tensorboard package: pip install 'lmforge[tensorboard]'"
             ) from None
         Path(folder).mkdir(parents=True, exist_ok=True)
         _WRITERS[key] = SummaryWriter(log_dir=str(folder))
