@@ -109,9 +109,8 @@ def _binomial_ok(hits: float, n: int, p: float, sds: float = 4.0) -> bool:
 
 
 def test_masking_and_replacement_statistics(wordpiece_shards, wordpiece_tokenizer):
-    from lmforge.train.families import setup_electra
-
     from lmforge.data.shards import Shards
+    from lmforge.train.families import setup_electra
 
     shards = Shards.open(wordpiece_shards)
     cfg = tiny(vocab_size=7, max_seq_length=64, short_seq_prob=0.0, pack_documents=True)
@@ -308,13 +307,14 @@ def test_export_loads_in_transformers_and_back(tmp_path):
         assert _close(gen.eval()(input_ids=ids, attention_mask=mask, token_type_ids=seg).logits,
                       model.generator_logits(ids, mask, seg), mask)
     back = import_hf(tmp_path)  # the architecture and the recipe come back (HF has no field for the data knobs)
-    assert back.config == dataclasses.replace(model.config, max_seq_length=min(128, model.config.max_position_embeddings))
+    data_knobs = {"max_seq_length": min(128, model.config.max_position_embeddings)}
+    assert back.config == dataclasses.replace(model.config, **data_knobs)
     assert all(torch.equal(a, b) for a, b in zip(model.state_dict().values(), back.state_dict().values()))
 
 
 # -- the CLI, as a user runs it --------------------------------------------------------------------------------
-SETS = ["max_seq_length=32", "max_position_embeddings=64", "batch_size=2", "eval_batches=2", "warmup_steps=1", "log_every=1",
-        "eval_every=2", "save_every=2"]
+SETS = ["max_seq_length=32", "max_position_embeddings=64", "batch_size=2", "eval_batches=2", "warmup_steps=1",
+        "log_every=1", "eval_every=2", "save_every=2"]
 
 
 @pytest.fixture(scope="module")
@@ -419,3 +419,23 @@ def test_transformers_pipeline_on_the_export(electra_dir, tmp_path):
         mine = model.hidden_states(enc["input_ids"], enc["attention_mask"], enc["token_type_ids"])
     assert len(ref) == len(mine) == 3
     assert all(_close(r, o, enc["attention_mask"]) for r, o in zip(ref, mine))
+
+
+def test_serve_fills_masks_with_the_generator_and_embeds_with_the_discriminator(electra_dir):
+    from fastapi.testclient import TestClient
+
+    import lmforge
+    from lmforge.serve.app import create_app
+
+    model = lmforge.load(electra_dir)
+    with TestClient(create_app([electra_dir])) as client:
+        (entry,) = client.get("/v1/models").json()["data"]
+        assert entry["family"] == "electra" and set(entry["supports"]) == {"embed", "fill-mask", "curves"}
+        text = "the python is a large [MASK] ."
+        got = client.post("/v1/fill-mask", json={"model": entry["id"], "text": text, "top_k": 3}).json()["masks"]
+        assert [[(c["token"], c["prob"]) for c in m] for m in got] == [
+            [(t, float(p)) for t, p in m] for m in model.fill_mask(text, top_k=3)]
+        r = client.post("/v1/embed", json={"model": entry["id"], "texts": [SNAKE]}).json()
+        (want,) = model.embed([SNAKE])
+        assert r["results"][0]["tokens"] == want.tokens
+        np.testing.assert_allclose(np.array(r["results"][0]["vectors"]), want.layers.numpy(), atol=1e-5)
