@@ -86,6 +86,13 @@ def test_removed_spellings_say_the_one_way(tmp_path, capsys):
     assert not (tmp_path / "m").exists()
 
 
+def test_fp16_on_a_cpu_is_refused_in_one_line_before_anything_is_written(bpe_shards, tmp_path, capsys):
+    out = tmp_path / "m"
+    one_line_error(*run_cli(capsys, "pretrain", "gpt", "--data", bpe_shards, "--out", out, "--device", "cpu",
+                            "--precision", "fp16")[::2], "--precision fp16 needs a CUDA GPU")
+    assert not out.exists()
+
+
 # -- precision auto ---------------------------------------------------------------------------------------------
 @pytest.mark.parametrize(("flags", "expected"), [("fpu sse2 avx2 fma", "fp32"), ("avx2 avx512f avx512_bf16", "bf16"),
                                                  ("avx2 amx_tile amx_bf16", "bf16")])

@@ -10,6 +10,7 @@ import textwrap
 from ..config import FIELD_SYNONYMS
 from ..models import FAMILIES
 from ..train.config import TrainConfig
+from ..train.precision import resolve_device, resolve_precision
 from ._common import add_compute_args, add_json_arg, add_set_arg, fmt, refuse_flag_keys, show
 
 FAMILY_CHOICES = tuple(FAMILIES)
@@ -136,7 +137,6 @@ def check_configs(args, overrides: list[str]) -> None:
     """Find config problems (unknown keys, bad values, presets) before the output folder is touched."""
     from ..config import apply_overrides
     from ..train import pretrain as driver
-    from ..train.config import TrainConfig
 
     module = driver.family_module(args.family)
     trainer_based = not hasattr(module, "run_pretraining")
@@ -144,6 +144,8 @@ def check_configs(args, overrides: list[str]) -> None:
                                                         trainer_based)
     if not args.resume and args.init is None:
         apply_overrides(driver.build_model_config(args.family, module, args.config), model_over)
+    if args.device is not None or args.precision is not None:  # no CUDA here, fp16 on a CPU: before --out
+        resolve_precision(args.precision or "auto", resolve_device(args.device or "auto"))
     if trainer_based:
         defaults = apply_overrides(TrainConfig(), dict(getattr(module, "TRAIN_DEFAULTS", {})))
         apply_overrides(apply_overrides(defaults, driver.run_file_train(args.family, args.config)), train_over)
