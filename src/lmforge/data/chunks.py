@@ -14,15 +14,24 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import functools
 import itertools
+import logging
 import multiprocessing
 import os
+import sys
+import tempfile
 from collections.abc import Callable, Iterable, Iterator
-from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
+from pathlib import Path
 
 import numpy as np
 
+from ..errors import LmforgeError
 from .corpus import _CJK, unit_sentences
+
+logger = logging.getLogger(__name__)
 
 
 def default_workers() -> int:
@@ -123,16 +132,23 @@ def encode_chunk(chunk: Chunk, tokenizer, bpe_spacing: bool, dtype: np.dtype) ->
 _WORKER: dict = {}
 
 
-def _init_worker(tokenizer_json: str, bpe_spacing: bool, dtype: str) -> None:
+def _init_worker(tokenizer_file: str, bpe_spacing: bool, dtype: str) -> None:
     # one thread per process: the processes are the parallelism (read by tokenizers at each batch)
     os.environ["TOKENIZERS_PARALLELISM"] = "false"
     from tokenizers import Tokenizer as HFTokenizer
 
-    _WORKER.update(tokenizer=HFTokenizer.from_str(tokenizer_json), bpe_spacing=bpe_spacing, dtype=np.dtype(dtype))
+    _WORKER.update(tokenizer=HFTokenizer.from_file(tokenizer_file), bpe_spacing=bpe_spacing, dtype=np.dtype(dtype))
 
 
 def _encode_in_worker(chunk: Chunk) -> Encoded:
     return encode_chunk(chunk, _WORKER["tokenizer"], _WORKER["bpe_spacing"], _WORKER["dtype"])
+
+
+def _can_spawn() -> bool:
+    """Spawned processes import the parent's main script again, which a script read from stdin is not."""
+    main = sys.modules.get("__main__")
+    path = getattr(main, "__file__", None)
+    return getattr(main, "__spec__", None) is not None or path is None or os.path.isfile(path)
 
 
 class ChunkEncoder:
@@ -161,17 +177,36 @@ class ChunkEncoder:
             for chunk in head:
                 yield encode_chunk(chunk, self.tokenizer, self.bpe_spacing, self.dtype)
             return
+        with tempfile.TemporaryDirectory(prefix="lmforge-prepare-") as tmp:
+            pool, work = self._pool(Path(tmp))
+            try:
+                pending: collections.deque = collections.deque()
+                for chunk in itertools.chain(head, it):
+                    pending.append(pool.submit(work, chunk))
+                    if len(pending) > self.workers + 1:
+                        yield pending.popleft().result()
+                while pending:
+                    yield pending.popleft().result()
+            except BrokenProcessPool:
+                raise LmforgeError(
+                    "prepare's worker processes died while starting; a script that calls prepare must do so under "
+                    "`if __name__ == \"__main__\":`, since the worker processes import it again"
+                ) from None
+            finally:
+                pool.shutdown(wait=True, cancel_futures=True)
+
+    def _pool(self, tmp: Path):
+        """The executor and the function it runs on a chunk."""
+        if not _can_spawn():  # threads: tokenizers encodes without holding the GIL, the rest waits on it
+            logger.info("worker processes cannot import the main script (read from stdin?): encoding in threads")
+            work = functools.partial(encode_chunk, tokenizer=self.tokenizer, bpe_spacing=self.bpe_spacing,
+                                     dtype=self.dtype)
+            return ThreadPoolExecutor(self.workers), work
+        # The tokenizer goes to the workers as a file: what the parent writes to a starting worker stays small,
+        # so a worker that dies while starting is reported (BrokenProcessPool) instead of blocking the write.
+        path = tmp / "tokenizer.json"
+        self.tokenizer.save(str(path))
         # spawn, not fork: the parent may hold threads (tokenizers' own pool, torch's) that fork would break
         pool = ProcessPoolExecutor(self.workers, mp_context=multiprocessing.get_context("spawn"),
-                                   initializer=_init_worker,
-                                   initargs=(self.tokenizer.to_str(), self.bpe_spacing, self.dtype.name))
-        try:
-            pending: collections.deque = collections.deque()
-            for chunk in itertools.chain(head, it):
-                pending.append(pool.submit(_encode_in_worker, chunk))
-                if len(pending) > self.workers + 1:
-                    yield pending.popleft().result()
-            while pending:
-                yield pending.popleft().result()
-        finally:
-            pool.shutdown(wait=True, cancel_futures=True)
+                                   initializer=_init_worker, initargs=(str(path), self.bpe_spacing, self.dtype.name))
+        return pool, _encode_in_worker

@@ -63,10 +63,13 @@ def detect(path: Path) -> str | None:
     text = head.decode("utf-8", errors="replace").lstrip("\ufeff \t\r\n")
     if len(head) == _SNIFF_BYTES:  # the last line may be cut
         text = text[: text.rfind("\n") + 1] or text
-    if suffix in (".jsonl", ".ndjson") or text.startswith("{"):
-        return "jsonl" if _first_value_is_line(text) or suffix != ".json" else "json"
-    if suffix == ".json" or re.match(r"\[\s*([{\"\[\]]|-?\d)", text):
+    if suffix in (".jsonl", ".ndjson"):
+        return "jsonl"
+    if text.startswith("{") or re.match(r"\[\s*([{\"\[\]]|-?\d)", text):
+        # one JSON value a line is JSON Lines; a value over several lines (or the only line) is JSON
         return "jsonl" if _first_value_is_line(text) and _second_line_is_json(text) else "json"
+    if suffix == ".json":
+        return "json"
     if suffix == ".parquet":
         return "parquet"
     if suffix in (".tsv", ".tab"):
@@ -97,28 +100,41 @@ def _sniff_table(text: str) -> str | None:
     lines = [line for line in text.splitlines() if line.strip()][:50]
     if len(lines) < 3:
         return None
-    try:
-        delimiter = csv.Sniffer().sniff("\n".join(lines), delimiters=CSV_DELIMITERS).delimiter
-    except csv.Error:
+    delimiter = _delimiter(lines)
+    if delimiter is None:
         return None
-    rows = list(csv.reader(lines, delimiter=delimiter))
-    if len({len(r) for r in rows}) != 1 or len(rows[0]) < 2:
-        return None
-    if not all(_HEADER_NAME.fullmatch(name.strip()) and name.strip()[-1] not in ".!?" for name in rows[0]):
+    header = next(csv.reader(lines[:1], delimiter=delimiter))
+    if not all(_HEADER_NAME.fullmatch(name.strip()) and name.strip()[-1] not in ".!?" for name in header):
         return None
     return "tsv" if delimiter == "\t" else "csv"
 
 
+def _delimiter(lines: list[str]) -> str | None:
+    """The delimiter that cuts every line into the same number (two or more) of fields: csv.Sniffer's
+    guess when it does, else the first of :data:`CSV_DELIMITERS` that does (the sniffer gives up on
+    some quoted files); None when none does."""
+    def even(d: str) -> bool:
+        widths = {len(row) for row in csv.reader(lines, delimiter=d)}
+        return len(widths) == 1 and widths.pop() >= 2
+
+    try:
+        sniffed = csv.Sniffer().sniff("\n".join(lines), delimiters=CSV_DELIMITERS).delimiter
+    except csv.Error:
+        sniffed = None
+    if sniffed is not None and even(sniffed):
+        return sniffed
+    return next((d for d in CSV_DELIMITERS if even(d)), None)
+
+
 def sniff_delimiter(path: Path, fmt: str) -> str:
-    """The delimiter of a ``csv`` file (sniffed with :class:`csv.Sniffer`; ``,`` when it cannot tell)."""
+    """The delimiter of a ``csv`` file (see :func:`_delimiter`; ``,`` when no delimiter fits every line)."""
     if fmt == "tsv":
         return "\t"
     sample = read_head(path, _SNIFF_BYTES).decode("utf-8", errors="replace")
-    lines = sample.splitlines()[:50]
-    try:
-        return csv.Sniffer().sniff("\n".join(lines), delimiters=CSV_DELIMITERS).delimiter
-    except csv.Error:
-        return ","
+    lines = [line for line in sample.splitlines() if line.strip()]
+    if len(sample) >= _SNIFF_BYTES // 2 and len(lines) > 1:
+        lines = lines[:-1]  # the last line may be cut off
+    return _delimiter(lines[:50]) or ","
 
 
 # --- records ------------------------------------------------------------------------------------
@@ -262,9 +278,14 @@ def _csv_records(path: Path, delimiter: str, by_position: bool, encoding_errors:
 
 
 def _csv_error(path: Path, start: int, line: int, message: str) -> DataError:
-    if "unexpected end of data" in message or ("newline inside string" in message):
+    """A CSV record that does not parse: a quote left open is named with the line it opened on."""
+    if "unexpected end of data" in message:
         return DataError(f"{path}:{start}: the quote (\") opened on line {start} is never closed; close it, or write "
                          "a quote inside a quoted field as two (\"\")")
+    if line > start:  # the record ran on over lines: a quoted field opened on its first line did not close there
+        return DataError(f"{path}:{start}: the quote (\") opened on line {start} is not closed on that line; the "
+                         f"field runs on to line {line} ({message}); close it, or write a quote inside a quoted field "
+                         "as two (\"\")")
     return DataError(f"{path}:{line}: not valid CSV ({message}); a quote inside a quoted field is written as two "
                      "(\"\")")
 
@@ -331,6 +352,8 @@ def open_dataset(name: str, split: str | None = None):
             ds = datasets.load_dataset(name, split=split)
     except (FileNotFoundError, ConnectionError, ValueError, datasets.exceptions.DatasetNotFoundError) as e:
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        if "Unknown split" in first:
+            raise DataError(f"dataset {name} has no split {split!r} ({first}); give --split NAME") from None
         raise DataError(f"cannot load dataset {name!r} offline ({first}); give a folder written by save_to_disk, a "
                         "folder of data files, or a dataset in the local datasets cache") from None
     if isinstance(ds, datasets.DatasetDict):

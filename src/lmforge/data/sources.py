@@ -266,7 +266,8 @@ def _dataset_source(name: str, options: CorpusOptions) -> Source:
     ds = open_dataset(name, options.split)
     p = Path(name)
     path = p if p.exists() else None
-    size = _size(p) if path is not None else int(sum(f.get("size") or 0 for f in getattr(ds, "cache_files", [])) or 0)
+    size = _size(p) if path is not None else sum(os.path.getsize(f["filename"]) for f in ds.cache_files
+                                                   if os.path.isfile(f.get("filename", "")))
     src = Source(name, "dataset", path, size, options.layout, name)
     _check_field(src, list(ds.column_names), options, in_folder=False)
     return src

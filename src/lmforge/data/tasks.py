@@ -1,25 +1,31 @@
 """Downstream task data: the five task kinds, their file formats and their loaders.
 
-- ``classify``: CSV (with a header row) or JSONL with ``text`` and ``label``;
-- ``pair``: CSV or JSONL with ``text``, ``text_pair`` and ``label``;
+- ``classify``: records with ``text`` and ``label``;
+- ``pair``: records with ``text``, ``text_pair`` and ``label``;
 - ``tokens``: CoNLL columns: one token a line, the word first and its tag in the LAST column,
-  a blank line between sentences (``-DOCSTART-`` lines are skipped); BIO tags (``O``, ``B-PER``,
-  ``I-PER``) get entity-level scores, plain tags (e.g. POS) token accuracy;
+  a blank line between sentences (``-DOCSTART-`` lines are skipped); or records with ``words`` and
+  ``tags`` (two lists, as HF ``datasets`` hold them). BIO tags (``O``, ``B-PER``, ``I-PER``) get
+  entity-level scores, plain tags (e.g. POS) token accuracy;
 - ``qa``: SQuAD v1.1 JSON: ``{"data": [{"paragraphs": [{"context": ..., "qas": [{"id", "question",
-  "answers": [{"text", "answer_start"}]}]}]}]}``;
-- ``choice`` (multiple choice, as SWAG / Story Cloze / RACE): JSONL with ``context``, ``choices`` (a
-  list of two or more texts) and ``label`` (the 0-based index of the right choice), or CSV with
+  "answers": [{"text", "answer_start"}]}]}]}]}``; or flat records with ``question``, ``context``,
+  ``answers`` (``{"text": [...], "answer_start": [...]}`` as HF's squad, or a list of
+  ``{"text", "answer_start"}``) and ``id``;
+- ``choice`` (multiple choice, as SWAG / Story Cloze / RACE): records with ``context``, ``choices`` (a
+  list of two or more texts) and ``label`` (the 0-based index of the right choice), or with
   ``context``, ``choice0``, ``choice1``, ... and ``label``.
 
+Records come from CSV (header row; delimiter sniffed), TSV, JSON Lines, JSON, Parquet or a
+``datasets`` folder, compressed or not; :class:`~lmforge.data.columns.Columns` maps the field names
+above to a file's own columns, or to 0-based positions in a file without a header row.
+
 Every loader raises :class:`~lmforge.errors.DataError` with one line naming the file, the line or
-record, and what to fix.  Labels are kept as strings; :class:`TaskData` carries the label list,
-taken from the training data (sorted), and :func:`check_labels` rejects a test label that
-the training data never had.
+record, and what to fix (a missing column: the columns found and the flag that maps it). Labels are
+kept as strings; :class:`TaskData` carries the label list, taken from the training data (sorted),
+and :func:`check_labels` rejects a test label that the training data never had.
 """
 
 from __future__ import annotations
 
-import csv
 import dataclasses
 import hashlib
 import json
@@ -28,6 +34,8 @@ from pathlib import Path
 
 from ..errors import DataError
 from ..utils import atomic_write_text
+from .columns import Columns, columns_of, file_format, missing, records, value
+from .compression import open_binary
 
 TASKS = ("classify", "pair", "tokens", "qa", "choice")
 # Tasks whose every input is read as one vector (a sentence, a pair, a context with one choice).
@@ -111,62 +119,40 @@ def _read_text(path: Path) -> str:
     if not path.is_file():
         raise DataError(f"data file not found: {path}")
     try:
-        return path.read_text(encoding="utf-8-sig")
+        with open_binary(path) as (f, _):
+            return f.read().decode("utf-8-sig")
     except UnicodeDecodeError as e:
         raise DataError(f"{path} is not UTF-8 text (byte {e.start}); convert it to UTF-8") from None
 
 
-def _records(path: Path) -> Iterable[tuple[int, dict]]:
-    """(line number, record) pairs of a CSV (with header) or JSONL file; format by suffix/content."""
-    text = _read_text(path)
-    if not text.strip():
-        raise DataError(f"{path} is empty; it needs one example per line/row")
-    is_jsonl = path.suffix.lower() in (".jsonl", ".json", ".ndjson") or text.lstrip().startswith("{")
-    if is_jsonl:
-        for n, line in enumerate(text.splitlines(), 1):
-            if not line.strip():
-                continue
-            try:
-                rec = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise DataError(f"{path}:{n}: not a JSON object ({e.msg}); JSONL needs one object a line") from None
-            if not isinstance(rec, dict):
-                raise DataError(f"{path}:{n}: expected a JSON object with 'text' and 'label'")
-            yield n, rec
-    else:
-        reader = csv.DictReader(text.splitlines())
-        if not reader.fieldnames:
-            raise DataError(f"{path} has no CSV header row; the first row must name the columns (text,label)")
-        for rec in reader:
-            if None in rec:
-                raise DataError(f"{path}:{reader.line_num}: more fields than header columns; quote texts with commas")
-            yield reader.line_num, rec
-
-
-def load_text_task(path: str | Path, task: str = "classify", labelled: bool = True) -> TaskData:
-    """Load a ``classify`` or ``pair`` file (CSV with header, or JSONL).
+def load_text_task(path: str | Path, task: str = "classify", labelled: bool = True,
+                   columns: Columns | None = None) -> TaskData:
+    """Load a ``classify`` or ``pair`` file (any record format, see the module docstring).
 
     Args:
-        path: the file; columns/keys ``text`` (+ ``text_pair`` for ``pair``) and ``label``.
+        path: the file; fields ``text`` (+ ``text_pair`` for ``pair``) and ``label``, where ``columns`` says.
         task: ``"classify"`` or ``"pair"``.
         labelled: require a ``label`` in every record.
+        columns: the file's column mapping (default: the one a DataFile carries, else the field names).
     Returns:
         TaskData whose labels are the sorted distinct labels of the file.
     """
+    cols = columns_of(path, columns)
     p = Path(path)
     need = ["text"] + (["text_pair"] if task == "pair" else []) + (["label"] if labelled else [])
     examples = []
-    for n, rec in _records(p):
-        for key in need:
+    for where, rec in records(p, cols):
+        for field in need:
+            key = getattr(cols, field)
             if key not in rec:
-                raise DataError(f"{p}:{n}: missing column '{key}' (a {task} file needs {', '.join(need)})")
+                raise missing(where, field, cols, rec, task, need)
             if rec[key] is None or str(rec[key]).strip() == "":
-                raise DataError(f"{p}:{n}: empty '{key}'")
-        label = rec.get("label")
+                raise DataError(f"{where}: empty {key!r}")
+        label = rec.get(cols.label)
         examples.append(
             TextExample(
-                text=str(rec["text"]),
-                text_pair=str(rec["text_pair"]) if task == "pair" else None,
+                text=str(rec[cols.text]),
+                text_pair=str(rec[cols.text_pair]) if task == "pair" else None,
                 label=None if label is None or str(label).strip() == "" else str(label).strip(),
             )
         )
@@ -176,16 +162,48 @@ def load_text_task(path: str | Path, task: str = "classify", labelled: bool = Tr
     return TaskData(task, examples, labels, str(p))
 
 
-def load_conll(path: str | Path, labelled: bool = True) -> TaskData:
-    """Load CoNLL columns: ``word [... columns] TAG`` per line, a blank line between sentences.
+def load_conll(path: str | Path, labelled: bool = True, columns: Columns | None = None) -> TaskData:
+    """Load a ``tokens`` file: CoNLL columns (``word [... columns] TAG`` per line, a blank line between
+    sentences; ``columns`` may give the word's and the tag's 0-based column), or records with a list of
+    words and a list of tags (JSON Lines, Parquet, datasets).
 
-    With ``labelled=False`` a line may hold the word only.
+    With ``labelled=False`` a line may hold the word only, and a record needs no tags.
     """
+    cols = columns_of(path, columns)
     p = Path(path)
+    if file_format(p, text_as="conll") in ("conll", "csv", "tsv"):
+        return _load_conll_text(p, labelled, cols)
+    examples: list[TokensExample] = []
+    where: dict[str, str] = {}
+    need = ["words"] + (["tags"] if labelled else [])
+    for at, rec in records(p, cols):
+        lists = {}
+        for field in need:
+            key = getattr(cols, field)
+            if key not in rec:
+                raise missing(at, field, cols, rec, "tokens", need)
+            v = value(rec, key)
+            if not isinstance(v, list) or not all(isinstance(x, (str, int)) for x in v):
+                raise DataError(f"{at}: {key!r} must be a list of {field} (strings), not {type(v).__name__}")
+            lists[field] = [str(x) for x in v]
+        if labelled and len(lists["words"]) != len(lists["tags"]):
+            raise DataError(f"{at}: {len(lists['words'])} words but {len(lists['tags'])} tags; give one tag a word")
+        if lists["words"]:
+            examples.append(TokensExample(lists["words"], lists.get("tags")))
+            where.update((t, at) for t in lists.get("tags", []))
+    return _tokens_data(p, examples, where)
+
+
+def _load_conll_text(p: Path, labelled: bool, cols: Columns) -> TaskData:
+    mapped = {f: getattr(cols, f) for f in ("words", "tags") if f in cols.given}
+    if any(not v.isdigit() for v in mapped.values()):
+        raise DataError(f"{p} is CoNLL (columns without names): give --words-column and --tags-column as 0-based "
+                        "positions")
+    wi, ti = int(mapped.get("words", 0)), int(mapped.get("tags", -1))
     examples: list[TokensExample] = []
     words: list[str] = []
     tags: list[str] = []
-    where: dict[str, int] = {}  # tag -> a line it is on, for messages
+    where: dict[str, str] = {}  # tag -> a line it is on, for messages
 
     def flush():
         if words:
@@ -194,27 +212,34 @@ def load_conll(path: str | Path, labelled: bool = True) -> TaskData:
         tags.clear()
 
     for n, line in enumerate(_read_text(p).splitlines(), 1):
-        cols = line.split()
-        if not cols:
+        fields = line.split()
+        if not fields:
             flush()
             continue
-        if cols[0] == "-DOCSTART-":
+        if fields[0] == "-DOCSTART-":
             continue
         if labelled:
-            if len(cols) < 2:
+            if len(fields) < 2 or max(wi, ti) >= len(fields):
                 raise DataError(f"{p}:{n}: expected 'word ... TAG' columns, got {line.strip()!r}")
-            tags.append(cols[-1])
-            where[cols[-1]] = n
-        words.append(cols[0])
+            tags.append(fields[ti])
+            where[fields[ti]] = f"{p}:{n}"
+        words.append(fields[wi] if wi < len(fields) else fields[0])
     flush()
     if not examples:
         raise DataError(f"{p} holds no sentences (CoNLL: one 'word TAG' a line, blank line between sentences)")
+    return _tokens_data(p, examples, where)
+
+
+def _tokens_data(p: Path, examples: list[TokensExample], where: dict[str, str]) -> TaskData:
+    """TaskData of tagged sentences; a tag set that mixes BIO and plain tags is refused."""
+    if not examples:
+        raise DataError(f"{p} holds no sentences")
     labels = sorted({t for ex in examples for t in (ex.tags or [])})
     if is_bio(labels):
         plain = [t for t in labels if t != "O" and not _bio_prefixed(t)]
         if plain:
             raise DataError(
-                f"{p}:{where[plain[0]]}: tag {plain[0]!r} is not BIO (O, B-TYPE, I-TYPE) but other tags are; "
+                f"{where[plain[0]]}: tag {plain[0]!r} is not BIO (O, B-TYPE, I-TYPE) but other tags are; "
                 "use BIO tags throughout (or plain tags throughout, e.g. POS)"
             )
         if "O" not in labels:
@@ -234,17 +259,60 @@ def is_bio(tags) -> bool:
     return any(_bio_prefixed(t) for t in tags)
 
 
-def load_squad(path: str | Path, labelled: bool = True) -> TaskData:
-    """Load SQuAD-format JSON (v1.1; v2 questions marked ``is_impossible`` are skipped)."""
+def load_squad(path: str | Path, labelled: bool = True, columns: Columns | None = None) -> TaskData:
+    """Load SQuAD-format JSON (v1.1; v2 questions marked ``is_impossible`` are skipped), or flat
+    question records (see the module docstring) in any record format."""
+    cols = columns_of(path, columns)
     p = Path(path)
-    try:
-        data = json.loads(_read_text(p))
-    except json.JSONDecodeError as e:
-        raise DataError(
-            f"{p} is not valid JSON ({e.msg} at line {e.lineno}); SQuAD files are one JSON object"
-        ) from None
-    if not isinstance(data, dict) or not isinstance(data.get("data"), list):
-        raise DataError(f"{p}: expected SQuAD format {{'data': [{{'paragraphs': [...]}}]}}")
+    if file_format(p, text_as="json") in ("json", "jsonl"):
+        try:
+            data = json.loads(_read_text(p))
+        except json.JSONDecodeError as e:
+            data = e  # JSON Lines, or broken JSON: read as records below
+        if isinstance(data, dict) and isinstance(data.get("data"), list):
+            return _load_squad_json(p, data, labelled)
+    examples = [_qa_record(at, rec, cols, labelled) for at, rec in records(p, cols, text_as="json")]
+    examples = [ex for ex in examples if ex is not None]
+    if not examples:
+        raise DataError(f"{p} holds no questions")
+    return TaskData("qa", examples, [], str(p))
+
+
+def _qa_record(at: str, rec: dict, cols: Columns, labelled: bool) -> QAExample | None:
+    need = ["question", "context"] + (["answers"] if labelled else [])
+    for field in need:
+        if getattr(cols, field) not in rec:
+            raise missing(at, field, cols, rec, "qa", need)
+    ctx, answers = str(rec[cols.context] or ""), value(rec, cols.answers)
+    if isinstance(answers, dict):  # HF squad: {"text": [...], "answer_start": [...]}
+        texts, starts = answers.get("text") or [], answers.get("answer_start") or []
+        answers = [{"text": t, "answer_start": s} for t, s in zip(texts, starts)]
+    if answers is None:
+        answers = []
+    if not isinstance(answers, list) or any(not isinstance(a, dict) for a in answers):
+        raise DataError(f"{at}: {cols.answers!r} must hold answers as {{'text': [...], 'answer_start': [...]}} or "
+                        "a list of {'text', 'answer_start'}")
+    pairs = _answers(at, ctx, answers)
+    if labelled and not pairs:
+        raise DataError(f"{at}: the question has no answers; training and test data need them")
+    qid = rec.get(cols.id)
+    return QAExample(str(qid if qid is not None else at), str(rec[cols.question]), ctx, pairs)
+
+
+def _answers(where: str, ctx: str, answers: list[dict]) -> list[tuple[str, int]]:
+    """``(text, start)`` of each answer, each checked to be at its start in the context."""
+    pairs = []
+    for a in answers:
+        if "text" not in a or "answer_start" not in a:
+            raise DataError(f"{where}: an answer needs 'text' and 'answer_start'")
+        s, t = int(a["answer_start"]), str(a["text"])
+        if ctx[s : s + len(t)] != t:
+            raise DataError(f"{where}: answer {t!r} is not at answer_start {s} of the context")
+        pairs.append((t, s))
+    return pairs
+
+
+def _load_squad_json(p: Path, data: dict, labelled: bool) -> TaskData:
     examples = []
     for a, article in enumerate(data["data"]):
         for b, para in enumerate(article.get("paragraphs", [])):
@@ -258,16 +326,7 @@ def load_squad(path: str | Path, labelled: bool = True) -> TaskData:
                 if "question" not in qa:
                     raise DataError(f"{where}: a question has no 'question' text")
                 qid = str(qa.get("id", f"{a}-{b}-{len(examples)}"))
-                answers = []
-                for ans in qa.get("answers", []):
-                    if "text" not in ans or "answer_start" not in ans:
-                        raise DataError(f"{where}, question {qid}: an answer needs 'text' and 'answer_start'")
-                    s, t = int(ans["answer_start"]), str(ans["text"])
-                    if ctx[s : s + len(t)] != t:
-                        raise DataError(
-                            f"{where}, question {qid}: answer {t!r} is not at answer_start {s} of the context"
-                        )
-                    answers.append((t, s))
+                answers = _answers(f"{where}, question {qid}", ctx, qa.get("answers", []))
                 if labelled and not answers:
                     raise DataError(f"{where}, question {qid} has no answers; training and test data need them")
                 examples.append(QAExample(qid, qa["question"], ctx, answers))
@@ -276,58 +335,76 @@ def load_squad(path: str | Path, labelled: bool = True) -> TaskData:
     return TaskData("qa", examples, [], str(p))
 
 
-def load_choices(path: str | Path, labelled: bool = True) -> TaskData:
-    """Load a multiple-choice file: JSONL ``{"context", "choices": [...], "label"}`` or CSV with
+def load_choices(path: str | Path, labelled: bool = True, columns: Columns | None = None) -> TaskData:
+    """Load a multiple-choice file: records ``{"context", "choices": [...], "label"}`` or with
     ``context, choice0, choice1, ..., label`` (``label``: the 0-based index of the right choice)."""
+    cols = columns_of(path, columns)
     p = Path(path)
+    need = ["context", "choices"] + (["label"] if labelled else [])
     examples = []
-    for n, rec in _records(p):
-        if "context" not in rec:
-            raise DataError(f"{p}:{n}: missing 'context' (a choice file needs context, choices, label)")
-        if "choices" in rec:
-            choices = rec["choices"]
-            if not isinstance(choices, list):
-                raise DataError(f"{p}:{n}: 'choices' must be a list of texts")
-        else:
-            keys = sorted(
-                (k for k in rec if k and k.startswith("choice") and k[6:].isdigit()), key=lambda k: int(k[6:])
-            )
-            choices = [rec[k] for k in keys if rec[k] is not None and str(rec[k]).strip() != ""]
-        choices = [str(c) for c in choices]
+    for at, rec in records(p, cols):
+        if cols.context not in rec:
+            raise missing(at, "context", cols, rec, "choice", need, word="")
+        choices = _choices(at, rec, cols, need)
         if len(choices) < 2 or any(not c.strip() for c in choices):
             raise DataError(
-                f"{p}:{n}: needs two or more non-empty choices "
-                "('choices': [...] in JSONL; columns choice0, choice1, ... in CSV)"
+                f"{at}: needs two or more non-empty choices "
+                "('choices': [...] in JSONL; columns choice0, choice1, ... in CSV; or --choices-column)"
             )
-        label = rec.get("label")
+        label = rec.get(cols.label)
         if label is None or str(label).strip() == "":
             if labelled:
-                raise DataError(f"{p}:{n}: missing 'label' (the 0-based index of the right choice)")
+                raise DataError(f"{at}: missing {cols.label!r} (the 0-based index of the right choice; columns: "
+                                f"{', '.join(map(str, rec))}; map yours with --label-column NAME)")
             label = None
         else:
             try:
                 label = int(str(label).strip())
             except ValueError:
-                raise DataError(f"{p}:{n}: label {label!r} is not a choice index (0..{len(choices) - 1})") from None
+                raise DataError(f"{at}: label {label!r} is not a choice index (0..{len(choices) - 1})") from None
             if not 0 <= label < len(choices):
-                raise DataError(f"{p}:{n}: label {label} is out of range for {len(choices)} choices (0-based)")
-        examples.append(ChoiceExample(str(rec["context"] or ""), choices, label))
+                raise DataError(f"{at}: label {label} is out of range for {len(choices)} choices (0-based)")
+        examples.append(ChoiceExample(str(rec[cols.context] or ""), choices, label))
     if not examples:
         raise DataError(f"{p} holds no examples")
     return TaskData("choice", examples, [], str(p))
 
 
-def load_task(path: str | Path, task: str, labelled: bool = True) -> TaskData:
-    """Load a data file of kind ``task`` (one of :data:`TASKS`)."""
+def _choices(at: str, rec: dict, cols: Columns, need: list[str]) -> list[str]:
+    """A record's choices: one column holding a list, several columns (one choice each), or choice0, choice1 ..."""
+    if len(cols.choices) > 1:
+        absent = [c for c in cols.choices if c not in rec]
+        if absent:
+            raise missing(at, "choices", dataclasses.replace(cols, choices=(absent[0],)), rec, "choice", need)
+        choices = [rec[c] for c in cols.choices if rec[c] is not None and str(rec[c]).strip() != ""]
+    elif cols.choices[0] in rec:
+        choices = value(rec, cols.choices[0])
+        if not isinstance(choices, list):
+            raise DataError(f"{at}: {cols.choices[0]!r} must be a list of texts")
+    elif "choices" not in cols.given:
+        keys = sorted((k for k in rec if k and k.startswith("choice") and k[6:].isdigit()), key=lambda k: int(k[6:]))
+        choices = [rec[k] for k in keys if rec[k] is not None and str(rec[k]).strip() != ""]
+    else:
+        raise missing(at, "choices", cols, rec, "choice", need)
+    return [str(c) for c in choices]
+
+
+def load_task(path: str | Path, task: str, labelled: bool = True, columns: Columns | None = None) -> TaskData:
+    """Load a data file of kind ``task`` (one of :data:`TASKS`) in any format (see the module docstring).
+
+    Args:
+        columns: where the task's fields are (default: the mapping a
+            :class:`~lmforge.data.columns.DataFile` carries, else the field names themselves).
+    """
     if task not in TASKS:
         raise DataError(f"unknown task '{task}'; choose one of {', '.join(TASKS)}")
     if task in ("classify", "pair"):
-        return load_text_task(path, task, labelled)
+        return load_text_task(path, task, labelled, columns)
     if task == "tokens":
-        return load_conll(path, labelled)
+        return load_conll(path, labelled, columns)
     if task == "choice":
-        return load_choices(path, labelled)
-    return load_squad(path, labelled)
+        return load_choices(path, labelled, columns)
+    return load_squad(path, labelled, columns)
 
 
 def example_from_fields(
