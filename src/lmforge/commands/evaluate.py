@@ -4,6 +4,7 @@ table), ``run RUN_DIR --test FILE [--out F]`` (a trained transfer run scored on 
 
 from __future__ import annotations
 
+from ._columns import add_column_args
 from ._common import add_json_arg, pairs, show
 
 
@@ -38,6 +39,7 @@ def register(sub) -> None:
     r.add_argument("--out", default=None, help="also write one record per example (gold and prediction) as JSONL")
     add_json_arg(r)
     r.set_defaults(func=run_run)
+    add_column_args(r, files=("test",))
     m = tasks.add_parser(
         "lm",
         help="a pretrained model's own loss and perplexity on other shards (e.g. your domain's text)",

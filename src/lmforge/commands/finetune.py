@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from ._columns import add_column_args
 from ._common import add_compute_args, add_json_arg, progress, show
 from ._finetune import add_run_file_args, summary, transfer_settings
 
@@ -165,6 +166,7 @@ def register(sub) -> None:
     add_run_file_args(p)
     add_json_arg(p)
     p.set_defaults(func=run)
+    add_column_args(p)
 
 
 def run(args) -> int:
