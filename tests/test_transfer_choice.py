@@ -9,11 +9,11 @@ import pytest
 import torch
 from test_transfer_core import NEG, POS, make_body, toy_tokenizer
 
+import lmforge.transfer as modes
 from lmforge.cli import main
 from lmforge.data.tasks import ChoiceExample, TaskData, load_task
 from lmforge.errors import DataError
 from lmforge.transfer import load_run
-from lmforge.transfer import run as modes
 from lmforge.transfer.config import TransferConfig
 
 FILL = ["the", "movie", "a", "plot", "and", "it", "story", "really"]

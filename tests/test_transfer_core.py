@@ -189,9 +189,9 @@ import logging  # noqa: E402
 
 import pytest  # noqa: E402
 
+import lmforge.transfer as modes  # noqa: E402
 from lmforge.data.tasks import load_task  # noqa: E402
 from lmforge.errors import DataError, LmforgeError  # noqa: E402
-from lmforge.transfer import run as modes  # noqa: E402
 from lmforge.transfer.config import TransferConfig  # noqa: E402
 from lmforge.transfer.specs import SPECS  # noqa: E402
 

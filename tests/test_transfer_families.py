@@ -478,7 +478,7 @@ def test_bert_tokens_and_qa(wordpiece_tokenizer, tmp_path):
 
 def test_finetune_run_folder_is_complete_or_absent(bert_dir, cls_files, tmp_path, monkeypatch, capsys):
     """A failure while the run is being written leaves no half-written --out (it is staged, then renamed)."""
-    import lmforge.transfer.run as run_mod
+    import lmforge.transfer.folder as run_mod
 
     real = run_mod.atomic_write_text
 

@@ -15,9 +15,9 @@ from test_transfer_core import (
     write_squad,
 )
 
+import lmforge.transfer as modes
 from lmforge.data.tasks import load_task
 from lmforge.errors import DataError
-from lmforge.transfer import run as modes
 from lmforge.transfer.config import TransferConfig
 from lmforge.transfer.encoding import InputFormat
 

@@ -5,8 +5,10 @@ Three modes (``frozen``, ``features``, ``finetune``), five tasks (``classify``, 
 
 Python API::
 
-    from lmforge.transfer import run_transfer, load_run, learning_curve
-    metrics = run_transfer("runs/bert", "classify", "train.jsonl", "test.jsonl", mode="features", out_dir="out")
+    from lmforge.transfer import Transfer, run_transfer, load_run, learning_curve
+    clf = Transfer("models/bert", task="classify", mode="finetune").fit("train.jsonl")   # scikit-learn style
+    clf.predict(["a new text"]); clf.score("test.jsonl"); clf.save("out")
+    metrics = run_transfer("models/bert", "classify", "train.jsonl", "test.jsonl", mode="features", out_dir="out")
     run = load_run("out"); run.predict(TaskData(...))
 """
 
@@ -16,7 +18,9 @@ from ..data.tasks import TASKS, TaskData, load_task
 from .batching import RowStore
 from .config import MODES, SUPPORTED, TransferConfig, check_supported
 from .curve import learning_curve
-from .run import TransferRun, load_body, load_run, run_transfer
+from .estimator import Transfer
+from .folder import load_body, load_run, run_transfer
+from .run import TransferRun
 from .specs import SPECS, TaskSpec
 
 __all__ = [
@@ -29,6 +33,7 @@ __all__ = [
     "SUPPORTED",
     "TASKS",
     "TaskData",
+    "Transfer",
     "TransferConfig",
     "TransferRun",
     "learning_curve",

@@ -34,7 +34,8 @@ from ..models.registry import get_family
 from ..train.precision import describe, resolve_device, resolve_precision
 from ..utils import atomic_write_text
 from .config import SUPPORTED, TransferConfig, check_supported
-from .run import TransferRun, load_body
+from .folder import load_body
+from .run import TransferRun
 from .specs import SPECS
 
 logger = logging.getLogger(__name__)

@@ -34,12 +34,15 @@ class TaskSpec:
         sklearn: in features mode the default head can be fitted by scikit-learn (each row an
             independent example with one class).
         num_outputs_fixed: outputs per row when they do not depend on the labels (qa: 2, choice: 1).
+        answer_key: the key of a prediction record that holds the prediction itself (a class, the tags,
+            the answer text, the chosen index).
     """
 
     name = ""
     sentence = True
     sklearn = False
     num_outputs_fixed: int | None = None
+    answer_key = "label"
 
     def num_outputs(self, labels: Sequence[str]) -> int:
         return self.num_outputs_fixed or len(labels)
@@ -125,6 +128,7 @@ class TokensSpec(TaskSpec):
     name = "tokens"
     sentence = False
     sklearn = True
+    answer_key = "tags"
 
     def main_metric(self, labels) -> str:
         return "entity_f1" if is_bio(labels) else "token_accuracy"
@@ -206,6 +210,7 @@ class QASpec(TaskSpec):
 
     name = "qa"
     sentence = False
+    answer_key = "answer"
     num_outputs_fixed = 2
 
     def main_metric(self, labels) -> str:
