@@ -64,6 +64,7 @@ def main(argv: list[str] | None = None) -> int:
 
     setup_logging(logging.WARNING if args.quiet else logging.INFO)
     try:
+        check_args(args)
         rc = args.func(args)
     except LmforgeError as e:
         return _fail(args.command, str(e))
@@ -85,6 +86,18 @@ def main(argv: list[str] | None = None) -> int:
             raise
         return _fail(args.command, line)
     return int(rc or 0)
+
+
+def check_args(args) -> None:
+    """What every command gets before its work starts: the numbers range-checked, the folders it reads put
+    back where a replacement was cut short, and each output checked against every input."""
+    from .folders import recover_folder
+    from .guards import check_numbers, check_paths, command_paths
+
+    check_numbers(args)
+    for _, path in command_paths(args)[0]:
+        recover_folder(path)
+    check_paths(*command_paths(args))  # again: a run folder put back names its model folder
 
 
 def _fail(command: str, message: str) -> int:

@@ -15,9 +15,11 @@ A writing command calls :func:`output_folder` before any long work.  It refuses,
 - a folder another lmforge process is writing: the writer holds :data:`LOCK` (its pid and host).
   A lock whose process is gone (same host, pid not running) is taken over with a warning.
 
-It also removes what killed runs leave behind: ``.NAME.XXXX.tmp`` files of interrupted atomic
-writes inside the folder, and ``.NAME.tmp-*`` / ``.NAME.old-*`` siblings of folders that are
-written beside their final place and renamed in (shards, exports).
+It also clears what killed runs leave behind: ``.NAME.XXXX.tmp`` files of interrupted atomic
+writes inside the folder and ``.NAME.tmp-*`` siblings of folders that are written beside their final
+place and renamed in (shards, exports, runs).  A ``.NAME.old-*`` sibling is the previous copy of a folder
+whose replacement was cut short: :func:`recover_folder` puts it back where it belongs (writers and
+readers both call it), and deletes it, saying so, only once the new folder is in place.
 """
 
 from __future__ import annotations
@@ -37,6 +39,7 @@ from fnmatch import fnmatch
 from pathlib import Path
 
 from .errors import LmforgeError
+from .utils import TOGETHER, moved_aside, swap_into_place
 
 logger = logging.getLogger(__name__)
 
@@ -70,7 +73,7 @@ _KNOWN: dict[str, tuple[str, ...]] = {
     "demo": ("*",),
 }
 # lmforge's own bookkeeping and the leftovers of interrupted writes: never "foreign"
-_OWN = (MARKER, LOCK, ".*.tmp", ".*.tmp-*", ".*.old-*")
+_OWN = (MARKER, LOCK, ".*.tmp", ".*.tmp-*", ".*.old-*", TOGETHER)
 
 
 def describe(kind: str) -> str:
@@ -267,7 +270,7 @@ def _main_process() -> bool:
     return os.environ.get("RANK", "0") == "0"
 
 
-def _pid_alive(pid: int) -> bool:
+def pid_alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
@@ -311,9 +314,14 @@ def acquire_lock(folder: str | Path, beside: bool = False) -> Path:
                 except FileExistsError:
                     holder = _read_json(lock)
                     pid, host = holder.get("pid"), holder.get("host")
-                    stale = isinstance(pid, int) and host == info["host"] and not _pid_alive(pid)
+                    if not isinstance(pid, int) or not isinstance(host, str):
+                        raise LmforgeError(
+                            f"the lock file {lock} of {folder} is unreadable (not an lmforge lock, or damaged); if no "
+                            f"lmforge run is writing {folder}, delete it (rm {lock}) and run again"
+                        ) from None
+                    stale = host == info["host"] and not pid_alive(pid)
                     if not stale:
-                        who = f"pid {pid} on {host}" if pid else "another process"
+                        who = f"pid {pid} on {host}"
                         since = f" since {holder['since']}" if holder.get("since") else ""
                         raise LmforgeError(
                             f"{folder} is being written by another lmforge run ({who}{since}); wait for it to end, "
@@ -337,16 +345,85 @@ def release_lock(lock: Path) -> None:
             lock.unlink()
 
 
+def _live_writer(path: Path) -> dict | None:
+    """The lock record of a live lmforge process writing ``path`` (beside it), else None."""
+    holder = _read_json(lock_path(path, beside=True))
+    pid = holder.get("pid")
+    if isinstance(pid, int) and pid != os.getpid() and (holder.get("host") != socket.gethostname() or pid_alive(pid)):
+        return holder
+    return None
+
+
+def recover_folder(path: str | Path, writer: bool = False) -> Path | None:
+    """Put back a folder whose replacement was cut short between its two renames; say what was done.
+
+    A replacement moves the old folder to ``.NAME.old-*`` and then renames the new one in (where the system
+    cannot swap them in one step).  When ``path`` is missing and such a copy exists, the copy is renamed
+    back to ``path`` (a warning says so; a writer deletes, saying so, a copy that holds no folder lmforge
+    wrote, as there is nothing to put back).  When ``path`` exists, the copy is an old version left by a
+    kill after the swap: a ``writer`` deletes it, a reader says where it is; both log it.  Nothing is
+    touched while a live lmforge process holds the folder's lock (a writer is then refused by the lock).
+
+    Returns:
+        The copy put back, if any.
+    Raises:
+        LmforgeError: a reader cannot have the copy put back (a live writer stays between its renames, or
+            the rename fails); the message names the copy and the command that restores it.
+    """
+    p = Path(path)
+    olds = moved_aside(p)
+    if not olds:
+        return None
+    holder = _live_writer(p)
+    for _ in range(0 if writer else 40):  # a live writer is between its two renames for a moment: wait
+        if holder is None or os.path.lexists(p):
+            break
+        time.sleep(0.05)
+        holder = _live_writer(p)
+    if os.path.lexists(p):
+        if holder is None:
+            for old in olds:
+                if writer:
+                    shutil.rmtree(old, ignore_errors=True)
+                logger.warning("%s %s: the previous copy of %s, left by a replacement that was cut short after the "
+                               "new one was complete%s", "removed" if writer else "found", old, p,
+                               "" if writer else "; delete it once you no longer need it")
+        return None
+    old = olds[0]
+    how = f"put it back with: mv '{old}' '{p}'"
+    if holder is not None:
+        if writer:
+            return None
+        raise LmforgeError(f"{p} is being replaced by a running lmforge (pid {holder.get('pid')}); its old copy is "
+                           f"{old}: wait for that run to end, or if it is gone, {how}")
+    if writer and folder_kind(old) in (None, "other"):  # not a whole folder lmforge wrote: nothing to put back
+        shutil.rmtree(old, ignore_errors=True)
+        logger.warning("removed %s: it holds no folder lmforge wrote, so there was nothing of %s to put back", old, p)
+        return None
+    try:
+        os.rename(old, p)
+    except FileNotFoundError:
+        return None  # another process put it back first
+    except OSError as e:
+        raise LmforgeError(f"{p} is missing: a replacement of it was cut short, and its old copy is {old} "
+                           f"({os_error_line(e, 'restore')}); {how}") from None
+    logger.warning("restored %s from %s, where a replacement that was cut short had moved it", p, old.name)
+    return old
+
+
 def remove_leftovers(folder: str | Path, beside: bool = False) -> list[Path]:
-    """Delete what interrupted writes left: ``.NAME.XXXX.tmp`` files in ``folder`` and, with ``beside``,
-    the ``.NAME.tmp-*`` / ``.NAME.old-*`` sibling folders.  Call it only while holding the lock."""
+    """Delete what interrupted writes left: ``.NAME.XXXX.tmp`` files (and uncommitted staging folders) in
+    ``folder`` and, with ``beside``, the ``.NAME.tmp-*`` sibling folders (never a complete folder: those
+    are either unfinished or, after a replacement, the old copy already replaced).  Call it only while
+    holding the lock; ``.NAME.old-*`` copies are :func:`recover_folder`'s."""
     p = Path(folder)
     gone: list[Path] = []
     candidates: list[Path] = []
     if p.is_dir():
-        candidates += [c for c in p.glob(".*.tmp") if c.is_file() and c.name != MARKER]
+        candidates += [c for c in p.glob(".*.tmp") if c.name != MARKER and (c.is_file() or c.name.startswith(TOGETHER))]
     if beside and p.parent.is_dir():
-        candidates += [*p.parent.glob(f".{p.name}.tmp-*"), *p.parent.glob(f".{p.name}.old-*")]
+        prefix = f".{p.name}.tmp-"
+        candidates += [p.parent / e.name for e in os.scandir(p.parent) if e.name.startswith(prefix)]
     for c in candidates:
         try:
             shutil.rmtree(c) if c.is_dir() and not c.is_symlink() else c.unlink()
@@ -378,6 +455,8 @@ def output_folder(
     file in the parent (the caller marks the new folder itself).  The lock is released on exit.
     Under torchrun only rank 0 locks and writes.
     """
+    if _main_process():
+        recover_folder(path, writer=True)
     p = check_output_dir(path, kind, overwrite, inputs=inputs, existing=existing, option=option, hint=hint)
     if not _main_process():
         yield p
@@ -412,9 +491,10 @@ def output_folder(
 def staged_folder(path: str | Path, kind: str) -> Iterator[Path]:
     """Yield a fresh hidden folder beside ``path``; on success mark it and rename it into place.
 
-    Whatever was at ``path`` is replaced only once the new folder is complete (the old one is moved
-    aside, then deleted); a failure or a kill leaves ``path`` as it was, plus a ``.NAME.tmp-*``
-    folder that the next run removes.  Hold the lock (``output_folder(..., beside=True)``) around it.
+    Whatever was at ``path`` is replaced only once the new folder is complete, by
+    :func:`lmforge.utils.swap_into_place`: a failure or a kill leaves ``path`` as it was (or its old copy
+    in ``.NAME.old-*``, which :func:`recover_folder` puts back), plus a ``.NAME.tmp-*`` folder that the
+    next run removes.  Hold the lock (``output_folder(..., beside=True)``) around it.
     """
     p = Path(path)
     try:
@@ -427,14 +507,7 @@ def staged_folder(path: str | Path, kind: str) -> Iterator[Path]:
     try:
         yield tmp
         write_marker(tmp, kind)
-        old = None
-        if p.exists():
-            old = Path(tempfile.mkdtemp(prefix=f".{p.name}.old-", dir=p.parent))
-            os.rmdir(old)
-            os.replace(p, old)
-        os.replace(tmp, p)
-        if old is not None:
-            shutil.rmtree(old, ignore_errors=True)
+        swap_into_place(tmp, p)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
@@ -453,8 +526,17 @@ def check_finite(tensors: dict, where: str | Path) -> None:
             )
 
 
-def check_tokenizer_fits(config, tokenizer, where: str | Path) -> None:
-    """The tokenizer beside a model must be the one it was built for: same vocabulary size and special ids."""
+def check_tokenizer_fits(config, tokenizer, where: str | Path, family=None) -> None:
+    """The tokenizer beside a model must be the one it was built for, or the model reads the wrong ids.
+
+    Checked: the vocabulary size; the tokenizer kind the family reads (``family.tokenizer_kind``: BERT
+    WordPiece with ``[CLS] [SEP] [PAD] [MASK]``, GPT byte-level BPE with ``<|endoftext|>``); and every
+    special id the config records (``pad_token_id``, ``bos_token_id``, ``eos_token_id``).
+
+    Args:
+        family: the model's :class:`lmforge.models.Family` (None: the kind is not checked).
+    """
+    fix = "it is not this model's tokenizer; put the model's own tokenizer files back"
     vocab = getattr(config, "vocab_size", None)
     if vocab is not None and tokenizer.vocab_size != vocab:
         raise LmforgeError(
@@ -462,6 +544,16 @@ def check_tokenizer_fits(config, tokenizer, where: str | Path) -> None:
             f"it is not this model's tokenizer (was `tokenizer train --out` pointed at this folder?); put the "
             f"model's own tokenizer back"
         )
+    kind = getattr(family, "tokenizer_kind", None)
+    if kind is not None and tokenizer.kind != kind:
+        raise LmforgeError(f"the tokenizer in {where} is {tokenizer.kind}, but a {family.name} model reads {kind} "
+                           f"tokens: {fix}")
+    needed = {"wordpiece": ("cls_id", "sep_id", "pad_id", "mask_id"), "bpe": ("eot_id",)}.get(kind, ())
+    names = {"cls_id": "[CLS]", "sep_id": "[SEP]", "pad_id": "[PAD]", "mask_id": "[MASK]", "eot_id": "<|endoftext|>"}
+    missing = [names[a] for a in needed if getattr(tokenizer, a, None) is None]
+    if missing:
+        raise LmforgeError(f"the tokenizer in {where} has no {' '.join(missing)}, which a {family.name} model needs: "
+                           f"{fix}")
     pairs = [
         ("eos_token_id", getattr(tokenizer, "eot_id", None)),
         ("bos_token_id", getattr(tokenizer, "eot_id", None)),
@@ -472,7 +564,7 @@ def check_tokenizer_fits(config, tokenizer, where: str | Path) -> None:
         if want is not None and tok_id is not None and want != tok_id:
             raise LmforgeError(
                 f"the tokenizer in {where} puts its special token at id {tok_id} but the model's {field} is "
-                f"{want}: it is not this model's tokenizer; put the model's own tokenizer back"
+                f"{want}: {fix}"
             )
 
 
@@ -491,10 +583,12 @@ def check_model_folder(path: str | Path) -> None:
     check_finite(load_safetensors(weights), weights)
     if (p / "tokenizer.json").is_file():
         from .config import load_json
+        from .models import FAMILIES
         from .tokenization import Tokenizer
 
         class _Config:  # the fields check_tokenizer_fits reads
             def __init__(self, data: dict):
                 self.__dict__.update({k: v for k, v in data.items() if k.endswith("_id") or k == "vocab_size"})
 
-        check_tokenizer_fits(_Config(load_json(p / "config.json")), Tokenizer.load(p), p)
+        data = load_json(p / "config.json")
+        check_tokenizer_fits(_Config(data), Tokenizer.load(p), p, FAMILIES.get(data.get("model_type")))

@@ -16,6 +16,7 @@ import torch
 
 from .errors import LmforgeError
 from .nn.transformer import KVCache
+from .utils import check_seed
 
 logger = logging.getLogger(__name__)
 
@@ -131,7 +132,7 @@ def generate(
     """
     if input_ids.dim() != 2 or input_ids.shape[1] == 0:
         raise LmforgeError("generate needs a (batch, length) tensor of prompt ids with at least one token")
-    check_generation_args(max_new_tokens, temperature, top_k, top_p)
+    check_generation_args(max_new_tokens, temperature, top_k, top_p, seed)
     n_pos = model.config.n_positions
     B, T0 = input_ids.shape
     device = input_ids.device
@@ -261,17 +262,30 @@ class TextStream:
 
 
 def check_generation_args(
-    max_new_tokens: int, temperature: float, top_k: int | None = None, top_p: float | None = None
+    max_new_tokens: int,
+    temperature: float,
+    top_k: int | None = None,
+    top_p: float | None = None,
+    seed: int | None = None,
 ) -> None:
-    """Refuse sampling settings that make no sense, in one line, before any text is produced."""
-    if max_new_tokens < 0:
-        raise LmforgeError(f"max_new_tokens must be >= 0, got {max_new_tokens}")
-    if not math.isfinite(temperature) or temperature < 0:
-        raise LmforgeError(f"temperature must be >= 0 (0 = greedy), got {temperature}")
-    if top_k is not None and top_k < 0:
-        raise LmforgeError(f"top_k must be >= 1 (or 0 for no limit), got {top_k}")
-    if top_p is not None and not 0.0 < top_p <= 1.0:
-        raise LmforgeError(f"top_p must be in (0, 1], got {top_p}")
+    """Refuse sampling settings that make no sense, in one line, before any text is produced.
+
+    Each value is checked for its type and range (NaN and infinity included) before it reaches torch,
+    so the CLI and the server give the same answer to the same bad number.
+    """
+    if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or not 0 <= max_new_tokens < 2**63:
+        raise LmforgeError(f"max_new_tokens must be a whole number >= 0, got {max_new_tokens!r}")
+    if not _is_number(temperature) or not math.isfinite(temperature) or temperature < 0:
+        raise LmforgeError(f"temperature must be a finite number >= 0 (0 = greedy), got {temperature!r}")
+    if top_k is not None and (isinstance(top_k, bool) or not isinstance(top_k, int) or not 0 <= top_k < 2**63):
+        raise LmforgeError(f"top_k must be a whole number >= 1 (or 0 for no limit), got {top_k!r}")
+    if top_p is not None and (not _is_number(top_p) or not 0.0 < top_p <= 1.0):  # NaN fails the comparison too
+        raise LmforgeError(f"top_p must be a number in (0, 1], got {top_p!r}")
+    check_seed(seed)
+
+
+def _is_number(x) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool)
 
 
 def generate_text(

@@ -28,7 +28,8 @@ from tokenizers import Tokenizer as HFTokenizer
 
 from .data.sources import Corpus
 from .errors import ConfigError, DataError
-from .utils import atomic_write_text
+from .folders import recover_folder
+from .utils import finish_together, write_together
 
 logger = logging.getLogger(__name__)
 
@@ -39,6 +40,7 @@ BPE_SPECIALS = [EOT]
 BYTE_ALPHABET = 256
 # Large enough for any sequence lmforge builds; HF uses it only to warn about long inputs.
 MODEL_MAX_LENGTH = 1_000_000
+MAX_VOCAB = 2**31 - 1  # ids are 32-bit in ``tokenizers`` (and in the shards' uint32 arrays)
 
 
 def is_cjk(ch: str) -> bool:
@@ -158,6 +160,10 @@ class Tokenizer:
             lowercase = kind == "wordpiece"
         specials = WORDPIECE_SPECIALS if kind == "wordpiece" else BPE_SPECIALS
         minimum = len(specials) + 1 if kind == "wordpiece" else len(specials) + BYTE_ALPHABET
+        if vocab_size > MAX_VOCAB:
+            raise ConfigError(f"vocab_size {vocab_size} is too large; the most a tokenizer takes is {MAX_VOCAB:,}")
+        if min_frequency < 0:
+            raise ConfigError(f"min_frequency must be 0 or more, got {min_frequency}")
         if vocab_size < minimum:
             raise ConfigError(
                 f"vocab_size {vocab_size} is too small for {kind}: the special tokens"
@@ -217,21 +223,33 @@ class Tokenizer:
         For a ``vocab.txt``-only folder the casing comes from ``tokenizer_config.json``'s
         ``do_lower_case`` (default True, as in BERT uncased).
 
+        The files are checked against each other (:func:`check_tokenizer_files`), and a save that was
+        cut short after its commit point is completed first.
+
         Raises:
-            DataError: no tokenizer files, or unreadable ones.
+            DataError: no tokenizer files, unreadable ones, or files of two different tokenizers.
         """
         p = Path(path)
         if p.is_file() and p.name == "tokenizer.json":
             p = p.parent
+        if not p.exists():
+            recover_folder(p)
         if not p.is_dir():
             raise DataError(f"tokenizer folder not found: {p}")
+        try:
+            finish_together(p)
+        except OSError as e:
+            raise DataError(f"a tokenizer save in {p} was cut short and cannot be completed ({e.strerror}); make "
+                            f"the folder writable and run again") from None
         config = _read_json(p / "tokenizer_config.json") if (p / "tokenizer_config.json").is_file() else {}
         if (p / "tokenizer.json").is_file():
             try:
                 hf = HFTokenizer.from_file(str(p / "tokenizer.json"))
             except Exception as e:  # tokenizers raises plain Exception subclasses on bad JSON
                 raise DataError(f"{p / 'tokenizer.json'} is not a readable tokenizer ({e})") from None
-            return cls(hf)
+            tok = cls(hf)
+            check_tokenizer_files(p, tok, config)
+            return tok
         if (p / "vocab.txt").is_file():
             lowercase = bool(config.get("do_lower_case", True))
             strip_accents = config.get("strip_accents")
@@ -242,20 +260,22 @@ class Tokenizer:
         """Write the tokenizer so that lmforge and HF ``AutoTokenizer`` both load the folder.
 
         Writes ``tokenizer.json``, ``tokenizer_config.json``, ``special_tokens_map.json`` and, for
-        WordPiece, ``vocab.txt`` (one token per line in id order). Each file is written atomically.
+        WordPiece, ``vocab.txt`` (one token per line in id order), and deletes the files of another
+        tokenizer kind (a WordPiece ``vocab.txt`` beside a BPE tokenizer, HF's ``vocab.json`` /
+        ``merges.txt``), all as one change (:func:`lmforge.utils.write_together`): a kill leaves the old
+        tokenizer or the new one, never a mix.
 
         Returns:
             The folder.
         """
         p = Path(path)
-        p.mkdir(parents=True, exist_ok=True)
-        atomic_write_text(p / "tokenizer.json", self._tok.to_str(pretty=True))
+        files = {"tokenizer.json": self._tok.to_str(pretty=True)}
         if self.kind == "wordpiece":
             vocab = self._tok.get_vocab(with_added_tokens=True)
             inv = sorted(vocab.items(), key=lambda kv: kv[1])
             if [i for _, i in inv] != list(range(len(inv))):
                 raise DataError("WordPiece vocabulary ids are not contiguous; cannot write vocab.txt")
-            atomic_write_text(p / "vocab.txt", "".join(t + "\n" for t, _ in inv))
+            files["vocab.txt"] = "".join(t + "\n" for t, _ in inv)
             specials = {"unk_token": "[UNK]", "sep_token": "[SEP]", "pad_token": "[PAD]", "cls_token": "[CLS]",
                         "mask_token": "[MASK]"}
             config = {
@@ -278,8 +298,10 @@ class Tokenizer:
                 **specials,
             }
         config["lmforge_kind"] = self.kind
-        atomic_write_text(p / "tokenizer_config.json", json.dumps(config, indent=2) + "\n")
-        atomic_write_text(p / "special_tokens_map.json", json.dumps(specials, indent=2) + "\n")
+        files["tokenizer_config.json"] = json.dumps(config, indent=2) + "\n"
+        files["special_tokens_map.json"] = json.dumps(specials, indent=2) + "\n"
+        stale = ("vocab.json", "merges.txt") + (("vocab.txt",) if self.kind == "bpe" else ())
+        write_together(p, {k: v.encode("utf-8") for k, v in files.items()}, remove=stale)
         return p
 
     # --- properties ---------------------------------------------------------------------------
@@ -418,6 +440,47 @@ def _read_json(path: Path) -> dict:
         return json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError) as e:
         raise DataError(f"{path} is not readable JSON ({e})") from None
+
+
+def check_tokenizer_files(folder: Path, tok: Tokenizer, config: dict) -> None:
+    """Refuse a folder whose tokenizer files come from different tokenizers (DataError naming the pair).
+
+    ``tokenizer.json`` is the reference; ``tokenizer_config.json`` (its kind and class), ``vocab.txt``
+    (WordPiece: the same tokens at the same ids), ``vocab.json`` (BPE: the same ids) and
+    ``special_tokens_map.json`` (tokens the vocabulary has) must agree with it.
+    """
+    vocab = tok.get_vocab()
+    problem = None
+    declared = config.get("lmforge_kind") or {"BertTokenizer": "wordpiece", "BertTokenizerFast": "wordpiece",
+                                              "GPT2Tokenizer": "bpe", "GPT2TokenizerFast": "bpe"}.get(
+        config.get("tokenizer_class"))
+    if declared is not None and declared != tok.kind:
+        problem = f"tokenizer_config.json describes a {declared} tokenizer but tokenizer.json holds a {tok.kind} one"
+    elif (folder / "vocab.txt").is_file():
+        if tok.kind != "wordpiece":
+            problem = "vocab.txt (a WordPiece vocabulary) lies beside a BPE tokenizer.json"
+        else:
+            first: dict[str, int] = {}
+            with open(folder / "vocab.txt", encoding="utf-8") as f:
+                for i, line in enumerate(f):
+                    first.setdefault(line.rstrip("\n"), i)
+            if len(first) != len(vocab) or any(vocab.get(t) != i for t, i in first.items()):
+                problem = f"vocab.txt holds {len(first)} tokens that differ from tokenizer.json's {len(vocab)}"
+    if problem is None and (folder / "vocab.json").is_file():
+        data = _read_json(folder / "vocab.json")
+        if tok.kind != "bpe" or not isinstance(data, dict) or any(vocab.get(t) != i for t, i in data.items()):
+            problem = f"vocab.json does not match tokenizer.json's {tok.kind} vocabulary"
+    if problem is None and (folder / "special_tokens_map.json").is_file():
+        specials = _read_json(folder / "special_tokens_map.json")
+        values = specials.values() if isinstance(specials, dict) else []
+        names = [v.get("content") if isinstance(v, dict) else v for v in values]
+        absent = [n for n in names if isinstance(n, str) and n not in vocab]
+        if absent:
+            problem = f"special_tokens_map.json names {', '.join(sorted(set(absent)))}, which tokenizer.json lacks"
+    if problem is not None:
+        raise DataError(f"the tokenizer files in {folder} do not belong together: {problem} (a save that was cut "
+                        f"short, or files copied in by hand); put back the files that came together, or train the "
+                        f"tokenizer again")
 
 
 def _set_post_processor(hf, kind: str) -> None:

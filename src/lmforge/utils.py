@@ -3,13 +3,20 @@
 from __future__ import annotations
 
 import contextlib
+import ctypes
+import errno
 import hashlib
+import json
 import logging
 import os
 import random
 import re
+import shutil
 import tempfile
+import uuid
 from pathlib import Path
+
+from .errors import LmforgeError
 
 logger = logging.getLogger("lmforge")
 
@@ -64,6 +71,122 @@ def atomic_write_bytes(path: str | Path, data: bytes) -> None:
 
 def atomic_write_text(path: str | Path, text: str) -> None:
     atomic_write_bytes(path, text.encode("utf-8"))
+
+
+# -- files that change together ------------------------------------------------------------------------
+#: the folder of files staged by :func:`write_together`; its rename to this name is the commit point
+TOGETHER = ".lmforge-commit"
+_REMOVE = ".remove.json"
+
+
+def write_together(folder: str | Path, files: dict[str, bytes], remove: tuple[str, ...] = ()) -> None:
+    """Write ``files`` (name -> bytes) into ``folder`` and delete the names in ``remove``, as one change.
+
+    The files are written and fsynced in a hidden staging folder, which is renamed to :data:`TOGETHER`
+    (the commit point); then each file is renamed into place and the stale ones are deleted.  A kill
+    before the commit leaves the old files; a kill after it is completed by :func:`finish_together`,
+    which every reader of such a folder calls first, so nobody sees a mix of old and new files.
+    """
+    p = Path(folder)
+    p.mkdir(parents=True, exist_ok=True)
+    finish_together(p)  # an earlier change that was cut short goes in first
+    stage = Path(tempfile.mkdtemp(prefix=f"{TOGETHER}.", suffix=".tmp", dir=p))
+    try:
+        for name, data in {**files, _REMOVE: json.dumps(sorted(set(remove) - set(files))).encode()}.items():
+            with open(stage / name, "wb") as f:
+                f.write(data)
+                f.flush()
+                os.fsync(f.fileno())
+        _fsync_dir(stage)
+        os.rename(stage, p / TOGETHER)
+    except BaseException:
+        shutil.rmtree(stage, ignore_errors=True)
+        raise
+    _fsync_dir(p)
+    finish_together(p)
+
+
+def finish_together(folder: str | Path) -> bool:
+    """Complete a :func:`write_together` change that was committed but cut short; True if there was one."""
+    p = Path(folder)
+    stage = p / TOGETHER
+    if not stage.is_dir():
+        return False
+    try:
+        remove = json.loads((stage / _REMOVE).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        remove = []
+    for name in sorted(os.listdir(stage)):
+        if name != _REMOVE:
+            os.replace(stage / name, p / name)
+    for name in remove:
+        with contextlib.suppress(FileNotFoundError):
+            (p / name).unlink()
+    _fsync_dir(p)
+    shutil.rmtree(stage, ignore_errors=True)
+    return True
+
+
+# -- folders renamed into place ------------------------------------------------------------------------
+_RENAME_EXCHANGE = 2  # renameat2 flag (Linux 3.15+): swap two paths in one step
+_AT_FDCWD = -100
+
+
+def _exchange(a: Path, b: Path) -> bool:
+    """Swap ``a`` and ``b`` atomically (Linux ``renameat2(RENAME_EXCHANGE)``); False where that is not
+    available (another OS, an old kernel or C library, a filesystem without it)."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        fn = libc.renameat2
+    except (OSError, AttributeError):
+        return False
+    if fn(_AT_FDCWD, os.fsencode(a), _AT_FDCWD, os.fsencode(b), _RENAME_EXCHANGE) == 0:
+        return True
+    code = ctypes.get_errno()
+    if code in (errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP, errno.ENOTSUP, errno.EPERM):
+        return False
+    raise OSError(code, os.strerror(code), str(b))
+
+
+def moved_aside(path: str | Path) -> list[Path]:
+    """The ``.NAME.old-*`` folders beside ``path`` (copies a replacement moved aside), newest first."""
+    p = Path(path)
+    prefix = f".{p.name}.old-"
+    try:
+        found = [p.parent / e.name for e in os.scandir(p.parent) if e.name.startswith(prefix) and e.is_dir()]
+    except OSError:
+        return []
+
+    def mtime(q: Path) -> float:
+        try:
+            return q.stat().st_mtime
+        except OSError:
+            return 0.0
+
+    return sorted(found, key=mtime, reverse=True)
+
+
+def swap_into_place(new: str | Path, path: str | Path) -> None:
+    """Put the complete folder ``new`` at ``path``, replacing what is there, so a kill never leaves ``path`` empty.
+
+    Where the system can swap two paths in one step, it does (the old copy ends up at ``new``, then
+    deleted).  Elsewhere the old folder is renamed to ``.NAME.old-*`` first; a kill before the second
+    rename leaves that copy, which ``lmforge.folders.recover_folder`` puts back on the next open.
+    """
+    new, p = Path(new), Path(path)
+    if not os.path.lexists(p):
+        os.rename(new, p)
+    elif _exchange(new, p):
+        _fsync_dir(p.parent)
+        shutil.rmtree(new, ignore_errors=True)
+        return
+    else:
+        old = p.parent / f".{p.name}.old-{uuid.uuid4().hex[:8]}"
+        os.replace(p, old)
+        os.replace(new, p)
+        _fsync_dir(p.parent)
+        shutil.rmtree(old, ignore_errors=True)
+    _fsync_dir(p.parent)
 
 
 def save_safetensors(tensors: dict, path: str | Path, metadata: dict[str, str] | None = None) -> None:
@@ -136,6 +259,22 @@ def file_sha256(path: str | Path) -> str:
         for chunk in iter(lambda: f.read(1 << 20), b""):
             h.update(chunk)
     return h.hexdigest()
+
+
+#: the largest seed lmforge takes: every generator (Python, NumPy after ``% 2**32``, torch) accepts it
+SEED_MAX = 2**63 - 1
+
+
+def check_seed(seed, name: str = "seed") -> int | None:
+    """``seed`` if it is None or a whole number in [0, :data:`SEED_MAX`]; otherwise a one-line LmforgeError.
+
+    For every seed that comes from a user (the CLI, a request), before it reaches torch or NumPy.
+    """
+    if seed is None:
+        return None
+    if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed <= SEED_MAX:
+        raise LmforgeError(f"{name} must be a whole number from 0 to {SEED_MAX}, got {seed!r}")
+    return seed
 
 
 def seed_everything(seed: int) -> None:

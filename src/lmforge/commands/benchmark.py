@@ -31,14 +31,14 @@ def register(sub) -> None:
         help="then append the English of Debian's fortunes and GCIDE dictionary, every WordNet example sentence "
         "left out (3.8M words; apt-get install fortunes dict-gcide)",
     )
-    t.set_defaults(func=run_text)
+    t.set_defaults(func=run_text, writes=("out",))
     d = verbs.add_parser("data", help="labelled files: a seeded training draw and the fixed test set")
     d.add_argument("name", choices=BENCHMARKS)
     d.add_argument("out", help="folder to write train and test files into")
     d.add_argument("--n-train", type=int, default=300)
     d.add_argument("--n-test", type=int, default=1000)
     d.add_argument("--seed", type=int, default=0, help="draws the training set (the test set is the same for all)")
-    d.set_defaults(func=run_data)
+    d.set_defaults(func=run_data, writes=("out",))
     c = verbs.add_parser(
         "curve",
         help="learning curve: each transfer mode vs the same architecture from scratch, by number of labels",
@@ -70,7 +70,7 @@ def register(sub) -> None:
                    help="keep each run's best validation epoch instead of refitting on all its examples")
     add_compute_args(c)
     add_json_arg(c)
-    c.set_defaults(func=run_curve)
+    c.set_defaults(func=run_curve, reads=("model_dir",), writes=("--out",))
 
 
 def run_text(args) -> int:

@@ -37,7 +37,7 @@ def register(sub) -> None:
     p.add_argument("--force", action="store_true", help="rebuild every step even if a previous run built it")
     add_compute_args(p)
     add_json_arg(p)
-    p.set_defaults(func=run)
+    p.set_defaults(func=run, writes=("--out",))
 
 
 def run(args) -> int:

@@ -20,7 +20,7 @@ def register(sub) -> None:
     p.add_argument("--word", required=True, help="the word to compare (whole word, case-insensitive; found inside "
                    "unsegmented Chinese/Japanese text too, e.g. --word 苹果)")
     p.add_argument("--reference", choices=["minilm"], help="add the real all-MiniLM-L6-v2 as a reference row")
-    p.set_defaults(func=run)
+    p.set_defaults(func=run, reads=("items",))
 
 
 def _is_model_dir(item: str) -> bool:

@@ -27,7 +27,7 @@ def register(sub) -> None:
     w.add_argument("--max-pairs", type=int, default=2000, help="pairs to build (default 2000; 0 = all)")
     w.add_argument("--reference", choices=["minilm"], help="add the real all-MiniLM-L6-v2 as a reference row")
     add_json_arg(w)
-    w.set_defaults(func=run_wic)
+    w.set_defaults(func=run_wic, reads=("model_dirs",))
     r = tasks.add_parser(
         "run",
         help="score a trained task (a folder written by `lmforge finetune`) on another labelled file",
@@ -38,7 +38,7 @@ def register(sub) -> None:
     r.add_argument("--test", required=True, help="labelled data file in the run's task format")
     r.add_argument("--out", default=None, help="also write one record per example (gold and prediction) as JSONL")
     add_json_arg(r)
-    r.set_defaults(func=run_run)
+    r.set_defaults(func=run_run, reads=("run_dir", "--test"), writes=("--out",))
     add_column_args(r, files=("test",))
     m = tasks.add_parser(
         "lm",
@@ -64,7 +64,7 @@ def register(sub) -> None:
         help="model-config keys of the sampler, e.g. next_sentence=false for single-sentence documents",
     )
     add_json_arg(m)
-    m.set_defaults(func=run_lm)
+    m.set_defaults(func=run_lm, reads=("model_dir", "--data"))
 
 
 def run_wic(args) -> int:

@@ -9,7 +9,7 @@ def register(sub) -> None:
     p.add_argument("model_dir", help="BERT or ELECTRA model folder (from `lmforge pretrain` or `lmforge import-hf`)")
     p.add_argument("text", help='text with one or more [MASK], e.g. "my dog is [MASK] ."')
     p.add_argument("--top-k", type=int, default=5, help="candidates to show per [MASK] (default 5)")
-    p.set_defaults(func=run)
+    p.set_defaults(func=run, reads=("model_dir",))
 
 
 def run(args) -> int:

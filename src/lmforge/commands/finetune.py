@@ -165,7 +165,7 @@ def register(sub) -> None:
     )
     add_run_file_args(p)
     add_json_arg(p)
-    p.set_defaults(func=run)
+    p.set_defaults(func=run, reads=("model_dir", "--train", "--test"), writes=("--out",))
     add_column_args(p)
 
 

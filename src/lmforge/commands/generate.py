@@ -28,7 +28,7 @@ def register(sub) -> None:
     p.add_argument("--seed", type=int, default=None, help="seed for sampling (same seed, same text)")
     p.add_argument("--no-cache", action="store_true", help="recompute the whole context every step (slow)")
     p.add_argument("--device", default="auto", help="auto (CUDA when available), cpu, cuda or cuda:N")
-    p.set_defaults(func=run)
+    p.set_defaults(func=run, reads=("model_dir",))
 
 
 def run(args) -> int:
@@ -38,7 +38,7 @@ def run(args) -> int:
     from ..generation import check_generation_args, generate_text
     from ..models import load
 
-    check_generation_args(args.max_new_tokens, args.temperature, args.top_k, args.top_p)
+    check_generation_args(args.max_new_tokens, args.temperature, args.top_k, args.top_p, args.seed)
     max_new = args.max_new_tokens
     if max_new > MAX_NEW_TOKENS:
         print(f"lmforge generate: --max-new-tokens {max_new} is capped at {MAX_NEW_TOKENS} (a longer text takes "

@@ -18,14 +18,14 @@ def register(sub) -> None:
                    "there is replaced once the new one is complete")
     p.add_argument("--overwrite", action="store_true",
                    help="replace a folder of another kind or holding other files (its old content is deleted)")
-    p.set_defaults(func=run_export)
+    p.set_defaults(func=run_export, reads=("model_dir",), writes=("out_dir",))
     q = sub.add_parser("import-hf", help="read an HF BERT/GPT-2/ELECTRA folder into an lmforge model folder")
     q.add_argument("hf_dir", help="HF folder with config.json and model.safetensors, or a model id (org/name) "
                    "already in the local HF cache (nothing is downloaded)")
     q.add_argument("model_dir", help="lmforge model folder to write (a new one: it appears complete or not at all)")
     q.add_argument("--overwrite", action="store_true",
                    help="replace an existing model folder or other folder (its old content is deleted)")
-    q.set_defaults(func=run_import)
+    q.set_defaults(func=run_import, reads=("hf_dir",), writes=("model_dir",))
 
 _REPLACE = "pass --overwrite to replace it (its old content is deleted)"
 

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import json
+import os
 import sys
+from pathlib import Path
 
 from ._predict import prediction_line, with_inputs
 
@@ -33,10 +35,11 @@ def register(sub) -> None:
     p.add_argument("--out", default=None,
                    help="write the predictions (JSONL, each beside its input) here instead of printing them")
     p.add_argument("--json", action="store_true", help="print one JSON record per example")
-    p.set_defaults(func=run)
+    p.set_defaults(func=run, reads=("run_dir", "--file"), writes=("--out",))
 
 
 def run(args) -> int:
+    from ..data.formats import is_dataset_folder
     from ..data.tasks import TaskData, example_from_fields, load_task
     from ..errors import DataError
     from ..transfer import load_run
@@ -46,6 +49,9 @@ def run(args) -> int:
     for flag, value in given:
         if value is not None and not value.strip():
             raise DataError(f"{flag} is empty; give the text to predict on")
+    if args.file and os.path.isdir(args.file) and not is_dataset_folder(Path(args.file)):
+        raise DataError(f"--file {args.file} is a folder, not a data file; give one file in the task's format "
+                        f"(or a folder written by datasets' save_to_disk)")
     run_ = load_run(args.run_dir)
     task = run_.cfg.task
     if args.file:

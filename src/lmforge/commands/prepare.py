@@ -40,7 +40,7 @@ def register(sub) -> None:
                         "shards for `evaluate lm --split train` only: pretraining refuses shards without a val split")
     p.add_argument("--workers", type=int, default=None, metavar="N",
                    help="processes that split and encode the text (default: the cores this machine gives lmforge)")
-    p.set_defaults(func=run)
+    p.set_defaults(func=run, reads=("files", "--tokenizer"), writes=("--out",))
 
 
 def run(args) -> int:

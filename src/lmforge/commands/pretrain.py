@@ -102,7 +102,7 @@ def register(sub) -> None:
     )
     add_compute_args(p)
     add_json_arg(p)
-    p.set_defaults(func=run)
+    p.set_defaults(func=run, reads=("--data", "--init", "--tokenizer", "--plan", "--config"), writes=("--out",))
 
 
 def format_metrics(val: dict[str, float]) -> str:

@@ -25,7 +25,6 @@ temporary folder that is renamed into place at the end: a failed run leaves no f
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import json
 import logging
@@ -39,7 +38,7 @@ import numpy as np
 
 from ..errors import DataError
 from ..tokenization import Tokenizer
-from ..utils import atomic_write_text
+from ..utils import atomic_write_text, swap_into_place
 from .chunks import ChunkEncoder, Encoded, default_workers, read_chunks
 from .shard_meta import FORMAT, SPLITS, VERSION, check_meta
 from .sources import Corpus, CorpusOptions
@@ -272,7 +271,7 @@ def prepare(
         }
 
         atomic_write_text(tmp / "meta.json", json.dumps(meta, indent=2) + "\n")
-        _swap_into_place(tmp, out_dir)
+        swap_into_place(tmp, out_dir)  # the old shards stay in place, or are put back, after a kill
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
@@ -372,21 +371,6 @@ def _move_ends(ends_doc: np.ndarray, keep: np.ndarray, doc_index: np.ndarray) ->
         else:
             lost.add(int(doc_index[i]))
     return ends, lost
-
-
-def _swap_into_place(tmp: Path, out_dir: Path) -> None:
-    """Rename ``tmp`` to ``out_dir``, replacing an old shard folder only after the new one is complete."""
-    old = None
-    if out_dir.exists():
-        old = out_dir.parent / f".{out_dir.name}.old-{uuid.uuid4().hex[:8]}"
-        os.replace(out_dir, old)
-    os.replace(tmp, out_dir)
-    with contextlib.suppress(OSError):
-        fd = os.open(out_dir.parent, os.O_RDONLY)
-        os.fsync(fd)
-        os.close(fd)
-    if old is not None:
-        shutil.rmtree(old, ignore_errors=True)
 
 
 # --- reading shards -----------------------------------------------------------------------------

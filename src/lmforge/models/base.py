@@ -24,6 +24,7 @@ from ..folders import check_finite, check_tokenizer_fits
 from ..tokenization import Tokenizer
 from ..utils import load_safetensors, save_safetensors
 from . import vectors
+from .registry import FAMILIES
 from .windows import Window, plan_windows
 
 logger = logging.getLogger(__name__)
@@ -285,7 +286,7 @@ class PretrainedModel(nn.Module):
         model.eval()
         if load_tokenizer and (p / "tokenizer.json").is_file():
             model.tokenizer = Tokenizer.load(p)
-            check_tokenizer_fits(config, model.tokenizer, p)
+            check_tokenizer_fits(config, model.tokenizer, p, FAMILIES.get(cls.model_type))
         return model
 
     def num_parameters(self, trainable_only: bool = False) -> int:

@@ -41,6 +41,7 @@ give the same weights whatever the machine's load, and ``--plan plan.json`` repl
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import logging
@@ -48,6 +49,7 @@ import math
 import os
 import platform
 import re
+import shutil
 import tempfile
 import time
 from collections.abc import Callable
@@ -56,10 +58,12 @@ from typing import Any
 
 import numpy as np
 
-from ..config import _field_types, apply_overrides, save_json, to_dict
+from ..config import apply_overrides, save_json, to_dict
 from ..errors import ConfigError, LmforgeError
+from ..folders import pid_alive
 from .config import TrainConfig, format_duration, parse_duration
-from .precision import autocast, resolve_device, resolve_precision, upgrade_legacy_keys
+from .plan_check import check_plan_settings, plan_fields, plan_overrides
+from .precision import autocast, resolve_device, resolve_precision
 
 logger = logging.getLogger(__name__)
 
@@ -239,7 +243,7 @@ class BudgetPlan:
         missing = sorted(names - set(data) - optional)
         if missing:
             raise LmforgeError(f"{p} lacks {', '.join(missing)}; give the {PLAN_FILE} of a --budget run")
-        return cls(**{k: v for k, v in data.items() if k in names})
+        return cls(**plan_fields(cls, data, p))
 
     def describe(self) -> str:
         """A few lines for the terminal: the choice, the numbers behind it, the warnings."""
@@ -469,12 +473,22 @@ class _HeadShards:
         return self._starts
 
 
+def _probe_dir() -> tempfile.TemporaryDirectory:
+    """A temporary folder for a probe, named by this process; those of killed probes are removed first."""
+    root = Path(tempfile.gettempdir())
+    for old in root.glob("lmforge-probe-*"):
+        pid = old.name.split("-")[2]
+        if pid.isdigit() and int(pid) != os.getpid() and not pid_alive(int(pid)):
+            shutil.rmtree(old, ignore_errors=True)
+    return tempfile.TemporaryDirectory(prefix=f"lmforge-probe-{os.getpid()}-")
+
+
 def _probe_word2vec(module, cand: Candidate, shards, tokenizer, max_seconds: float, t0: float) -> ProbeResult:
     from ..config import from_dict
 
     cfg = from_dict(module.CONFIG_CLASS, {**cand.model, "epochs": 1}, ignore=("model_type",))
     head = _HeadShards(shards, 200_000)
-    with tempfile.TemporaryDirectory(prefix="lmforge-probe-") as tmp:
+    with _probe_dir() as tmp:
         level = logging.getLogger(module.__name__).level
         logging.getLogger(module.__name__).setLevel(logging.WARNING)
         try:
@@ -554,10 +568,10 @@ def plan_budget(
     module = _module(family)
     trainer_family = _is_trainer_family(module)
     train = _train_config(family, train_overrides) if trainer_family else TrainConfig()
-    probe = probe or measure_throughput
-    unique = int(shards.counts("train")["tokens"])
     if trainer_family:  # the plan records the precision the probe measured, so a replay computes the same way
         train = dataclasses.replace(train, precision=resolve_precision(train.precision, resolve_device(train.device)))
+    probe = probe or measure_throughput
+    unique = int(shards.counts("train")["tokens"])
     if unique < 1:
         raise ConfigError(f"the shards in {shards.path} have no training tokens; prepare a larger corpus")
     cands = make_candidates(family, shards, train, preset_or_file, model_overrides)
@@ -748,18 +762,6 @@ def check_plan_data(plan: BudgetPlan, shards) -> None:
         )
 
 
-def _override_text(value: Any) -> str:
-    if value is None:
-        return "none"
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, float):
-        return repr(value)
-    if isinstance(value, (list, tuple, dict)):
-        return json.dumps(value)
-    return str(value)
-
-
 def _holds_model(out: Path) -> bool:
     from .checkpoint import find_state_dir
 
@@ -777,29 +779,30 @@ def run_plan(plan: BudgetPlan, data_dir: str | Path, out_dir: str | Path, tokeni
     """
     from .pretrain import open_shards, pretrain
 
-    module = _module(plan.family)
     out = Path(out_dir)
     if _holds_model(out):
         raise LmforgeError(f"{out} already holds a model; a plan starts a new run: choose another --out")
     check_plan_data(plan, open_shards(data_dir))
-    train_keys = set(_field_types(TrainConfig))
-    plan_train = upgrade_legacy_keys(plan.train)  # a plan of lmforge 0.1 says bf16: true|false
-    overrides = [f"{k}={_override_text(v)}" for k, v in plan_train.items() if k in train_keys and k != "max_time"]
+    fresh = not (out / PLAN_FILE).exists()
     out.mkdir(parents=True, exist_ok=True)
     plan.save(out / PLAN_FILE)
-    with tempfile.TemporaryDirectory(prefix="lmforge-plan-") as tmp:
-        cfg_file = Path(tmp) / "config.json"
-        save_json({"model_type": plan.family, **plan.model}, cfg_file)
-        if not _is_trainer_family(module):
-            overrides = []
-        return pretrain(plan.family, data_dir, out, preset_or_file=str(cfg_file), overrides=overrides,
-                        tokenizer_dir=tokenizer_dir, progress=progress)
+    try:  # the model config goes in as a mapping: no temporary file for a kill to leave behind
+        return pretrain(plan.family, data_dir, out, preset_or_file={"model_type": plan.family, **plan.model},
+                        overrides=plan_overrides(plan), tokenizer_dir=tokenizer_dir, progress=progress)
+    except LmforgeError:
+        if fresh and not _holds_model(out):  # refused before the first checkpoint: no plan left behind
+            with contextlib.suppress(OSError):
+                (out / PLAN_FILE).unlink()
+        raise
 
 
 def load_plan(path: str | Path) -> BudgetPlan:
-    """:meth:`BudgetPlan.load`; a folder means its ``plan.json``."""
+    """:meth:`BudgetPlan.load`, its settings checked against the family; a folder means its ``plan.json``."""
     p = Path(path)
-    return BudgetPlan.load(p / PLAN_FILE if p.is_dir() else p)
+    p = p / PLAN_FILE if p.is_dir() else p
+    plan = BudgetPlan.load(p)
+    check_plan_settings(plan, p)
+    return plan
 
 
 def check_budget_args(args) -> None:
@@ -839,11 +842,11 @@ def plan_for_cli(args) -> BudgetPlan:
     module = _module(args.family)
     model_over, train_over = split_all_overrides(args.overrides, family_config_class(args.family, module),
                                                  _is_trainer_family(module))
-    budget = parse_budget(args.budget)
-    shards = open_shards(args.data)
     if _is_trainer_family(module):  # a run file's [train] fields, then --set, then --device / --precision
         flags = {k: getattr(args, k, None) for k in ("device", "precision")}
         train_over = {**run_file_train(args.family, args.config), **train_over,
                       **{k: v for k, v in flags.items() if v is not None}}
+    budget = parse_budget(args.budget)
+    shards = open_shards(args.data)
     return plan_budget(args.family, shards, budget, args.config, model_over, train_over)
 

@@ -62,9 +62,9 @@ def family_config_class(family: str, module=None) -> type:
     return get_family(family).config_class
 
 
-def is_config_file(choice: str | None) -> bool:
+def is_config_file(choice: str | dict | None) -> bool:
     """Whether ``--config`` names a file (a path or a config suffix) rather than a preset."""
-    if choice is None:
+    if choice is None or isinstance(choice, dict):
         return False
     path = Path(choice)
     return (path.suffix.lower() in (".json", ".toml", ".yaml", ".yml") or path.exists()
@@ -108,7 +108,7 @@ def read_run_file(family: str, path: str | Path) -> tuple[str | None, dict, dict
     return preset, model, upgrade_legacy_keys(train)
 
 
-def build_model_config(family: str, module, preset_or_file: str | None):
+def build_model_config(family: str, module, preset_or_file: str | dict | None):
     """The family config from a preset name or a config file (unknown keys -> ConfigError); ``module`` is not used.
 
     A file's model fields start from its ``preset`` when it names one, else from the config class's
@@ -120,6 +120,8 @@ def build_model_config(family: str, module, preset_or_file: str | None):
     choice = preset_or_file if preset_or_file is not None else fam.default_preset
     if choice is None:
         return from_dict(cls, {})
+    if isinstance(choice, dict):  # the fields themselves (a budget plan's model)
+        return from_dict(cls, choice, ignore=("model_type",))
     if choice in presets and not Path(choice).is_file():
         return from_dict(cls, dict(presets[choice]), ignore=("model_type",))
     if is_config_file(choice):
@@ -135,7 +137,7 @@ def build_model_config(family: str, module, preset_or_file: str | None):
     )
 
 
-def run_file_train(family: str, preset_or_file: str | None) -> dict:
+def run_file_train(family: str, preset_or_file: str | dict | None) -> dict:
     """The training fields of a run file given as ``--config`` (empty for a preset)."""
     return read_run_file(family, preset_or_file)[2] if is_config_file(preset_or_file) else {}
 
@@ -231,7 +233,7 @@ def pretrain(
     family: str,
     data_dir: str | Path,
     out_dir: str | Path,
-    preset_or_file: str | None = None,
+    preset_or_file: str | dict | None = None,
     overrides: list[str] | None = None,
     resume: bool = False,
     max_time: str | float | None = None,
@@ -248,8 +250,9 @@ def pretrain(
         data_dir: shards written by ``lmforge prepare``.
         out_dir: the model folder to write (config.json, model.safetensors, tokenizer, training_state/,
             train_config.json, metrics.jsonl, training_curves.png).
-        preset_or_file: a preset name of the family or a run file (default: ``DEFAULT_PRESET``; see the
-            module docstring). Its model fields are ignored on resume (the saved ``config.json`` is used).
+        preset_or_file: a preset name of the family, a run file (default: ``DEFAULT_PRESET``; see the
+            module docstring) or the model config's fields as a mapping (a budget plan's). Its model fields
+            are ignored on resume (the saved ``config.json`` is used).
         overrides: ``["key=value", ...]`` for model or training fields (``max_steps=...``, ``lr=...``).
         resume: continue the run saved in ``out_dir/training_state``.
         max_time: time budget of this invocation, e.g. ``"15m"`` or seconds.

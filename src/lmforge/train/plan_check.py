@@ -1,0 +1,91 @@
+"""Checks of a budget plan read back from ``plan.json``: a hand-edited plan is one clear line, before any folder
+is made.
+
+Every field must have the type and range the planner writes (whole numbers, finite numbers >= 0, JSON
+objects and lists of the right shape), and the plan's model and training settings must build the
+family's configs, exactly as :func:`lmforge.train.budget.run_plan` will build them.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import typing
+from pathlib import Path
+from typing import Any
+
+from ..config import _coerce, _field_types, apply_overrides, from_dict
+from ..errors import ConfigError, LmforgeError
+from ..models import get_family
+from .config import TrainConfig
+from .precision import upgrade_legacy_keys
+
+
+def _refuse(path: Path, problem: str) -> LmforgeError:
+    return LmforgeError(f"{path} is not a valid budget plan: {problem}; give the plan.json a --budget run wrote, "
+                        f"or plan again with --budget")
+
+
+def plan_fields(cls: type, data: dict, path: Path) -> dict[str, Any]:
+    """The fields of the plan dataclass ``cls`` in ``data``, each of its type (numbers finite and >= 0)."""
+    out: dict[str, Any] = {}
+    for name, kind in _field_types(cls).items():
+        if name not in data:
+            continue
+        value = data[name]
+        origin = typing.get_origin(kind) or kind
+        if origin in (dict, list):
+            if not isinstance(value, origin):
+                raise _refuse(path, f"'{name}' must be a JSON {'object' if origin is dict else 'list'}, got {value!r}")
+            item = (typing.get_args(kind) or (object,))[0] if origin is list else object
+            if not all(isinstance(v, item) for v in value):
+                raise _refuse(path, f"every entry of '{name}' must be a JSON {'object' if item is dict else 'string'}")
+        else:
+            try:
+                value = _coerce(value, kind, name)
+            except ConfigError as e:
+                raise _refuse(path, str(e)) from None
+            if isinstance(value, (int, float)) and not isinstance(value, bool) and (
+                    not math.isfinite(value) or value < 0):
+                raise _refuse(path, f"'{name}' must be a finite number >= 0, got {value!r}")
+        out[name] = value
+    for c in out.get("candidates", []):
+        if not isinstance(c.get("name"), str) or isinstance(c.get("params"), bool) or not isinstance(
+                c.get("params"), (int, float)):
+            raise _refuse(path, "every candidate needs a 'name' and a number of 'params'")
+    return out
+
+
+def plan_overrides(plan) -> list[str]:
+    """The ``key=value`` training settings a replay of ``plan`` runs with (empty for word2vec)."""
+    if not get_family(plan.family).trainer:
+        return []
+    keys = set(_field_types(TrainConfig))
+    train = upgrade_legacy_keys(plan.train)  # a plan of lmforge 0.1 says bf16: true|false
+    return [f"{k}={_text(v)}" for k, v in train.items() if k in keys and k != "max_time"]
+
+
+def check_plan_settings(plan, path: str | Path) -> None:
+    """Refuse a plan whose family, model fields or training fields do not build (one line naming the file)."""
+    p = Path(path)
+    try:
+        family = get_family(plan.family)
+        from_dict(family.config_class, plan.model, ignore=("model_type",))
+        apply_overrides(apply_overrides(TrainConfig(), family.train_defaults), plan_overrides(plan))
+    except ConfigError as e:
+        raise _refuse(p, str(e)) from None
+    if family.trainer and (plan.max_steps is None or plan.max_steps < 1):
+        raise _refuse(p, f"'max_steps' must be 1 or more for {plan.family}, got {plan.max_steps!r}")
+
+
+def _text(value: Any) -> str:
+    """``value`` as the text of a ``--set key=value`` override."""
+    if value is None:
+        return "none"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, float):
+        return repr(value)
+    if isinstance(value, (list, tuple, dict)):
+        return json.dumps(value)
+    return str(value)
