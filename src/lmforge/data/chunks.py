@@ -3,16 +3,17 @@
 :func:`read_chunks` runs in the calling process: it reads the sources and cuts their units of text
 (:meth:`lmforge.data.sources.Corpus.units`) into chunks of about the same number of characters,
 each unit carrying its document's index and whether it starts or ends that document (a document
-may span chunks). :class:`ChunkEncoder` hands the chunks to ``workers`` spawned processes, each
-holding its own single-threaded copy of the tokenizer, which split the units into sentences and
-encode them; the results come back in the order of the chunks, with at most ``workers + 2`` chunks
-in flight, so memory does not grow with the corpus. The output depends only on the chunks, never
-on the number of workers: shards are byte-identical whatever it is.
+may span chunks). :class:`ChunkEncoder` hands the chunks to ``workers`` processes (forked on Linux,
+spawned elsewhere), each holding its own single-threaded copy of the tokenizer, which split the
+units into sentences and encode them; the results come back in the order of the chunks, with at
+most ``workers + 2`` chunks in flight, so memory does not grow with the corpus. The output depends
+only on the chunks, never on the number of workers: shards are byte-identical whatever it is.
 """
 
 from __future__ import annotations
 
 import collections
+import contextlib
 import dataclasses
 import functools
 import itertools
@@ -144,11 +145,35 @@ def _encode_in_worker(chunk: Chunk) -> Encoded:
     return encode_chunk(chunk, _WORKER["tokenizer"], _WORKER["bpe_spacing"], _WORKER["dtype"])
 
 
+def _context():
+    """The way worker processes start: fork on Linux, spawn elsewhere.
+
+    A forked worker is a copy of this process, so a script that calls ``prepare`` needs no
+    ``if __name__ == "__main__":`` guard and one read from stdin works; a worker runs none of the
+    parent's threads and uses nothing of it but the chunk function (its tokenizer is read from a
+    file, single-threaded). Where fork is unsafe or missing (macOS, Windows), workers are spawned.
+    """
+    return multiprocessing.get_context("fork" if sys.platform.startswith("linux") else "spawn")
+
+
 def _can_spawn() -> bool:
     """Spawned processes import the parent's main script again, which a script read from stdin is not."""
     main = sys.modules.get("__main__")
     path = getattr(main, "__file__", None)
     return getattr(main, "__spec__", None) is not None or path is None or os.path.isfile(path)
+
+
+@contextlib.contextmanager
+def _environ(name: str, value: str) -> Iterator[None]:
+    old = os.environ.get(name)
+    os.environ[name] = value
+    try:
+        yield
+    finally:
+        if old is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = old
 
 
 class ChunkEncoder:
@@ -180,33 +205,37 @@ class ChunkEncoder:
         with tempfile.TemporaryDirectory(prefix="lmforge-prepare-") as tmp:
             pool, work = self._pool(Path(tmp))
             try:
-                pending: collections.deque = collections.deque()
-                for chunk in itertools.chain(head, it):
+                # tokenizers warns in each forked worker when this process used its threads before; the workers
+                # run single-threaded (they set the variable again), so say so while they start (at the first chunk)
+                with _environ("TOKENIZERS_PARALLELISM", "false"):
+                    pending: collections.deque = collections.deque([pool.submit(work, head[0])])
+                for chunk in itertools.chain(head[1:], it):
                     pending.append(pool.submit(work, chunk))
                     if len(pending) > self.workers + 1:
                         yield pending.popleft().result()
                 while pending:
                     yield pending.popleft().result()
             except BrokenProcessPool:
-                raise LmforgeError(
-                    "prepare's worker processes died while starting; a script that calls prepare must do so under "
-                    "`if __name__ == \"__main__\":`, since the worker processes import it again"
-                ) from None
+                guard = "" if _context().get_start_method() == "fork" else (
+                    "; a script that calls prepare must do so under `if __name__ == \"__main__\":`, since spawned "
+                    "workers import it again")
+                raise LmforgeError(f"a worker process of prepare died (killed, or out of memory?){guard}") from None
             finally:
                 pool.shutdown(wait=True, cancel_futures=True)
 
     def _pool(self, tmp: Path):
         """The executor and the function it runs on a chunk."""
-        if not _can_spawn():  # threads: tokenizers encodes without holding the GIL, the rest waits on it
+        context = _context()
+        if context.get_start_method() == "spawn" and not _can_spawn():
+            # threads: tokenizers encodes without holding the GIL, the rest waits on it
             logger.info("worker processes cannot import the main script (read from stdin?): encoding in threads")
             work = functools.partial(encode_chunk, tokenizer=self.tokenizer, bpe_spacing=self.bpe_spacing,
                                      dtype=self.dtype)
             return ThreadPoolExecutor(self.workers), work
-        # The tokenizer goes to the workers as a file: what the parent writes to a starting worker stays small,
-        # so a worker that dies while starting is reported (BrokenProcessPool) instead of blocking the write.
+        # The tokenizer goes to the workers as a file: what the parent writes to a spawned worker stays small,
+        # so one that dies while starting is reported (BrokenProcessPool) instead of blocking the write.
         path = tmp / "tokenizer.json"
         self.tokenizer.save(str(path))
-        # spawn, not fork: the parent may hold threads (tokenizers' own pool, torch's) that fork would break
-        pool = ProcessPoolExecutor(self.workers, mp_context=multiprocessing.get_context("spawn"),
-                                   initializer=_init_worker, initargs=(str(path), self.bpe_spacing, self.dtype.name))
+        pool = ProcessPoolExecutor(self.workers, mp_context=context, initializer=_init_worker,
+                                   initargs=(str(path), self.bpe_spacing, self.dtype.name))
         return pool, _encode_in_worker
