@@ -155,7 +155,7 @@ def test_several_inputs_and_datasets_at_once(tmp_path, formats, wordpiece_tokeni
     meta = Shards.open(out).meta
     assert [s["format"] for s in meta["sources"]] == ["text", "csv", "parquet", "dataset", "dataset"]
     assert sum(c["documents"] for c in meta["splits"].values()) == 15
-    assert "from 5 source(s): csv (layout auto), dataset (layout auto), parquet (layout auto), text" in printed
+    assert "from 5 source(s): csv, dataset, parquet, text (layout paragraphs)" in printed
 
 
 def test_dataset_dict_needs_a_split(tmp_path):
@@ -225,3 +225,16 @@ def test_tokenizer_train_on_records(tmp_path, formats, capsys):
 
     vocab = Tokenizer.load(tmp_path / "t").get_vocab()
     assert "snake" in vocab and not {'"', "{", ":", "0", "1"} & set(vocab)  # only the text column was read
+
+
+def test_each_input_reads_the_first_text_field_it_has(tmp_path, capsys, wordpiece_tokenizer_dir):
+    (tmp_path / "a.jsonl").write_text("".join(json.dumps({"body": t}) + "\n" for t in DOCS))
+    (tmp_path / "b.csv").write_text("text\n" + "".join(f"{_csv_quote(t)}\n" for t in DOCS))
+    corpus = Corpus.open([tmp_path / "a.jsonl", tmp_path / "b.csv"], text_field=("body", "text"))
+    assert [s.field for s in corpus.sources] == ["body", "text"]
+    assert [d for _, d in corpus.documents()] == SENTENCES * 2
+    out = tmp_path / "s"
+    rc = main(["prepare", "--tokenizer", str(wordpiece_tokenizer_dir), "--out", str(out), "--text-field", "body",
+               "--text-field", "text", str(tmp_path / "a.jsonl"), str(tmp_path / "b.csv")])
+    assert rc == 0, capsys.readouterr().err
+    assert [s["field"] for s in Shards.open(out).meta["sources"]] == ["body", "text"]

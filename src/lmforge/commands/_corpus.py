@@ -19,9 +19,10 @@ def add_corpus_args(p) -> None:
                    help="also read this dataset: a save_to_disk folder, a folder of data files, or a dataset in the "
                    "local datasets cache (loaded offline; repeatable)")
     g.add_argument("--split", default="train", help="the split of a dataset that has several (default train)")
-    g.add_argument("--text-field", "--text-column", dest="text_field", default="text", metavar="NAME",
+    g.add_argument("--text-field", "--text-column", dest="text_field", action="append", default=None, metavar="NAME",
                    help="the field (JSON, Parquet, datasets) or column (CSV/TSV) holding the text (default text); "
-                   "a 0-based number reads a CSV/TSV file without a header row")
+                   "repeated: each input reads the first of them it has; a 0-based number reads a CSV/TSV file "
+                   "without a header row")
     g.add_argument("--format", default="auto",
                    choices=["auto", "text", "jsonl", "json", "csv", "tsv", "parquet"],
                    help="read every file as this format instead of telling it from the content")
@@ -42,6 +43,6 @@ def corpus_from_args(args):
 
     if not args.files and not args.dataset:
         raise DataError("no input given; pass files or folders, or --dataset NAME_OR_PATH")
-    options = CorpusOptions(text_field=args.text_field, format=args.format, glob=args.glob, layout=args.layout,
-                            encoding_errors=args.encoding_errors, split=args.split)
+    options = CorpusOptions(text_field=tuple(args.text_field or ["text"]), format=args.format, glob=args.glob,
+                            layout=args.layout, encoding_errors=args.encoding_errors, split=args.split)
     return Corpus.open(args.files, args.dataset, options)

@@ -40,7 +40,7 @@ def register(sub) -> None:
                         "shards for `evaluate lm --split train` only: pretraining refuses shards without a val split")
     p.add_argument("--workers", type=int, default=None, metavar="N",
                    help="processes that split and encode the text (default: the cores this machine gives lmforge)")
-    p.set_defaults(func=run, reads=("files", "--tokenizer"), writes=("--out",))
+    p.set_defaults(func=run, reads=("files", "--dataset", "--tokenizer"), writes=("--out",))
 
 
 def run(args) -> int:
@@ -77,9 +77,9 @@ def format_summary(out, meta: dict) -> str:
     """A few lines describing a shard folder's meta.json."""
     s = meta["splits"]
     kinds: dict[str, set[str]] = {}
-    for src in meta["sources"]:
-        kinds.setdefault(src.get("format", "text"), set()).add(src["layout"])
-    read = ", ".join(f"{fmt} (layout {'/'.join(sorted(lay))})" for fmt, lay in sorted(kinds.items()))
+    for src in meta["sources"]:  # a record's text is split in the layout given; "auto" goes without saying
+        kinds.setdefault(src.get("format", "text"), set()).update({src["layout"]} - {"auto"})
+    read = ", ".join(fmt + (f" (layout {'/'.join(sorted(lay))})" if lay else "") for fmt, lay in sorted(kinds.items()))
     lines = [
         f"wrote {out}: {meta['tokenizer_kind']} tokens ({meta['dtype']}, vocab {meta['vocab_size']}, "
         f"tokenizer {meta['tokenizer_hash'][:12]}) from {len(meta['sources'])} source(s): {read}",

@@ -42,7 +42,7 @@ def register(sub) -> None:
                       help="keep case and accents (WordPiece lower-cases and strips accents by default)")
     case.add_argument("--lowercase", dest="lowercase", action="store_true", help="lower-case (default for WordPiece)")
     t.add_argument("--min-frequency", type=int, default=2, metavar="K", help="keep pieces seen K times (default 2)")
-    t.set_defaults(func=run_train, reads=("files",), writes=("--out",))
+    t.set_defaults(func=run_train, reads=("files", "--dataset"), writes=("--out",))
 
     e = tsub.add_parser("encode", help="show how a tokenizer splits some text",
                         description="Print tokens, ids and character offsets of TEXT (no special tokens).")

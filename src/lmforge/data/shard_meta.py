@@ -96,10 +96,11 @@ def _check_sources(meta: dict, bad) -> None:
     if "sources" not in meta:
         return
     sources = meta["sources"]
-    want = "a list of {path, bytes, layout[, format]}"
+    want = "a list of {path, bytes, layout[, format, field]}"
     if not isinstance(sources, list):
         raise bad("sources", want)
     for s in sources:
         if (not isinstance(s, dict) or not isinstance(s.get("path"), str) or not _is_int(s.get("bytes"))
-                or s["bytes"] < 0 or not isinstance(s.get("layout"), str) or s.get("format", "text") not in FORMATS):
+                or s["bytes"] < 0 or not isinstance(s.get("layout"), str) or s.get("format", "text") not in FORMATS
+                or not isinstance(s.get("field", ""), str)):
             raise bad("sources", want)

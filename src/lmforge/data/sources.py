@@ -37,7 +37,7 @@ from .formats import dataset_records as _dataset_records
 logger = logging.getLogger(__name__)
 
 _FORMAT_NAMES = {"text": "text", "jsonl": "JSON Lines", "json": "JSON", "csv": "CSV", "tsv": "TSV",
-                 "parquet": "Parquet", "dataset": "a datasets dataset"}
+                 "parquet": "Parquet", "dataset": "a datasets folder"}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -46,7 +46,8 @@ class CorpusOptions:
 
     Attributes:
         text_field: the field (JSON, Parquet, datasets) or column (CSV/TSV; a 0-based number reads a
-            file without a header row) that holds the text.
+            file without a header row) that holds the text; several names: each source reads the first
+            of them that its records have.
         format: ``"auto"`` (told from the content) or one of :data:`~lmforge.data.formats.FORMATS`.
         glob: in folders, read only the files matching this pattern.
         layout: text files: ``auto``, ``lines`` or ``paragraphs``; records: how a record's text is
@@ -55,7 +56,7 @@ class CorpusOptions:
         split: the split of a dataset that has several.
     """
 
-    text_field: str = "text"
+    text_field: str | tuple[str, ...] = "text"
     format: str = "auto"
     glob: str | None = None
     layout: str = "auto"
@@ -69,8 +70,10 @@ class CorpusOptions:
             raise DataError(f"layout must be one of {LAYOUTS}, not {self.layout!r}")
         if self.encoding_errors not in ENCODING_ERRORS:
             raise DataError(f"encoding_errors must be one of {ENCODING_ERRORS}, not {self.encoding_errors!r}")
-        if not self.text_field:
+        names = (self.text_field,) if isinstance(self.text_field, str) else tuple(self.text_field)
+        if not names or not all(names):
             raise DataError("the text field name is empty; give --text-field NAME")
+        object.__setattr__(self, "text_field", names)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -84,6 +87,7 @@ class Source:
         size: bytes stored on disk (what progress counts; 0 when unknown).
         layout: text: the layout it is read in (``lines``/``paragraphs``); records: the layout option.
         given: the input it came from (a folder for the files found in it), for messages.
+        field: records: the field (or column) holding the text; None for text.
     """
 
     name: str
@@ -92,11 +96,13 @@ class Source:
     size: int
     layout: str
     given: str
+    field: str | None = None
 
     def meta(self) -> dict:
         """The entry of ``meta.json``'s ``sources`` list."""
         where = str(self.path.resolve()) if self.path is not None else self.name
-        return {"path": where, "bytes": self.size, "format": self.format, "layout": self.layout}
+        out = {"path": where, "bytes": self.size, "format": self.format, "layout": self.layout}
+        return out if self.field is None else {**out, "field": self.field}
 
 
 class Corpus:
@@ -197,7 +203,7 @@ def source_units(src: Source, options: CorpusOptions,
 
 
 def _record_units(src: Source, options: CorpusOptions, on_bytes) -> Iterator[str | None]:
-    field = options.text_field
+    field = src.field
     if src.path is None:
         ds = open_dataset(src.name, options.split)
         records = _dataset_records(ds, src.name, [field], on_bytes, src.size)
@@ -214,8 +220,9 @@ def _record_units(src: Source, options: CorpusOptions, on_bytes) -> Iterator[str
             yield None
 
 
-def _by_position(src: Source, field: str) -> bool:
-    return src.format in ("csv", "tsv") and field.isdigit()
+def _by_position(src: Source, field: str | tuple[str, ...]) -> bool:
+    names = (field,) if isinstance(field, str) else field
+    return src.format in ("csv", "tsv") and all(n.isdigit() for n in names)
 
 
 def _flag(src: Source) -> str:
@@ -244,22 +251,24 @@ def _file_source(p: Path, options: CorpusOptions, given: str, in_folder: bool = 
         layout = detect_layout(p, options.encoding_errors).layout if options.layout == "auto" else options.layout
         return Source(str(p), fmt, p, size, layout, given)
     src = Source(str(p), fmt, p, size, options.layout, given)
-    _check_field(src, record_fields(p, fmt, _by_position(src, options.text_field), options.split), options,
-                 in_folder)
-    return src
+    fields = record_fields(p, fmt, _by_position(src, options.text_field), options.split)
+    return dataclasses.replace(src, field=_pick_field(src, fields, options, in_folder))
 
 
-def _check_field(src: Source, fields: list[str], options: CorpusOptions, in_folder: bool) -> None:
-    field = options.text_field
-    if not fields or field in fields:
-        return
-    what = _FORMAT_NAMES[src.format]
+def _pick_field(src: Source, fields: list[str], options: CorpusOptions, in_folder: bool) -> str:
+    """The first of the text field names that the source's records have (one line naming what they have)."""
+    names = options.text_field
+    found = next((n for n in names if n in fields), None)
+    if found is not None or not fields:  # an empty file: nothing to read anyway
+        return found or names[0]
     hint = f"give {_flag(src)} NAME" + (", or --glob to leave the file out" if in_folder else "")
-    if src.format in ("csv", "tsv") and field.isdigit():
-        raise DataError(f"{src.name} has {len(fields)} columns, no column {field} (0-based); {hint}")
-    raise DataError(f"{src.name} is {what} without a {field!r} {'column' if src.format in ('csv', 'tsv') else 'field'} "
-                    f"({'columns' if src.format in ('csv', 'tsv') else 'fields'}: {', '.join(map(str, fields))}); "
-                    f"{hint}")
+    wanted = " or ".join(repr(n) for n in names)
+    if _by_position(src, names):
+        raise DataError(f"{src.name} has {len(fields)} columns, no column {' or '.join(names)} (0-based); give "
+                        f"{_flag(src)} N, a position below {len(fields)}")
+    kind = "column" if src.format in ("csv", "tsv") else "field"
+    raise DataError(f"{src.name} is {_FORMAT_NAMES[src.format]} without a {wanted} {kind} ({kind}s: "
+                    f"{', '.join(map(str, fields))}); {hint}")
 
 
 def _dataset_source(name: str, options: CorpusOptions) -> Source:
@@ -269,8 +278,7 @@ def _dataset_source(name: str, options: CorpusOptions) -> Source:
     size = _size(p) if path is not None else sum(os.path.getsize(f["filename"]) for f in ds.cache_files
                                                    if os.path.isfile(f.get("filename", "")))
     src = Source(name, "dataset", path, size, options.layout, name)
-    _check_field(src, list(ds.column_names), options, in_folder=False)
-    return src
+    return dataclasses.replace(src, field=_pick_field(src, list(ds.column_names), options, in_folder=False))
 
 
 def _size(p: Path) -> int:
