@@ -43,7 +43,7 @@ def register(sub) -> None:
                    help="mean or max over the text's tokens, or the [CLS] vector (BERT only); default mean")
     p.add_argument("--normalize", action="store_true", help="scale every vector to unit length")
     p.add_argument("--batch-size", type=int, default=32, metavar="N", help="texts per forward pass (default 32)")
-    p.set_defaults(func=run)
+    p.set_defaults(func=run, reads=("model_dir", "--file"), writes=("--out",))
 
 
 def run(args) -> int:

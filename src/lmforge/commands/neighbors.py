@@ -35,7 +35,7 @@ def register(sub) -> None:
     p.add_argument("--min-count", type=int, default=1, metavar="N",
                    help="contextual models: only words seen at least N times in --corpus (default 1)")
     p.add_argument("--batch-size", type=int, default=32, metavar="N", help="corpus texts per forward pass")
-    p.set_defaults(func=run)
+    p.set_defaults(func=run, reads=("model_dir", "--corpus"))
 
 
 def run(args) -> int:
