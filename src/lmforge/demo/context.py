@@ -38,6 +38,7 @@ class DemoContext:
         device: the ``--device`` of the training steps (``auto``, ``cpu``, ``cuda``, ``cuda:N``).
         precision: the resolved precision of the training steps (``fp32``, ``bf16`` or ``fp16``): part of
             their inputs, so a run in another precision rebuilds them.
+        precision_asked: the ``--precision`` as given (``auto`` ...), what the training calls are passed.
         machine: one line naming where this run computes (CPU model and flags, threads, torch, the code's
             commit or version, the precision); every step built in this run records it.
         results: each finished (or reused) step's ``info``, by step name.
@@ -50,6 +51,7 @@ class DemoContext:
     show_bars: bool | None = None
     device: str = "auto"
     precision: str = "fp32"
+    precision_asked: str = "auto"
     machine: str = ""
     results: dict[str, dict] = dataclasses.field(default_factory=dict)
     started: float = dataclasses.field(default_factory=time.monotonic)

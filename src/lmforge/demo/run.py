@@ -112,7 +112,7 @@ def run_demo(
     folder.mkdir(parents=True, exist_ok=True)
     resolved = resolve_precision(precision, resolve_device(device))
     ctx = DemoContext(folder, plan, progress or no_progress, show_bars, device=device, precision=resolved,
-                      machine=machine_line(resolved))
+                      precision_asked=precision, machine=machine_line(resolved))
     logger.info("the demo computes on %s", ctx.machine)
     steps = STEPS if steps is None else steps
     reports = []

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import LmforgeError
+from ..models import FAMILIES
 from ..utils import atomic_write_text, file_sha256
 from .context import DemoContext, Step, jsonable
 from .plan import (
@@ -229,9 +230,9 @@ def pretrain_step(key: str) -> Step:
         cfg_file.parent.mkdir(parents=True, exist_ok=True)
         save_json({"model_type": fp.family, **fp.config}, cfg_file)
         t0 = time.monotonic()
+        compute = {"device": ctx.device, "precision": ctx.precision_asked} if FAMILIES[fp.family].trainer else {}
         res = pretrain(fp.family, ctx.path(f"shards-{fp.tokenizer}"), out, preset_or_file=str(cfg_file),
-                       overrides=[f"{k}={v}" for k, v in fp.train.items()], progress=ctx.show_bars,
-                       device=ctx.device, precision=ctx.precision)
+                       overrides=[f"{k}={v}" for k, v in fp.train.items()], progress=ctx.show_bars, **compute)
         seconds = time.monotonic() - t0
         model = load(out)  # the folder must open as a model; and it counts the parameters
         curves = out / "training_curves.png"
@@ -371,7 +372,7 @@ def transfer_options(ctx: DemoContext) -> dict:
     """What every transfer run is given: the plan's sizes, the features cache, the device and the precision; the
     rest are defaults."""
     return {**ctx.plan.transfer, "cache_dir": str(ctx.path("features-cache")), "device": ctx.device,
-            "precision": ctx.precision}
+            "precision": ctx.precision_asked}
 
 
 def transfer_step() -> Step:
