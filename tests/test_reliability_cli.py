@@ -364,6 +364,29 @@ def test_folder_outputs_inside_or_around_an_input_are_refused(gpt_dir, tmp_path,
     assert digest(model) == before and sorted(p.name for p in folder.iterdir()) == ["corpus.txt"]
 
 
+def test_every_command_declares_the_paths_it_writes():
+    """What the output check relies on: a command with an --out (or OUT_DIR) names it among its writes."""
+    import argparse
+
+    from lmforge.cli import build_parser
+
+    def leaves(parser, name=""):
+        subs = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+        if not subs:
+            yield name, parser
+        for action in subs:
+            for sub_name, sub in action.choices.items():
+                yield from leaves(sub, f"{name} {sub_name}".strip())
+
+    checked = 0
+    for name, parser in leaves(build_parser()):
+        outputs = {a.dest for a in parser._actions} & {"out", "out_dir"}
+        declared = {w.lstrip("-").replace("-", "_") for w in parser._defaults.get("writes", ())}
+        assert outputs <= declared, (name, outputs, declared)
+        checked += bool(outputs)
+    assert checked >= 10
+
+
 # -- 7. every number from the command line is range-checked -------------------------------------------------
 @pytest.mark.parametrize(("args", "words"), [
     (["generate", "{gpt}", "--prompt", "In the", "--seed", str(10**23)], ["seed"]),
