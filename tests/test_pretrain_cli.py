@@ -373,7 +373,7 @@ def test_evaluate_lm_errors_are_one_line(bpe_shards, wordpiece_shards, tmp_path,
         ([str(out), "--data", str(bpe_shards), "--set", "lr=1"], "model-config keys only"),
         ([str(out), "--data", str(bpe_shards), "--set", "n_embd_typo=1"], "unknown --set key"),
         ([str(tmp_path / "nope"), "--data", str(bpe_shards)], "is not a model folder"),
-        ([str(out), "--data", str(bpe_shards), "--batches", "0"], "must be >= 1"),
+        ([str(out), "--data", str(bpe_shards), "--batches", "0"], "--batches must be 1 or more"),
     ):
         rc, _, err = run_cli(capsys, "evaluate", "lm", *argv)
         assert rc == 2 and msg in err and "Traceback" not in err and len(err.strip().splitlines()) == 1, err
