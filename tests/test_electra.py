@@ -150,6 +150,25 @@ def test_masking_and_replacement_statistics(wordpiece_shards, wordpiece_tokenize
     assert abs(equal - expected_equal) <= 4 * math.sqrt(var_equal) + 1, (equal, expected_equal)
 
 
+def test_whole_word_masking_picks_whole_words(wordpiece_shards, wordpiece_tokenizer):
+    from lmforge.data.electra import ElectraPretrainingSampler
+    from lmforge.data.shards import Shards
+
+    tok = wordpiece_tokenizer
+    sampler = ElectraPretrainingSampler(Shards.open(wordpiece_shards), max_seq_length=64, whole_word_mask=True,
+                                        tokenizer=tok)
+    batch = sampler.batch([np.random.default_rng([3, j]) for j in range(64)], "train")
+    sel = batch["labels"] != -100
+    original = torch.where(sel, batch["labels"], batch["input_ids"])
+    cont = torch.tensor([tok.id_to_token(int(i)).startswith("##") for i in original.flatten()]).view(original.shape)
+    assert (sel[:, 1:] & cont[:, 1:]).any()  # some masked words have several pieces
+    # a "##" piece is masked exactly when the piece before it is (a row cut inside a word starts its first
+    # word at the piece after [CLS]): words are masked whole
+    prev = original[:, :-1]
+    both = cont[:, 1:] & (prev != tok.cls_id) & (prev != tok.sep_id) & (prev != tok.pad_id)
+    assert both.any() and torch.equal(sel[:, 1:][both], sel[:, :-1][both])
+
+
 # -- gradients ----------------------------------------------------------------------------------------------------
 def test_discriminator_loss_reaches_the_generator_only_through_the_shared_embeddings():
     torch.manual_seed(0)
