@@ -55,7 +55,7 @@ from torch import nn
 from ..errors import ConfigError, DataError, LmforgeError
 from ..nn.cpu_ops import Linear, linear
 from ..nn.transformer import TransformerBlock, document_mask, init_weights, padding_mask
-from .base import ModelOutput, PretrainedModel, TokenLayers
+from .base import ModelOutput, PretrainedModel
 from .bert import SUPPORTED_ACTS, BertEmbeddings
 
 logger = logging.getLogger(__name__)
@@ -457,34 +457,17 @@ class ElectraForPreTraining(PretrainedModel):
             mask[i, : len(r)] = 1
         return ids.to(self._device()), mask.to(self._device())
 
-    @torch.no_grad()
-    def embed(self, texts: list[str], batch_size: int = 32) -> list[TokenLayers]:
-        """The discriminator's every layer for every token of each text (run as ``[CLS] text [SEP]``).
+    # embed itself is the shared one (lmforge.models.base.PretrainedModel.embed), read from the discriminator
+    def embed_window(self) -> int:
+        """Text tokens per window: the positions less ``[CLS]`` and ``[SEP]``."""
+        return self.config.max_position_embeddings - 2
 
-        Returns:
-            One :class:`TokenLayers` per text: tokens without ``[CLS]``/``[SEP]``, their character offsets,
-            layers (num_hidden_layers + 1, n_tokens, C).  Texts longer than the positions are cut (a warning).
-        """
+    def embed_specials(self) -> tuple[list[int], list[int]]:
         tok = self._need_tokenizer()
-        limit = self.config.max_position_embeddings - 2
-        encoded = []
-        for text in texts:
-            ids, tokens, offsets = tok.encode_with_offsets(text)
-            if len(ids) > limit:
-                logger.warning("text of %d tokens cut to %d (max_position_embeddings)", len(ids), limit)
-                ids, tokens, offsets = ids[:limit], tokens[:limit], offsets[:limit]
-            encoded.append((list(ids), list(tokens), [tuple(o) for o in offsets]))
-        names = ["emb"] + [f"layer{i + 1}" for i in range(self.config.num_hidden_layers)]
-        out: list[TokenLayers] = []
-        with self.evaluating():
-            for start in range(0, len(encoded), batch_size):
-                chunk = encoded[start : start + batch_size]
-                input_ids, mask = self._pad([[tok.cls_id, *ids, tok.sep_id] for ids, _, _ in chunk], tok.pad_id)
-                stacked = torch.stack(self.hidden_states(input_ids, mask), dim=1)  # (B, L, T, C)
-                for row, (ids, tokens, offsets) in enumerate(chunk):
-                    layers = stacked[row, :, 1 : 1 + len(ids)].float().cpu()  # (L, n, C)
-                    out.append(TokenLayers(tokens=tokens, offsets=offsets, layers=layers, layer_names=names))
-        return out
+        return [tok.cls_id], [tok.sep_id]
+
+    def layer_names(self) -> list[str]:
+        return ["emb"] + [f"layer{i + 1}" for i in range(self.config.num_hidden_layers)]
 
     @torch.no_grad()
     def fill_mask(self, text: str, top_k: int = 5) -> list[list[tuple[str, float]]]:
