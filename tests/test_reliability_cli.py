@@ -399,6 +399,9 @@ def test_every_command_declares_the_paths_it_writes():
       "{corpus}"], ["min-frequency"]),
     (["finetune", "{gpt}", "--task", "classify", "--train", "{train}", "--test", "{test}", "--out", "{tmp}/r",
       "--seed", str(10**23)], ["--seed"]),
+    (["pretrain", "gpt", "--data", "{shards}", "--out", "{tmp}/m", "--set", "n_positions=32", f"seed={10**23}"],
+     ["seed"]),
+    (["pretrain", "word2vec", "--data", "{shards}", "--out", "{tmp}/m", "--set", f"seed={10**23}"], ["seed"]),
 ])
 def test_an_out_of_range_number_is_one_line(args, words, gpt_dir, bpe_shards, tiny_corpus, task_files, tmp_path):
     values = {"gpt": gpt_dir, "shards": bpe_shards, "tmp": tmp_path, "corpus": tiny_corpus, "train": task_files[0],

@@ -26,7 +26,7 @@ import torch
 from torch import nn
 
 from ..errors import ConfigError, LmforgeError
-from ..utils import atomic_path
+from ..utils import SEED_MAX, atomic_path
 from .base import ModelOutput, PretrainedModel, TokenLayers
 
 logger = logging.getLogger(__name__)
@@ -72,8 +72,8 @@ class Word2VecConfig:
                 raise ConfigError(f"{name} must be >= 1, got {getattr(self, name)}")
         if not 0 < self.min_alpha <= self.alpha:
             raise ConfigError(f"need 0 < min_alpha <= alpha, got {self.min_alpha} and {self.alpha}")
-        if self.seed < 0:
-            raise ConfigError(f"seed must be >= 0, got {self.seed}")
+        if not 0 <= self.seed <= SEED_MAX:
+            raise ConfigError(f"seed must be a whole number from 0 to {SEED_MAX}, got {self.seed}")
 
 
 PRESETS: dict[str, dict] = {

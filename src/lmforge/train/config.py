@@ -11,6 +11,7 @@ import math
 import re
 
 from ..errors import ConfigError
+from ..utils import SEED_MAX
 from .precision import PRECISIONS, check_device
 
 SCHEDULES = ("linear", "cosine", "constant")
@@ -142,7 +143,7 @@ class TrainConfig:
         need(self.eval_batches >= 1, f"eval_batches must be >= 1, got {self.eval_batches}")
         need(self.log_every >= 1, f"log_every must be >= 1, got {self.log_every}")
         need(self.save_every >= 0, f"save_every must be >= 0 (0 = only at the end), got {self.save_every}")
-        need(self.seed >= 0, f"seed must be >= 0, got {self.seed}")
+        need(0 <= self.seed <= SEED_MAX, f"seed must be a whole number from 0 to {SEED_MAX}, got {self.seed}")
         need(self.precision in PRECISIONS, f"precision must be one of {', '.join(PRECISIONS)}, got {self.precision!r}")
         try:
             check_device(self.device)
