@@ -7,7 +7,9 @@ repeated; BERT layout) in a temporary folder, then runs, each in its own subproc
 
 1. ``raw``: ``tokenizers.Tokenizer.encode_batch`` on one core (``RAYON_RS_NUM_CPUS=1``) over the same
    sentences, one call per chunk of the size ``prepare`` uses; only the time inside ``encode_batch``
-   counts (reading the text is left out: the most favourable baseline);
+   counts (reading the text is left out: the most favourable baseline); then the same on each
+   ``--workers`` setting's number of cores (tokenizers' own threads), which shows what the machine
+   gives in parallel under the same conditions;
 2. ``prepare --workers N`` for each N of ``--workers``: what ``lmforge prepare`` runs, in a fresh
    process end to end (imports, reading, sentence splitting, encoding in N worker processes, writing
    the shards); the CLI's own start-up (argument parsing) is timed apart and printed once.
@@ -209,6 +211,16 @@ def main(argv: list[str] | None = None) -> int:
             raw_tp = nbytes / 1e6 / raw_busy
             print(f"{mb:>5} {'raw, 1 core':<12} {raw_tokens:>12,} {raw_busy:>7.1f} {raw_cpu:>6.1f} {raw_tp:>6.2f} "
                   f"{1.0:>7.2f} {'':>9} {raw_rss / 2**20:>6.0f}MB {raw_all / 2**20:>6.0f}MB {load:>5.1f}", flush=True)
+            for n in [n for n in settings if n > 1]:  # what the cores give tokenizers itself, in the same conditions
+                load = os.getloadavg()[0]
+                _, _, rss, rss_all, out = measured(
+                    [sys.executable, "-c", RAW_SCRIPT, str(text), str(tok_dir / "tokenizer.json"), str(CHUNK_CHARS)],
+                    {**os.environ, "RAYON_RS_NUM_CPUS": str(n)})
+                busy, cpu, _ = out.split()
+                busy, cpu = float(busy), float(cpu)
+                print(f"{mb:>5} {f'raw, {n} cores':<12} {raw_tokens:>12,} {busy:>7.1f} {cpu:>6.1f} "
+                      f"{nbytes / 1e6 / busy:>6.2f} {raw_busy / busy:>7.2f} {raw_busy / busy / n:>9.2f} "
+                      f"{rss / 2**20:>6.0f}MB {rss_all / 2**20:>6.0f}MB {load:>5.1f}", flush=True)
             one = None
             for n in settings:
                 out = tmp / f"shards_{mb}_{n}"
