@@ -15,6 +15,7 @@ from lmforge.cli import main
 from lmforge.data.shards import Shards
 from lmforge.errors import ConfigError
 from lmforge.train import budget as B
+from lmforge.train.pretrain import default_train_config
 
 # GPT shapes small enough for the test shards; the model keys apply to every candidate
 SMALL = {"n_positions": "32"}
@@ -88,7 +89,7 @@ def _expected_choice(cands, k, seconds, probe_seconds, train, probed):
 
 def test_plan_is_deterministic_and_follows_the_rule(bpe_shards, unlimited_data):
     shards = Shards.open(bpe_shards)
-    train = B._train_config("gpt", {})
+    train = default_train_config("gpt")
     cands = B.make_candidates("gpt", shards, train, None, SMALL)
     assert [c.name for c in cands][:3] == ["tiny", "mini", "small"]  # smallest first
     assert all(a.params < b.params and a.body_params < b.body_params for a, b in zip(cands, cands[1:]))
@@ -98,8 +99,8 @@ def test_plan_is_deterministic_and_follows_the_rule(bpe_shards, unlimited_data):
     mini = cands[1]
     k = 10 * mini.body_params * mini.params / (900 * 0.9)
     probe = FakeProbe(k)
-    plan = B.plan_budget("gpt", shards, "15m", model_overrides=SMALL, probe=probe)
-    again = B.plan_budget("gpt", shards, "15m", model_overrides=SMALL, probe=FakeProbe(k))
+    plan = B.plan_budget("gpt", shards, "15m", model_fields=SMALL, probe=probe)
+    again = B.plan_budget("gpt", shards, "15m", model_fields=SMALL, probe=FakeProbe(k))
     assert plan.to_json() == again.to_json()
     # the probe stops at the first shape that is already under-trained: larger ones only more so
     assert probe.calls == ["tiny", "mini"]
@@ -122,12 +123,12 @@ def test_plan_is_deterministic_and_follows_the_rule(bpe_shards, unlimited_data):
 
 def test_twice_the_budget_buys_a_larger_shape(bpe_shards, unlimited_data):
     shards = Shards.open(bpe_shards)
-    train = B._train_config("gpt", {})
+    train = default_train_config("gpt")
     cands = B.make_candidates("gpt", shards, train, None, SMALL)
     mini = cands[1]
     k = 10 * mini.body_params * mini.params / (900 * 0.9)
-    small_budget = B.plan_budget("gpt", shards, "15m", model_overrides=SMALL, probe=FakeProbe(k))
-    big_budget = B.plan_budget("gpt", shards, "16h", model_overrides=SMALL, probe=FakeProbe(k))
+    small_budget = B.plan_budget("gpt", shards, "15m", model_fields=SMALL, probe=FakeProbe(k))
+    big_budget = B.plan_budget("gpt", shards, "16h", model_fields=SMALL, probe=FakeProbe(k))
     assert big_budget.params > small_budget.params
 
 
@@ -136,10 +137,10 @@ def test_token_budget_needs_no_probe(bpe_shards, unlimited_data):
         raise AssertionError("a token budget must not probe")
 
     shards = Shards.open(bpe_shards)
-    train = B._train_config("gpt", {})
+    train = default_train_config("gpt")
     cands = {c.name: c for c in B.make_candidates("gpt", shards, train, None, SMALL)}
     tokens = int(20 * cands["mini"].body_params)  # exactly Chinchilla's 20 tokens per body parameter for 'mini'
-    plan = B.plan_budget("gpt", shards, f"{tokens}tok", model_overrides=SMALL, probe=no_probe)
+    plan = B.plan_budget("gpt", shards, f"{tokens}tok", model_fields=SMALL, probe=no_probe)
     assert plan.preset == "mini" and plan.max_steps == int(tokens / cands["mini"].tokens_per_step)
     assert plan.probe_tokens_per_s is None and plan.expected_seconds is None and plan.budget_kind == "tokens"
 
@@ -147,7 +148,7 @@ def test_token_budget_needs_no_probe(bpe_shards, unlimited_data):
 def test_small_data_caps_the_epochs_and_warns(bpe_shards):
     shards = Shards.open(bpe_shards)
     unique = shards.counts("train")["tokens"]
-    plan = B.plan_budget("gpt", shards, "500Mtok", preset_or_file="tiny", model_overrides=SMALL)
+    plan = B.plan_budget("gpt", shards, "500Mtok", model="tiny", model_fields=SMALL)
     assert plan.epochs <= B.MAX_EPOCHS and plan.epochs > B.MAX_EPOCHS - 1
     assert plan.max_steps == int(B.MAX_EPOCHS * unique / plan.tokens_per_step)
     assert any("prepare more text" in w for w in plan.warnings)
@@ -159,7 +160,7 @@ def test_bert_plans_up_to_twice_the_passes(wordpiece_shards):
     assert B.max_epochs("bert") == 32.0 and B.max_epochs("gpt") == B.max_epochs("elmo") == B.MAX_EPOCHS == 16.0
     shards = Shards.open(wordpiece_shards)
     unique = shards.counts("train")["tokens"]
-    plan = B.plan_budget("bert", shards, "500Mtok", preset_or_file="tiny", model_overrides={"max_seq_length": "32"})
+    plan = B.plan_budget("bert", shards, "500Mtok", model="tiny", model_fields={"max_seq_length": "32"})
     assert 31 < plan.epochs <= 32
     assert plan.max_steps == int(32 * unique / plan.tokens_per_step)
     assert any("more than 32 passes" in w for w in plan.warnings)
@@ -171,7 +172,7 @@ def test_bert_time_left_after_its_passes_buys_a_larger_shape(wordpiece_shards, m
     shards = Shards.open(wordpiece_shards)
     unique = shards.counts("train")["tokens"]
     over = {"max_seq_length": "32"}
-    train = B._train_config("bert", {})
+    train = default_train_config("bert")
     cands = B.make_candidates("bert", shards, train, None, over)
     tiny, mini = cands[0], cands[1]
     # the test corpus is small: a pass cap at which the capped 'tiny' sees 40 tokens per body parameter (so
@@ -184,7 +185,7 @@ def test_bert_time_left_after_its_passes_buys_a_larger_shape(wordpiece_shards, m
     k = 3 * cap * unique * B._eval_factor(train) * tiny.params / train_s
     assert B.FULL_VALUE_EPOCHS < 3 * cap * tiny.params / mini.params < cap
     probe = FakeProbe(k, probe_s)
-    plan = B.plan_budget("bert", shards, "15m", model_overrides=over, probe=probe)
+    plan = B.plan_budget("bert", shards, "15m", model_fields=over, probe=probe)
     assert probe.calls == ["tiny", "mini"]
     steps = int(k / mini.params * train_s / (mini.tokens_per_step * B._eval_factor(train)))
     assert (plan.preset, plan.max_steps) == ("mini", steps)
@@ -196,12 +197,12 @@ def test_bert_time_left_after_its_passes_buys_a_larger_shape(wordpiece_shards, m
     assert "capped" not in plan.candidates[0] and "uncapped_steps" not in plan.candidates[0]
     # the same budget without step 5: step 3's winner, capped, with the warning to prepare more text
     monkeypatch.setattr(B, "GROW_WHEN_CAPPED", ())
-    plan = B.plan_budget("bert", shards, "15m", model_overrides=over, probe=FakeProbe(k, probe_s))
+    plan = B.plan_budget("bert", shards, "15m", model_fields=over, probe=FakeProbe(k, probe_s))
     assert plan.preset == "tiny" and plan.max_steps == int(cap * unique / tiny.tokens_per_step)
     assert any("prepare more text" in w for w in plan.warnings)
     # nor when the small shape's passes would take more than half the time (here: two thirds)
     monkeypatch.setattr(B, "GROW_WHEN_CAPPED", ("bert",))
-    plan = B.plan_budget("bert", shards, "15m", model_overrides=over, probe=FakeProbe(k / 2, probe_s))
+    plan = B.plan_budget("bert", shards, "15m", model_fields=over, probe=FakeProbe(k / 2, probe_s))
     assert plan.preset == "tiny" and any("prepare more text" in w for w in plan.warnings)
 
 
@@ -217,10 +218,10 @@ def test_word2vec_budget_is_epochs(wordpiece_shards):
 def test_budget_too_small_for_one_step(bpe_shards):
     shards = Shards.open(bpe_shards)
     with pytest.raises(ConfigError, match="too small for even one step") as e:
-        B.plan_budget("gpt", shards, "100tok", preset_or_file="tiny", model_overrides=SMALL)
+        B.plan_budget("gpt", shards, "100tok", model="tiny", model_fields=SMALL)
     assert "\n" not in str(e.value)
     with pytest.raises(ConfigError, match="too small for even one step"):  # 1 s at 1 token/s
-        B.plan_budget("gpt", shards, "1s", preset_or_file="tiny", model_overrides=SMALL,
+        B.plan_budget("gpt", shards, "1s", model="tiny", model_fields=SMALL,
                       probe=lambda *a: B.ProbeResult(1.0, 2, 0.01))
 
 
@@ -250,7 +251,7 @@ def test_elmo_ladder_has_a_shape_between_tiny_and_small(wordpiece_shards, unlimi
     # an hour's budget on a few million tokens must not fall back to 'tiny' (0.1M body parameters) for
     # want of a probed shape below 'small' (14M): the char-CNN presets are probed smallest first
     shards = Shards.open(wordpiece_shards)
-    train = B._train_config("elmo", {})
+    train = default_train_config("elmo")
     names = [c.name for c in B.make_candidates("elmo", shards, train)]
     assert names[:3] == ["tiny", "mini", "small"] and "small-word" not in names
     probe = FakeProbe(k=5e9)
@@ -273,7 +274,7 @@ def test_a_plan_saved_before_body_parameters_still_replays(tmp_path):
 # -- the real probe -----------------------------------------------------------------------------------------
 def test_real_probe_times_a_few_steps_without_touching_the_run_rng(bpe_shards):
     shards = Shards.open(bpe_shards)
-    train = B._train_config("gpt", {"batch_size": "2", "device": "cpu"})
+    train = default_train_config("gpt", batch_size=2, device="cpu")
     cand = B.make_candidates("gpt", shards, train, "tiny", SMALL)[0]
     torch.manual_seed(123)
     before = torch.rand(3)

@@ -285,11 +285,11 @@ def test_no_help_shows_a_literal_percent_pair():
 
 
 def test_evaluate_lm_prints_a_summary_or_json(bpe_shards, tmp_path, capsys):
-    from lmforge.train.pretrain import pretrain
+    from lmforge.train.pretrain import pretrain, run_configs
 
     out = tmp_path / "gpt"
-    pretrain("gpt", bpe_shards, out, "tiny", ["max_steps=1", "batch_size=2", "eval_batches=1", "n_positions=32",
-                                              "device=cpu"], progress=False)
+    pretrain("gpt", bpe_shards, out, *run_configs("gpt", "tiny", max_steps=1, batch_size=2, eval_batches=1,
+                                                   n_positions=32, device="cpu"), progress=False)
     rc, text, err = run_cli(capsys, "-q", "evaluate", "lm", out, "--data", bpe_shards, "--batches", "1")
     assert rc == 0, err
     assert text.startswith(f"{out} on the val split") and "loss " in text and "ppl " in text

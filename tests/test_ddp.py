@@ -54,11 +54,12 @@ c.train()
 
 # Real families through the driver: BERT without NSP (an unused head) and ELMo (an int16 buffer gloo
 # cannot broadcast) used to break DDP.
-from lmforge.train.pretrain import pretrain
-small = ["max_steps=2", "batch_size=2", "eval_batches=1", "device=cpu"]
-rbert = pretrain("bert", sys.argv[2], out + "/bert", "tiny", [*small, "next_sentence=false", "max_seq_length=32",
-                 "max_position_embeddings=64"], progress=False)
-relmo = pretrain("elmo", sys.argv[3], out + "/elmo", "tiny", [*small, "seq_len=16"], progress=False)
+from lmforge.train.pretrain import pretrain, run_configs
+small = dict(max_steps=2, batch_size=2, eval_batches=1, device="cpu")
+rbert = pretrain("bert", sys.argv[2], out + "/bert", *run_configs("bert", "tiny", **small, next_sentence=False,
+                 max_seq_length=32, max_position_embeddings=64), progress=False)
+relmo = pretrain("elmo", sys.argv[3], out + "/elmo", *run_configs("elmo", "tiny", **small, seq_len=16),
+                 progress=False)
 assert rbert.step == 2 and relmo.step == 2
 if a.env.rank == 0:
     json.dump({{"a": ra.val, "b": rb.val, "tokens": ra.tokens_seen, "bert": rbert.val, "elmo": relmo.val}},

@@ -15,11 +15,13 @@ import torch
 from test_trainer import ToyConfig, ToyLM, ToySampler, events, make_trainer, toy_tokens  # noqa: F401
 
 from lmforge.cli import main
+from lmforge.commands._runconfig import model_from_choice
+from lmforge.config import apply_overrides
 from lmforge.errors import ConfigError, DataError
 from lmforge.models import FAMILIES
 from lmforge.train import LRSchedule, TrainConfig, Trainer, parse_duration
 from lmforge.train.families import SETUPS
-from lmforge.train.pretrain import pretrain
+from lmforge.train.pretrain import default_train_config, pretrain, run_configs
 from lmforge.train.trainer import param_groups
 
 
@@ -179,19 +181,20 @@ def test_bad_inputs_are_one_line_errors(toy_family, bpe_shards, tmp_path, capsys
 def test_config_file_and_override_routing(toy_family, bpe_shards, tmp_path):
     cfg = tmp_path / "toy.json"
     cfg.write_text(json.dumps({"model_type": "gpt", "num_layers": 1, "hidden_size": 16}))
-    result = pretrain(toy_family, bpe_shards, tmp_path / "m", preset_or_file=str(cfg),
-                      overrides=["num_heads=4", "max_steps=2", "eval_batches=1"])
+    result = pretrain(toy_family, bpe_shards, tmp_path / "m",
+                      apply_overrides(model_from_choice(toy_family, str(cfg)), {"num_heads": 4}),
+                      default_train_config(toy_family, max_steps=2, eval_batches=1))
     saved = json.loads((tmp_path / "m" / "config.json").read_text())
     assert saved["num_layers"] == 1 and saved["hidden_size"] == 16 and saved["num_heads"] == 4
     assert result.step == 2 and set(result.val) >= {"loss", "ppl", "lm_loss", "lm_ppl", "lm_acc"}
     cfg.write_text(json.dumps({"num_layer": 1}))
     with pytest.raises(ConfigError, match="unknown config key 'num_layer'"):
-        pretrain(toy_family, bpe_shards, tmp_path / "m2", preset_or_file=str(cfg))
+        model_from_choice(toy_family, str(cfg))
     cfg.write_text(json.dumps({"model_type": "bert", "num_layers": 1}))
     with pytest.raises(ConfigError, match="is a 'bert' config, not a 'gpt' one"):
-        pretrain(toy_family, bpe_shards, tmp_path / "m2", preset_or_file=str(cfg))
+        model_from_choice(toy_family, str(cfg))
     with pytest.raises(DataError, match="shard folder not found"):
-        pretrain(toy_family, tmp_path / "none", tmp_path / "m3", overrides=["max_time=15m"])
+        pretrain(toy_family, tmp_path / "none", tmp_path / "m3", train=default_train_config(toy_family, max_time=900))
 
 
 # -- schedule, weight decay, accumulation ----------------------------------------------------------------
@@ -306,12 +309,13 @@ def test_init_starts_from_the_folder_weights(bpe_shards, wordpiece_shards, tmp_p
     from lmforge.utils import load_safetensors
 
     sets = ["batch_size=2", "eval_batches=2", "device=cpu", "n_positions=32", "warmup_steps=1"]
+    kw = dict(batch_size=2, eval_batches=2, device="cpu", n_positions=32, warmup_steps=1)
     base = tmp_path / "base"
-    r0 = pretrain("gpt", bpe_shards, base, "tiny", [*sets, "max_steps=8", "lr=3e-3"])
-    fresh = pretrain("gpt", bpe_shards, tmp_path / "fresh", "tiny", [*sets, "max_steps=1", "lr=1e-12"])
+    r0 = pretrain("gpt", bpe_shards, base, *run_configs("gpt", "tiny", **kw, max_steps=8, lr=3e-3))
+    fresh = pretrain("gpt", bpe_shards, tmp_path / "fresh", *run_configs("gpt", "tiny", **kw, max_steps=1, lr=1e-12))
     # one step at a vanishing learning rate: the run starts from (and stays at) the folder's weights
     cont = tmp_path / "cont"
-    r1 = pretrain("gpt", bpe_shards, cont, None, [*sets, "max_steps=1", "lr=1e-12"], init=base)
+    r1 = pretrain("gpt", bpe_shards, cont, None, run_configs("gpt", **kw, max_steps=1, lr=1e-12)[1], init=base)
     assert abs(r1.val["loss"] - r0.val["loss"]) < 1e-4, (r0.val, r1.val)
     assert fresh.val["loss"] > r0.val["loss"] + 0.1  # the folder's weights are not a fresh init
     a, b = load_safetensors(base / "model.safetensors"), load_safetensors(cont / "model.safetensors")
@@ -320,9 +324,8 @@ def test_init_starts_from_the_folder_weights(bpe_shards, wordpiece_shards, tmp_p
     assert json.loads((cont / "training_state" / "state.json").read_text())["step"] == 1  # a new run
     # what does not fit is one line, exit 2
     bert = tmp_path / "bert"
-    pretrain("bert", wordpiece_shards, bert, "tiny",
-             ["max_steps=1", "batch_size=2", "eval_batches=1", "device=cpu", "max_seq_length=32",
-              "max_position_embeddings=64"])
+    pretrain("bert", wordpiece_shards, bert, *run_configs("bert", "tiny", max_steps=1, batch_size=2, eval_batches=1,
+                                                          device="cpu", max_seq_length=32, max_position_embeddings=64))
     cases = [
         (["gpt", "--data", str(bpe_shards), "--init", str(bert)], "holds a 'bert' model"),
         (["gpt", "--data", str(bpe_shards), "--init", str(base), "--config", "tiny"], "drop --config"),
@@ -340,9 +343,9 @@ def test_init_starts_from_the_folder_weights(bpe_shards, wordpiece_shards, tmp_p
 @pytest.mark.parametrize(
     ("family", "shards_fixture", "sets"),
     [
-        ("gpt", "bpe_shards", ["n_positions=32"]),
-        ("bert", "wordpiece_shards", ["max_seq_length=32", "max_position_embeddings=64"]),
-        ("elmo", "bpe_shards", ["seq_len=16"]),
+        ("gpt", "bpe_shards", {"n_positions": 32}),
+        ("bert", "wordpiece_shards", {"max_seq_length": 32, "max_position_embeddings": 64}),
+        ("elmo", "bpe_shards", {"seq_len": 16}),
     ],
 )
 def test_evaluate_lm_gives_the_final_validation_of_pretraining(family, shards_fixture, sets, request, tmp_path,
@@ -351,7 +354,8 @@ def test_evaluate_lm_gives_the_final_validation_of_pretraining(family, shards_fi
 
     shards = request.getfixturevalue(shards_fixture)
     out = tmp_path / family
-    r = pretrain(family, shards, out, "tiny", ["max_steps=3", "batch_size=2", "eval_batches=3", "device=cpu", *sets])
+    r = pretrain(family, shards, out, *run_configs(family, "tiny", max_steps=3, batch_size=2, eval_batches=3,
+                                                    device="cpu", **sets))
     # the same rows, masks and weights as the run's last validation: the same numbers
     val = evaluate_lm(out, shards, batches=3, batch_size=2)
     assert val.keys() == r.val.keys()
@@ -366,8 +370,8 @@ def test_evaluate_lm_gives_the_final_validation_of_pretraining(family, shards_fi
 
 def test_evaluate_lm_errors_are_one_line(bpe_shards, wordpiece_shards, tmp_path, capsys):
     out = tmp_path / "gpt"
-    pretrain("gpt", bpe_shards, out, "tiny", ["max_steps=1", "batch_size=2", "eval_batches=1", "device=cpu",
-                                              "n_positions=32"])
+    pretrain("gpt", bpe_shards, out, *run_configs("gpt", "tiny", max_steps=1, batch_size=2, eval_batches=1,
+                                                   device="cpu", n_positions=32))
     for argv, msg in (
         ([str(out), "--data", str(wordpiece_shards)], "the tokenizer of the model in"),
         ([str(out), "--data", str(bpe_shards), "--set", "lr=1"], "model-config keys only"),

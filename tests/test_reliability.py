@@ -67,10 +67,11 @@ def digest(folder: Path) -> dict[str, str]:
 @pytest.fixture(scope="module")
 def gpt_dir(tmp_path_factory, bpe_shards) -> Path:
     """A tiny GPT model folder (two steps), written by the real driver."""
-    from lmforge.train.pretrain import pretrain
+    from lmforge.train.pretrain import pretrain, run_configs
 
     out = tmp_path_factory.mktemp("rel") / "gpt"
-    pretrain("gpt", bpe_shards, out, "tiny", [*GPT_SETS, "max_steps=2", "device=cpu"], progress=False)
+    pretrain("gpt", bpe_shards, out, *run_configs("gpt", "tiny", n_positions=32, batch_size=2, eval_batches=1,
+                                                   max_steps=2, device="cpu"), progress=False)
     return out
 
 

@@ -109,20 +109,21 @@ def killed(argv: list, at: Path, n: int, *, exchange: bool = True, tmpdir: Path 
 # -- fixtures ---------------------------------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def gpt_dir(tmp_path_factory, bpe_shards) -> Path:
-    from lmforge.train.pretrain import pretrain
+    from lmforge.train.pretrain import pretrain, run_configs
 
     out = tmp_path_factory.mktemp("rel2") / "gpt"
-    pretrain("gpt", bpe_shards, out, "tiny", [*GPT_SETS, "max_steps=2"], progress=False)
+    pretrain("gpt", bpe_shards, out, *run_configs("gpt", "tiny", n_positions=32, batch_size=2, eval_batches=1,
+                                                   device="cpu", max_steps=2), progress=False)
     return out
 
 
 @pytest.fixture(scope="module")
 def bert_dir(tmp_path_factory, wordpiece_shards) -> Path:
-    from lmforge.train.pretrain import pretrain
+    from lmforge.train.pretrain import pretrain, run_configs
 
     out = tmp_path_factory.mktemp("rel2") / "bert"
-    pretrain("bert", wordpiece_shards, out, "tiny", ["max_position_embeddings=32", "max_seq_length=32",
-                                                     "batch_size=2", "eval_batches=1", "device=cpu", "max_steps=2"],
+    pretrain("bert", wordpiece_shards, out, *run_configs("bert", "tiny", max_position_embeddings=32, max_seq_length=32,
+                                                         batch_size=2, eval_batches=1, device="cpu", max_steps=2),
              progress=False)
     return out
 
@@ -297,9 +298,11 @@ def test_a_bert_tokenizer_in_a_gpt_folder_is_one_line(tmp_path, bert_dir, gpt_di
 def plan_file(tmp_path_factory, bpe_shards) -> Path:
     from lmforge.data.shards import Shards
     from lmforge.train.budget import parse_budget, plan_budget
+    from lmforge.train.pretrain import default_train_config
 
-    plan = plan_budget("gpt", Shards.open(bpe_shards), parse_budget("600tok"), "tiny", {"n_positions": "32"},
-                       {"batch_size": "2", "eval_batches": "1", "device": "cpu"})
+    plan = plan_budget("gpt", Shards.open(bpe_shards), parse_budget("600tok"), "tiny",
+                       default_train_config("gpt", batch_size=2, eval_batches=1, device="cpu"),
+                       model_fields={"n_positions": 32})
     return plan.save(tmp_path_factory.mktemp("plan") / "plan.json")
 
 

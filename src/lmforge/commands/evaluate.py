@@ -4,8 +4,14 @@ table), ``run RUN_DIR --test FILE [--out F]`` (a trained transfer run scored on 
 
 from __future__ import annotations
 
+from pathlib import Path
+
+from ..config import load_json
+from ..errors import ConfigError
+from ..models import FAMILIES
 from ._columns import add_column_args
 from ._common import add_json_arg, pairs, show
+from ._runconfig import split_sets
 
 
 def register(sub) -> None:
@@ -104,6 +110,18 @@ def run_run(args) -> int:
     return 0
 
 
+def _lm_model_keys(model_dir, pairs) -> dict[str, str]:
+    """The ``--set`` model keys of ``evaluate lm`` (a training key is refused)."""
+    config = Path(model_dir) / "config.json"
+    family = load_json(config).get("model_type") if pairs and config.is_file() else None
+    if family not in FAMILIES:
+        return {}  # no model folder, or an unknown family: evaluate_lm names it
+    model_over, train_over = split_sets(pairs, family)
+    if train_over:
+        raise ConfigError(f"evaluate lm takes model-config keys only, not {', '.join(sorted(train_over))}")
+    return model_over
+
+
 def run_lm(args) -> int:
     import math
 
@@ -118,7 +136,7 @@ def run_lm(args) -> int:
         split=args.split,
         batches=args.batches,
         batch_size=args.batch_size,
-        overrides=args.overrides,
+        model_fields=_lm_model_keys(args.model_dir, args.overrides),
         seed=args.seed,
     )
     if not math.isfinite(val.get("loss", 0.0)):

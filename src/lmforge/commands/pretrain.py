@@ -4,14 +4,25 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import json
 import os
+import shutil
 import textwrap
+from fnmatch import fnmatch
+from pathlib import Path
 
-from ..config import FIELD_SYNONYMS
-from ..models import FAMILIES
-from ..train.config import TrainConfig
+from ..config import FIELD_SYNONYMS, apply_overrides
+from ..errors import DataError, LmforgeError
+from ..folders import _KNOWN, _entries, folder_kind, output_folder
+from ..models import FAMILIES, get_family
+from ..train.budget import run_plan
+from ..train.checkpoint import restore_model_config
+from ..train.config import TrainConfig, parse_duration
 from ..train.precision import resolve_device, resolve_precision
+from ..train.pretrain import check_init, default_train_config, pretrain
+from ._budget import check_budget_args, plan_for_cli
 from ._common import add_compute_args, add_json_arg, add_set_arg, fmt, refuse_flag_keys, show
+from ._runconfig import model_config, model_from_choice, run_file_train, split_sets, train_config
 
 FAMILY_CHOICES = tuple(FAMILIES)
 
@@ -116,11 +127,6 @@ def format_metrics(val: dict[str, float]) -> str:
 
 def check_val_split(data_dir: str) -> None:
     """Refuse shards without a validation split before training (pretraining ends with a validation)."""
-    import json
-    from pathlib import Path
-
-    from ..errors import DataError
-
     try:
         meta = json.loads((Path(data_dir) / "meta.json").read_text(encoding="utf-8"))
         val_tokens = int(meta["splits"]["val"]["tokens"])
@@ -135,32 +141,20 @@ def check_val_split(data_dir: str) -> None:
 
 def check_configs(args, overrides: list[str]) -> None:
     """Find config problems (unknown keys, bad values, presets) before the output folder is touched."""
-    from ..config import apply_overrides
-    from ..train import pretrain as driver
-
-    module = driver.family_module(args.family)
-    trainer_based = not hasattr(module, "run_pretraining")
-    model_over, train_over = driver.split_all_overrides(overrides, driver.family_config_class(args.family, module),
-                                                        trainer_based)
+    model_over, train_over = split_sets(overrides, args.family)
     if not args.resume and args.init is None:
-        apply_overrides(driver.build_model_config(args.family, module, args.config), model_over)
+        apply_overrides(model_from_choice(args.family, args.config), model_over)
     if args.device is not None or args.precision is not None:  # no CUDA here, fp16 on a CPU: before --out
         resolve_precision(args.precision or "auto", resolve_device(args.device or "auto"))
-    if trainer_based:
-        defaults = apply_overrides(TrainConfig(), dict(getattr(module, "TRAIN_DEFAULTS", {})))
-        apply_overrides(apply_overrides(defaults, driver.run_file_train(args.family, args.config)), train_over)
+    if get_family(args.family).trainer:
+        apply_overrides(apply_overrides(default_train_config(args.family), run_file_train(args.family, args.config)),
+                        train_over)
 
 
 def _clear_for_overwrite(out, kind: str | None) -> None:
     """--overwrite: delete the files of the lmforge folder of ``kind`` at ``out`` (other files stay)."""
-    import shutil
-
-    from ..folders import _KNOWN, _entries
-
     if kind in (None, "other", "demo"):
         return
-    from fnmatch import fnmatch
-
     for name in _entries(out):
         if any(fnmatch(name, pat) for pat in _KNOWN[kind]):
             target = out / name
@@ -168,26 +162,18 @@ def _clear_for_overwrite(out, kind: str | None) -> None:
 
 
 def run(args) -> int:
-    from pathlib import Path
-
-    from ..folders import folder_kind, output_folder
-    from ..train.checkpoint import restore_model_config
-    from ..train.config import parse_duration
-    from ..train.pretrain import pretrain
-
     overrides = list(args.overrides)
     refuse_flag_keys(overrides)
-    max_time = parse_duration(args.max_time) if args.max_time is not None else None
+    if args.max_time is not None:
+        parse_duration(args.max_time)
     if args.resume and args.overwrite:
-        from ..errors import LmforgeError
-
         raise LmforgeError("--resume continues the run in --out and --overwrite starts afresh; give one of them")
+    if args.init is not None:
+        check_init(args.init, args.family, args.resume, args.config)
     check_configs(args, overrides)
     check_val_split(args.data)
-    planned = getattr(args, "budget", None) is not None or getattr(args, "plan", None) is not None
+    planned = args.budget is not None or args.plan is not None
     if planned:
-        from ..train.budget import check_budget_args, plan_for_cli, run_plan
-
         check_budget_args(args)  # clashing options, a bad budget or plan file: before --out is touched
     kind_before = folder_kind(args.out)
     with output_folder(args.out, "model", args.overwrite, inputs=[args.data, args.init, args.tokenizer]) as out:
@@ -195,22 +181,15 @@ def run(args) -> int:
             _clear_for_overwrite(Path(out), kind_before)
         if args.resume:
             restore_model_config(out)
-        plan = plan_for_cli(args) if planned else None
-        if plan is not None:
+        if planned:
+            plan = plan_for_cli(args)
             print(plan.describe(), flush=True)
-        result = run_plan(plan, args.data, args.out, tokenizer_dir=args.tokenizer) if plan else pretrain(
-            args.family,
-            args.data,
-            args.out,
-            preset_or_file=args.config,
-            overrides=overrides,
-            resume=args.resume,
-            max_time=max_time,
-            tokenizer_dir=args.tokenizer,
-            init=args.init,
-            device=args.device,
-            precision=args.precision,
-        )
+            result = run_plan(plan, args.data, args.out, tokenizer_dir=args.tokenizer)
+        else:
+            model_over, train_over = split_sets(overrides, args.family)
+            result = pretrain(args.family, args.data, args.out, model_config(args, model_over),
+                              train_config(args, train_over), resume=args.resume, tokenizer_dir=args.tokenizer,
+                              init=args.init)
     if os.environ.get("RANK", "0") != "0":
         return 0  # under torchrun only rank 0 reports
     show(args, _record(result), lambda: _summary(args, result))
@@ -219,9 +198,6 @@ def run(args) -> int:
 
 def _record(result) -> dict:
     """The full record of a run (``--json``): the result and the run's saved training config."""
-    import json
-    from pathlib import Path
-
     record = {k: (str(v) if isinstance(v, Path) else v) for k, v in dataclasses.asdict(result).items()}
     saved = Path(result.out_dir) / "train_config.json"
     if saved.is_file():

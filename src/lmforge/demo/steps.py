@@ -218,9 +218,9 @@ def pretrain_step(key: str) -> Step:
                          "shards": {"tokenizer_hash": shards["tokenizer_hash"], "splits": shards["splits"]}})
 
     def build(ctx: DemoContext) -> dict:
-        from ..config import save_json
+        from ..config import from_dict, save_json
         from ..models import load
-        from ..train.pretrain import pretrain
+        from ..train.pretrain import default_train_config, pretrain
 
         fp = ctx.plan.family(key)
         out = ctx.path("models", key)
@@ -230,9 +230,10 @@ def pretrain_step(key: str) -> Step:
         cfg_file.parent.mkdir(parents=True, exist_ok=True)
         save_json({"model_type": fp.family, **fp.config}, cfg_file)
         t0 = time.monotonic()
-        compute = {"device": ctx.device, "precision": ctx.precision_asked} if FAMILIES[fp.family].trainer else {}
-        res = pretrain(fp.family, ctx.path(f"shards-{fp.tokenizer}"), out, preset_or_file=str(cfg_file),
-                       overrides=[f"{k}={v}" for k, v in fp.train.items()], progress=ctx.show_bars, **compute)
+        model = from_dict(FAMILIES[fp.family].config_class, fp.config, ignore=("model_type",))
+        compute = {k: v for k, v in (("device", ctx.device), ("precision", ctx.precision_asked)) if v is not None}
+        train = default_train_config(fp.family, **{**fp.train, **compute}) if FAMILIES[fp.family].trainer else None
+        res = pretrain(fp.family, ctx.path(f"shards-{fp.tokenizer}"), out, model, train, progress=ctx.show_bars)
         seconds = time.monotonic() - t0
         model = load(out)  # the folder must open as a model; and it counts the parameters
         curves = out / "training_curves.png"

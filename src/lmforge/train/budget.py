@@ -58,12 +58,15 @@ from typing import Any
 
 import numpy as np
 
-from ..config import apply_overrides, save_json, to_dict
+from ..config import apply_overrides, from_dict, save_json, to_dict
 from ..errors import ConfigError, LmforgeError
 from ..folders import pid_alive
+from ..models import get_family
+from .checkpoint import find_state_dir
 from .config import TrainConfig, format_duration, parse_duration
-from .plan_check import check_plan_settings, plan_fields, plan_overrides
+from .plan_check import check_plan_settings, plan_fields, plan_train_config
 from .precision import autocast, resolve_device, resolve_precision
+from .pretrain import default_train_config, family_module, open_shards, preset_config, pretrain
 
 logger = logging.getLogger(__name__)
 
@@ -221,6 +224,14 @@ class BudgetPlan:
     def to_json(self) -> dict:
         return dataclasses.asdict(self)
 
+    def model_config(self):
+        """The family config the plan trains."""
+        return from_dict(get_family(self.family).config_class, self.model, ignore=("model_type",))
+
+    def train_config(self) -> TrainConfig | None:
+        """The training settings the plan trains with (None for word2vec)."""
+        return plan_train_config(self)
+
     def save(self, path: str | Path) -> Path:
         """Write the plan as JSON (atomically)."""
         save_json(self.to_json(), path)
@@ -280,8 +291,6 @@ class BudgetPlan:
 
 
 def _module(family: str):
-    from .pretrain import family_module
-
     return family_module(family)
 
 
@@ -291,18 +300,16 @@ def _is_trainer_family(module) -> bool:
 
 def candidate_presets(family: str) -> list[str]:
     """The presets of ``family`` of the same kind as its default (same non-numeric config settings)."""
-    from .pretrain import build_model_config
-
-    module = _module(family)
-    presets = list(getattr(module, "PRESETS", {}))
-    default = getattr(module, "DEFAULT_PRESET", None)
+    fam = get_family(family)
+    presets = list(fam.presets)
+    default = fam.default_preset
     if default is None:
         return presets
-    base = to_dict(build_model_config(family, module, default))
+    base = to_dict(preset_config(family, default))
     keys = [k for k, v in base.items() if isinstance(v, (str, bool))]
     out = []
     for name in presets:
-        cfg = to_dict(build_model_config(family, module, name))
+        cfg = to_dict(preset_config(family, name))
         if all(cfg.get(k) == base[k] for k in keys):
             out.append(name)
     return out
@@ -368,17 +375,24 @@ def _count_params(family: str, module, model_cfg, shards, tokenizer) -> tuple[in
     return total, max(1, body_parameters(model, int(tokenizer.vocab_size)))
 
 
-def make_candidates(family: str, shards, train: TrainConfig, preset_or_file: str | None = None,
-                    model_overrides: dict | None = None) -> list[Candidate]:
-    """The shapes to consider, smallest first, with their parameters and tokens per optimizer step."""
-    from .pretrain import build_model_config
+def make_candidates(family: str, shards, train: TrainConfig, model=None, model_fields: dict | None = None,
+                    name: str | None = None) -> list[Candidate]:
+    """The shapes to consider, smallest first, with their parameters and tokens per optimizer step.
 
+    ``model``: a preset name or a config object (named ``name``) is the one candidate; None: the family's
+    presets of its default's kind.  ``model_fields`` are set on every candidate.
+    """
     module = _module(family)
     tokenizer = shards.tokenizer()
-    names = [preset_or_file] if preset_or_file is not None else candidate_presets(family)
+    if model is None:
+        shapes = [(n, preset_config(family, n)) for n in candidate_presets(family)]
+    elif isinstance(model, str):
+        shapes = [(model, preset_config(family, model))]
+    else:
+        shapes = [(name or "custom", model)]
     out = []
-    for name in names:
-        cfg = apply_overrides(build_model_config(family, module, name), dict(model_overrides or {}))
+    for label, base in shapes:
+        cfg = apply_overrides(base, dict(model_fields or {}))
         params, body = _count_params(family, module, cfg, shards, tokenizer)
         if _is_trainer_family(module):
             _, sampler = _build(family, module, cfg, shards, tokenizer)
@@ -386,8 +400,7 @@ def make_candidates(family: str, shards, train: TrainConfig, preset_or_file: str
             tokens *= train.grad_accum
         else:
             tokens, seq = 0, 0
-        out.append(Candidate(Path(name).name if name == preset_or_file else name, to_dict(cfg), params, body,
-                             float(tokens), seq))
+        out.append(Candidate(label, to_dict(cfg), params, body, float(tokens), seq))
     out.sort(key=lambda c: (c.body_params, c.params))
     return out
 
@@ -403,8 +416,6 @@ def measure_throughput(family: str, cand: Candidate, train: TrainConfig, shards,
     """
     import torch
 
-    from ..config import from_dict
-    from .pretrain import family_config_class
     from .trainer import count_tokens, param_groups
 
     t0 = time.perf_counter()
@@ -412,7 +423,7 @@ def measure_throughput(family: str, cand: Candidate, train: TrainConfig, shards,
     tokenizer = shards.tokenizer()
     if not _is_trainer_family(module):
         return _probe_word2vec(module, cand, shards, tokenizer, max_seconds, t0)
-    cfg = from_dict(family_config_class(family, module), cand.model, ignore=("model_type",))
+    cfg = from_dict(get_family(family).config_class, cand.model, ignore=("model_type",))
     device = resolve_device(train.device)
     precision = resolve_precision(train.precision, device)
     with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
@@ -484,8 +495,6 @@ def _probe_dir() -> tempfile.TemporaryDirectory:
 
 
 def _probe_word2vec(module, cand: Candidate, shards, tokenizer, max_seconds: float, t0: float) -> ProbeResult:
-    from ..config import from_dict
-
     cfg = from_dict(module.CONFIG_CLASS, {**cand.model, "epochs": 1}, ignore=("model_type",))
     head = _HeadShards(shards, 200_000)
     with _probe_dir() as tmp:
@@ -523,19 +532,15 @@ def max_epochs(family: str) -> float:
     return MAX_EPOCHS_BY_FAMILY.get(family, MAX_EPOCHS)
 
 
-def _train_config(family: str, train_overrides: dict | None) -> TrainConfig:
-    module = _module(family)
-    cfg = apply_overrides(TrainConfig(), dict(getattr(module, "TRAIN_DEFAULTS", {})))
-    return apply_overrides(cfg, dict(train_overrides or {}))
-
-
 def plan_budget(
     family: str,
     shards: Any,
     budget: str | Budget,
-    preset_or_file: str | None = None,
-    model_overrides: dict | None = None,
-    train_overrides: dict | None = None,
+    model=None,
+    train: TrainConfig | None = None,
+    *,
+    model_fields: dict | None = None,
+    name: str | None = None,
     probe: Probe | None = None,
 ) -> BudgetPlan:
     """Choose the shape and the number of steps of a ``family`` run on ``shards`` within ``budget``.
@@ -544,10 +549,11 @@ def plan_budget(
         family: ``bert``, ``gpt``, ``elmo`` or ``word2vec``.
         shards: an open :class:`lmforge.data.shards.Shards` or its folder.
         budget: ``"15m"``, ``"1h"``, ``"90s"`` (wall-clock, probed) or ``"20Mtok"`` (tokens, no probe).
-        preset_or_file: consider only this preset / JSON config (the planner then chooses only the steps).
-        model_overrides: model config fields set on every candidate (``--set`` model keys).
-        train_overrides: TrainConfig fields (``--set`` training keys); ``max_steps`` and ``max_time`` are
-            the planner's and refused here.
+        model: consider only this preset name or config object (the planner then chooses only the steps).
+        train: the TrainConfig of the run (default: the family's); ``max_steps``, ``warmup_steps``,
+            ``decay_steps`` and ``max_time`` are the planner's.
+        model_fields: model config fields set on every candidate (``--set`` model keys).
+        name: how the plan names a config object given as ``model`` (a run file's name).
         probe: the throughput probe (default :func:`measure_throughput`); tests inject a fake one.
     Returns:
         The :class:`BudgetPlan`.
@@ -557,27 +563,23 @@ def plan_budget(
     import torch
 
     from .. import __version__
-    from .pretrain import open_shards
 
     b = budget if isinstance(budget, Budget) else parse_budget(budget)
-    for key in ("max_steps", "max_time", "decay_steps"):
-        if key in (train_overrides or {}):
-            raise ConfigError(f"--budget plans {key} itself; drop --set {key} (or train without --budget)")
     if isinstance(shards, (str, Path)):
         shards = open_shards(shards)
     module = _module(family)
     trainer_family = _is_trainer_family(module)
-    train = _train_config(family, train_overrides) if trainer_family else TrainConfig()
+    train = (train or default_train_config(family)) if trainer_family else TrainConfig()
     if trainer_family:  # the plan records the precision the probe measured, so a replay computes the same way
         train = dataclasses.replace(train, precision=resolve_precision(train.precision, resolve_device(train.device)))
     probe = probe or measure_throughput
     unique = int(shards.counts("train")["tokens"])
     if unique < 1:
         raise ConfigError(f"the shards in {shards.path} have no training tokens; prepare a larger corpus")
-    cands = make_candidates(family, shards, train, preset_or_file, model_overrides)
+    cands = make_candidates(family, shards, train, model, model_fields, name)
     most_epochs = max_epochs(family)
     if not trainer_family:
-        cands = cands[:1] if preset_or_file is not None else [c for c in cands if c.name == module.DEFAULT_PRESET]
+        cands = cands[:1] if model is not None else [c for c in cands if c.name == module.DEFAULT_PRESET]
 
     # -- tokens each candidate gets ------------------------------------------------------------------------
     records: list[dict] = []
@@ -762,9 +764,8 @@ def check_plan_data(plan: BudgetPlan, shards) -> None:
         )
 
 
-def _holds_model(out: Path) -> bool:
-    from .checkpoint import find_state_dir
-
+def holds_model(out: Path) -> bool:
+    """Whether ``out`` already holds a model or a training state (a plan starts a new run)."""
     return (out / "config.json").exists() or find_state_dir(out) is not None
 
 
@@ -777,20 +778,18 @@ def run_plan(plan: BudgetPlan, data_dir: str | Path, out_dir: str | Path, tokeni
     Returns:
         The :class:`lmforge.train.pretrain.PretrainResult`.
     """
-    from .pretrain import open_shards, pretrain
-
     out = Path(out_dir)
-    if _holds_model(out):
+    if holds_model(out):
         raise LmforgeError(f"{out} already holds a model; a plan starts a new run: choose another --out")
     check_plan_data(plan, open_shards(data_dir))
     fresh = not (out / PLAN_FILE).exists()
     out.mkdir(parents=True, exist_ok=True)
     plan.save(out / PLAN_FILE)
-    try:  # the model config goes in as a mapping: no temporary file for a kill to leave behind
-        return pretrain(plan.family, data_dir, out, preset_or_file={"model_type": plan.family, **plan.model},
-                        overrides=plan_overrides(plan), tokenizer_dir=tokenizer_dir, progress=progress)
+    try:
+        return pretrain(plan.family, data_dir, out, plan.model_config(), plan.train_config(),
+                        tokenizer_dir=tokenizer_dir, progress=progress)
     except LmforgeError:
-        if fresh and not _holds_model(out):  # refused before the first checkpoint: no plan left behind
+        if fresh and not holds_model(out):  # refused before the first checkpoint: no plan left behind
             with contextlib.suppress(OSError):
                 (out / PLAN_FILE).unlink()
         raise
@@ -803,50 +802,3 @@ def load_plan(path: str | Path) -> BudgetPlan:
     plan = BudgetPlan.load(p)
     check_plan_settings(plan, p)
     return plan
-
-
-def check_budget_args(args) -> None:
-    """One-line errors for ``--budget`` / ``--plan`` with clashing options, a bad budget or plan file."""
-    if args.budget is not None and args.plan is not None:
-        raise LmforgeError("give --budget (plan a run here) or --plan (replay a saved plan), not both")
-    flag = "--budget" if args.budget is not None else "--plan"
-    if int(os.environ.get("WORLD_SIZE", "1")) > 1:
-        raise LmforgeError(f"{flag} plans and replays one-process runs; run it without torchrun")
-    for given, name in ((args.resume, "--resume"), (args.max_time is not None, "--max-time"),
-                        (getattr(args, "init", None), "--init")):
-        if given:
-            raise LmforgeError(f"{flag} runs a planned number of steps from scratch; drop {name}")
-    out = Path(args.out)
-    if not getattr(args, "overwrite", False) and _holds_model(out):
-        raise LmforgeError(f"{out} already holds a model; a planned run starts afresh: choose another --out "
-                           f"(or add --overwrite)")
-    if args.plan is not None:
-        if args.config is not None or args.overrides:
-            raise LmforgeError("--plan replays a plan exactly; drop --config and --set (or plan again with --budget)")
-        plan = load_plan(args.plan)
-        if plan.family != args.family:
-            raise LmforgeError(f"{args.plan} plans a {plan.family} run, not a {args.family} one")
-    else:
-        parse_budget(args.budget)
-
-
-def plan_for_cli(args) -> BudgetPlan:
-    """The plan of ``lmforge pretrain ... --budget B`` (probed here) or ``--plan FILE`` (read)."""
-    from .pretrain import family_config_class, open_shards, run_file_train, split_all_overrides
-
-    check_budget_args(args)
-    if args.plan is not None:
-        plan = load_plan(args.plan)
-        check_plan_data(plan, open_shards(args.data))
-        return plan
-    module = _module(args.family)
-    model_over, train_over = split_all_overrides(args.overrides, family_config_class(args.family, module),
-                                                 _is_trainer_family(module))
-    if _is_trainer_family(module):  # a run file's [train] fields, then --set, then --device / --precision
-        flags = {k: getattr(args, k, None) for k in ("device", "precision")}
-        train_over = {**run_file_train(args.family, args.config), **train_over,
-                      **{k: v for k, v in flags.items() if v is not None}}
-    budget = parse_budget(args.budget)
-    shards = open_shards(args.data)
-    return plan_budget(args.family, shards, budget, args.config, model_over, train_over)
-

@@ -8,7 +8,6 @@ family's configs, exactly as :func:`lmforge.train.budget.run_plan` will build th
 
 from __future__ import annotations
 
-import json
 import math
 import typing
 from pathlib import Path
@@ -56,13 +55,16 @@ def plan_fields(cls: type, data: dict, path: Path) -> dict[str, Any]:
     return out
 
 
-def plan_overrides(plan) -> list[str]:
-    """The ``key=value`` training settings a replay of ``plan`` runs with (empty for word2vec)."""
-    if not get_family(plan.family).trainer:
-        return []
+def plan_train_config(plan) -> TrainConfig | None:
+    """The training settings a replay of ``plan`` runs with: the family's defaults, then the plan's (None for
+    word2vec)."""
+    family = get_family(plan.family)
+    if not family.trainer:
+        return None
     keys = set(_field_types(TrainConfig))
     train = upgrade_legacy_keys(plan.train)  # a plan of lmforge 0.1 says bf16: true|false
-    return [f"{k}={_text(v)}" for k, v in train.items() if k in keys and k != "max_time"]
+    fields = {k: v for k, v in train.items() if k in keys and k != "max_time"}
+    return apply_overrides(apply_overrides(TrainConfig(), family.train_defaults), fields)
 
 
 def check_plan_settings(plan, path: str | Path) -> None:
@@ -71,21 +73,8 @@ def check_plan_settings(plan, path: str | Path) -> None:
     try:
         family = get_family(plan.family)
         from_dict(family.config_class, plan.model, ignore=("model_type",))
-        apply_overrides(apply_overrides(TrainConfig(), family.train_defaults), plan_overrides(plan))
+        plan_train_config(plan)
     except ConfigError as e:
         raise _refuse(p, str(e)) from None
     if family.trainer and (plan.max_steps is None or plan.max_steps < 1):
         raise _refuse(p, f"'max_steps' must be 1 or more for {plan.family}, got {plan.max_steps!r}")
-
-
-def _text(value: Any) -> str:
-    """``value`` as the text of a ``--set key=value`` override."""
-    if value is None:
-        return "none"
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, float):
-        return repr(value)
-    if isinstance(value, (list, tuple, dict)):
-        return json.dumps(value)
-    return str(value)
