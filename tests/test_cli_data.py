@@ -54,7 +54,7 @@ def test_tokenizer_train_prints_final_vocab_size(tmp_path, capsys, tiny_corpus):
     "case,needles",
     [
         ("missing", ["file not found", "nope.txt"]),
-        ("dir", ["latin1.txt line 4"]),  # a folder is read: its bad file is named (the binary one is skipped)
+        ("dir", ["lies inside", "the folder this command reads"]),  # --out is inside the folder read
         ("latin1", ["latin1.txt line 4", "--encoding-errors replace"]),
         ("binary", ["binary", "weights.bin"]),
         ("empty", ["empty"]),
@@ -70,7 +70,7 @@ def test_tokenizer_train_bad_input(tmp_path, capsys, bad_files, case, needles):
     "case,needles",
     [
         ("missing", ["file not found", "nope.txt"]),
-        ("dir", ["latin1.txt line 4"]),  # a folder is read: its bad file is named (the binary one is skipped)
+        ("dir", ["lies inside", "the folder this command reads"]),  # --out is inside the folder read
         ("latin1", ["latin1.txt line 4", "--encoding-errors replace"]),
         ("binary", ["binary", "weights.bin"]),
         ("empty", ["corpus is empty"]),
