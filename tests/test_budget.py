@@ -14,7 +14,10 @@ from safetensors.torch import load_file
 from lmforge.cli import main
 from lmforge.data.shards import Shards
 from lmforge.errors import ConfigError
+from lmforge.models import FAMILIES
 from lmforge.train import budget as B
+from lmforge.train import budget_probe as P
+from lmforge.train import budget_search as S
 from lmforge.train.pretrain import default_train_config
 
 # GPT shapes small enough for the test shards; the model keys apply to every candidate
@@ -70,21 +73,37 @@ def unlimited_data(monkeypatch):
     """The planner as if the shards were endless: only the compute-optimal rule chooses."""
     monkeypatch.setattr(B, "MAX_EPOCHS", 1e12)
     monkeypatch.setattr(B, "MAX_EPOCHS_BY_FAMILY", {})
-    monkeypatch.setattr(B, "FULL_VALUE_EPOCHS", 1e12)
+    monkeypatch.setattr(S, "FULL_VALUE_EPOCHS", 1e12)
 
 
 def _expected_choice(cands, k, seconds, probe_seconds, train, probed):
-    train_s = (seconds - probe_seconds) * (1 - B.RESERVE)
+    train_s = (seconds - probe_seconds) * (1 - P.RESERVE)
     best = None
     for c in cands:
         if c.name not in probed:
             continue
-        steps = int(k / c.params * train_s / (c.tokens_per_step * B._eval_factor(train)))
-        r = steps * c.tokens_per_step / c.body_params / B.TOKENS_PER_PARAM  # the rule counts body parameters
-        score = math.log(r) if r >= 1 else -B.UNDERTRAIN_WEIGHT * math.log(r)
+        steps = int(k / c.params * train_s / (c.tokens_per_step * P.eval_factor(train)))
+        r = steps * c.tokens_per_step / c.body_params / S.TOKENS_PER_PARAM  # the rule counts body parameters
+        score = math.log(r) if r >= 1 else -S.UNDERTRAIN_WEIGHT * math.log(r)
         if steps >= B.MIN_STEPS and (best is None or (round(score, 4), -c.params) < best[0]):
             best = ((round(score, 4), -c.params), c.name, steps)
     return best[1], best[2]
+
+
+def test_default_plan_probes_the_chosen_preset_only(bpe_shards):
+    """The default plan: probe the default preset, steps from its tokens/s, no other shape considered."""
+    shards = Shards.open(bpe_shards)
+    train = default_train_config("gpt")
+    default = FAMILIES["gpt"].default_preset
+    tiny = B.make_candidates("gpt", shards, train, default, SMALL)[0]
+    probe = FakeProbe(5e9)
+    plan = B.plan_budget("gpt", shards, "15m", model_fields=SMALL, probe=probe)
+    assert probe.calls == [default] and plan.preset == default and len(plan.candidates) == 1
+    tps = 5e9 / tiny.params
+    steps = int(tps * P.train_seconds(900.0, probe.seconds) / (tiny.tokens_per_step * P.eval_factor(train)))
+    cap = int(B.MAX_EPOCHS * shards.counts("train")["tokens"] / tiny.tokens_per_step)
+    assert plan.max_steps == min(steps, cap)
+    assert "score" not in plan.candidates[0]
 
 
 def test_plan_is_deterministic_and_follows_the_rule(bpe_shards, unlimited_data):
@@ -99,14 +118,14 @@ def test_plan_is_deterministic_and_follows_the_rule(bpe_shards, unlimited_data):
     mini = cands[1]
     k = 10 * mini.body_params * mini.params / (900 * 0.9)
     probe = FakeProbe(k)
-    plan = B.plan_budget("gpt", shards, "15m", model_fields=SMALL, probe=probe)
-    again = B.plan_budget("gpt", shards, "15m", model_fields=SMALL, probe=FakeProbe(k))
+    plan = B.plan_budget("gpt", shards, "15m", search_shape=True, model_fields=SMALL, probe=probe)
+    again = B.plan_budget("gpt", shards, "15m", search_shape=True, model_fields=SMALL, probe=FakeProbe(k))
     assert plan.to_json() == again.to_json()
     # the probe stops at the first shape that is already under-trained: larger ones only more so
     assert probe.calls == ["tiny", "mini"]
     name, steps = _expected_choice(cands, k, 900.0, 2 * probe.seconds, train, probe.calls)
     assert (plan.preset, plan.max_steps) == (name, steps) == ("mini", steps)
-    assert plan.tokens_per_param < B.TOKENS_PER_PARAM < plan.candidates[0]["tokens_per_param"]
+    assert plan.tokens_per_param < S.TOKENS_PER_PARAM < plan.candidates[0]["tokens_per_param"]
     assert plan.expected_tokens == int(steps * mini.tokens_per_step)
     assert plan.params == mini.params and plan.body_params == mini.body_params
     assert plan.seq_len == 32 and plan.batch_size == train.batch_size
@@ -127,8 +146,8 @@ def test_twice_the_budget_buys_a_larger_shape(bpe_shards, unlimited_data):
     cands = B.make_candidates("gpt", shards, train, None, SMALL)
     mini = cands[1]
     k = 10 * mini.body_params * mini.params / (900 * 0.9)
-    small_budget = B.plan_budget("gpt", shards, "15m", model_fields=SMALL, probe=FakeProbe(k))
-    big_budget = B.plan_budget("gpt", shards, "16h", model_fields=SMALL, probe=FakeProbe(k))
+    small_budget = B.plan_budget("gpt", shards, "15m", search_shape=True, model_fields=SMALL, probe=FakeProbe(k))
+    big_budget = B.plan_budget("gpt", shards, "16h", search_shape=True, model_fields=SMALL, probe=FakeProbe(k))
     assert big_budget.params > small_budget.params
 
 
@@ -140,7 +159,7 @@ def test_token_budget_needs_no_probe(bpe_shards, unlimited_data):
     train = default_train_config("gpt")
     cands = {c.name: c for c in B.make_candidates("gpt", shards, train, None, SMALL)}
     tokens = int(20 * cands["mini"].body_params)  # exactly Chinchilla's 20 tokens per body parameter for 'mini'
-    plan = B.plan_budget("gpt", shards, f"{tokens}tok", model_fields=SMALL, probe=no_probe)
+    plan = B.plan_budget("gpt", shards, f"{tokens}tok", search_shape=True, model_fields=SMALL, probe=no_probe)
     assert plan.preset == "mini" and plan.max_steps == int(tokens / cands["mini"].tokens_per_step)
     assert plan.probe_tokens_per_s is None and plan.expected_seconds is None and plan.budget_kind == "tokens"
 
@@ -181,28 +200,28 @@ def test_bert_time_left_after_its_passes_buys_a_larger_shape(wordpiece_shards, m
     cap = 40 * tiny.body_params / unique
     monkeypatch.setitem(B.MAX_EPOCHS_BY_FAMILY, "bert", cap)
     probe_s = 2.0
-    train_s = (900 - 2 * probe_s) * (1 - B.RESERVE)
-    k = 3 * cap * unique * B._eval_factor(train) * tiny.params / train_s
-    assert B.FULL_VALUE_EPOCHS < 3 * cap * tiny.params / mini.params < cap
+    train_s = (900 - 2 * probe_s) * (1 - P.RESERVE)
+    k = 3 * cap * unique * P.eval_factor(train) * tiny.params / train_s
+    assert S.FULL_VALUE_EPOCHS < 3 * cap * tiny.params / mini.params < cap
     probe = FakeProbe(k, probe_s)
-    plan = B.plan_budget("bert", shards, "15m", model_fields=over, probe=probe)
+    plan = B.plan_budget("bert", shards, "15m", search_shape=True, model_fields=over, probe=probe)
     assert probe.calls == ["tiny", "mini"]
-    steps = int(k / mini.params * train_s / (mini.tokens_per_step * B._eval_factor(train)))
+    steps = int(k / mini.params * train_s / (mini.tokens_per_step * P.eval_factor(train)))
     assert (plan.preset, plan.max_steps) == ("mini", steps)
-    assert B.FULL_VALUE_EPOCHS < plan.epochs < cap
+    assert S.FULL_VALUE_EPOCHS < plan.epochs < cap
     assert plan.candidates[0]["steps"] == int(cap * unique / tiny.tokens_per_step)  # tiny: capped
     assert "passes in" in plan.candidates[0]["note"]
     assert any("would make all" in w and "'mini'" in w for w in plan.warnings)
     assert not any("prepare more text" in w for w in plan.warnings)
     assert "capped" not in plan.candidates[0] and "uncapped_steps" not in plan.candidates[0]
     # the same budget without step 5: step 3's winner, capped, with the warning to prepare more text
-    monkeypatch.setattr(B, "GROW_WHEN_CAPPED", ())
-    plan = B.plan_budget("bert", shards, "15m", model_fields=over, probe=FakeProbe(k, probe_s))
+    monkeypatch.setattr(S, "GROW_WHEN_CAPPED", ())
+    plan = B.plan_budget("bert", shards, "15m", search_shape=True, model_fields=over, probe=FakeProbe(k, probe_s))
     assert plan.preset == "tiny" and plan.max_steps == int(cap * unique / tiny.tokens_per_step)
     assert any("prepare more text" in w for w in plan.warnings)
     # nor when the small shape's passes would take more than half the time (here: two thirds)
-    monkeypatch.setattr(B, "GROW_WHEN_CAPPED", ("bert",))
-    plan = B.plan_budget("bert", shards, "15m", model_fields=over, probe=FakeProbe(k / 2, probe_s))
+    monkeypatch.setattr(S, "GROW_WHEN_CAPPED", ("bert",))
+    plan = B.plan_budget("bert", shards, "15m", search_shape=True, model_fields=over, probe=FakeProbe(k / 2, probe_s))
     assert plan.preset == "tiny" and any("prepare more text" in w for w in plan.warnings)
 
 
@@ -231,20 +250,20 @@ def test_body_parameters_leave_out_embeddings_and_an_untied_softmax(wordpiece_sh
     shards = Shards.open(wordpiece_shards)
     tok = shards.tokenizer()
     cfg = elmo.ElmoConfig(vocab_size=tok.vocab_size, **elmo.PRESETS["tiny"])
-    model, _ = B._module("elmo").pretraining_setup(cfg, shards, tok)
+    model, _ = P._module("elmo").pretraining_setup(cfg, shards, tok)
     total = sum(p.numel() for p in model.parameters())
     chars = model.token_encoder.char_embedding.weight.numel()
     softmax = model.softmax.weight.numel() + model.softmax.bias.numel()
-    assert B.body_parameters(model, tok.vocab_size) == total - chars - softmax
+    assert P.body_parameters(model, tok.vocab_size) == total - chars - softmax
     # GPT's output layer is the token embedding: left out once, with the positions
     shards = Shards.open(bpe_shards)
     tok = shards.tokenizer()
     cfg = gpt.GPTConfig(vocab_size=tok.vocab_size, n_positions=32, n_embd=32, n_layer=1, n_head=2)
-    model, _ = B._module("gpt").pretraining_setup(cfg, shards, tok)
+    model, _ = P._module("gpt").pretraining_setup(cfg, shards, tok)
     assert model.lm_head.weight is model.wte.weight
     total = sum(p.numel() for p in model.parameters())
     emb = model.wte.weight.numel() + model.wpe.weight.numel()
-    assert B.body_parameters(model, tok.vocab_size) == total - emb
+    assert P.body_parameters(model, tok.vocab_size) == total - emb
 
 
 def test_elmo_ladder_has_a_shape_between_tiny_and_small(wordpiece_shards, unlimited_data):
@@ -255,7 +274,7 @@ def test_elmo_ladder_has_a_shape_between_tiny_and_small(wordpiece_shards, unlimi
     names = [c.name for c in B.make_candidates("elmo", shards, train)]
     assert names[:3] == ["tiny", "mini", "small"] and "small-word" not in names
     probe = FakeProbe(k=5e9)
-    plan = B.plan_budget("elmo", shards, "60m", probe=probe)
+    plan = B.plan_budget("elmo", shards, "60m", search_shape=True, probe=probe)
     assert probe.calls[:2] == ["tiny", "mini"]
     assert plan.candidates[1]["name"] == "mini" and plan.candidates[1]["tokens_per_s"] is not None
     # at this throughput 'tiny' gets hundreds of tokens per body parameter, 'mini' about ten: 'mini' wins
@@ -281,7 +300,7 @@ def test_real_probe_times_a_few_steps_without_touching_the_run_rng(bpe_shards):
     torch.manual_seed(123)
     res = B.measure_throughput("gpt", cand, train, shards, max_seconds=5.0)
     assert torch.equal(torch.rand(3), before)  # the probe forks the RNG: the run after it is unchanged
-    assert res.tokens_per_s > 0 and B.PROBE_STEPS[0] <= res.steps <= B.PROBE_STEPS[1] and res.seconds > 0
+    assert res.tokens_per_s > 0 and P.PROBE_STEPS[0] <= res.steps <= P.PROBE_STEPS[1] and res.seconds > 0
 
 
 # -- the CLI: plan, train the fixed steps, replay ---------------------------------------------------------------
@@ -315,6 +334,8 @@ def test_cli_errors_are_one_line(bpe_shards, tmp_path, capsys):
     one_line_error(rc, err, "too small for even one step")
     rc, _, err = run_cli(capsys, *base, "--budget", "15m", "--set", "max_steps=10")
     one_line_error(rc, err, "max_steps")
+    rc, _, err = run_cli(capsys, *base, "--search-shape", "--config", "tiny", "--budget", "15m")
+    one_line_error(rc, err, "--search-shape")
     rc, _, err = run_cli(capsys, *base, "--plan", str(tmp_path / "nope.json"))
     one_line_error(rc, err, "plan file not found")
     (tmp_path / "bad.json").write_text("{}")

@@ -16,6 +16,9 @@ from ._runconfig import compute_flags, is_config_file, model_from_choice, run_fi
 
 def check_budget_args(args: argparse.Namespace) -> None:
     """One-line errors for ``--budget`` / ``--plan`` with clashing options, a bad budget or plan file."""
+    if args.search_shape and (args.budget is None or args.config is not None):
+        raise LmforgeError("--search-shape chooses the shape of a --budget run among the presets; give --budget "
+                           "and drop --config")
     if args.budget is not None and args.plan is not None:
         raise LmforgeError("give --budget (plan a run here) or --plan (replay a saved plan), not both")
     flag = "--budget" if args.budget is not None else "--plan"
@@ -60,4 +63,4 @@ def plan_for_cli(args: argparse.Namespace) -> BudgetPlan:
     if is_config_file(args.config):
         model, name = model_from_choice(family, args.config), Path(args.config).name
     return plan_budget(family, open_shards(args.data), parse_budget(args.budget), model, train,
-                       model_fields=model_over, name=name)
+                       model_fields=model_over, name=name, search_shape=args.search_shape)

@@ -93,9 +93,12 @@ def register(sub) -> None:
     p.add_argument(
         "--budget",
         metavar="TIME|TOKENS",
-        help="plan the run from a budget, e.g. 15m, 1h or 20Mtok: a throughput probe picks the shape and the "
+        help="plan the run from a budget, e.g. 15m, 1h or 20Mtok: a throughput probe of the preset gives the "
         "number of steps (saved as OUT/plan.json), then exactly that many steps run (docs/training.md)",
     )
+    p.add_argument("--search-shape", action="store_true",
+                   help="with --budget and no --config: choose the shape among the family's presets too "
+                   "(docs/training.md)")
     p.add_argument("--plan", metavar="PLAN_JSON", help="replay a saved plan.json exactly (no probe)")
     p.add_argument("--resume", action="store_true", help="continue the training saved in MODEL_DIR/training_state")
     p.add_argument(
@@ -173,7 +176,7 @@ def run(args) -> int:
     check_configs(args, overrides)
     check_val_split(args.data)
     planned = args.budget is not None or args.plan is not None
-    if planned:
+    if planned or args.search_shape:
         check_budget_args(args)  # clashing options, a bad budget or plan file: before --out is touched
     kind_before = folder_kind(args.out)
     with output_folder(args.out, "model", args.overwrite, inputs=[args.data, args.init, args.tokenizer]) as out:
