@@ -14,6 +14,7 @@ Everything is built once per session in a temporary folder and is deterministic.
 from __future__ import annotations
 
 import gzip
+import os
 from pathlib import Path
 
 import pytest
@@ -25,6 +26,13 @@ TINY_VOCAB = 500
 # it keeps float reductions in the same order on every machine (bitwise comparisons with a subprocess
 # need the same thread count on both sides).
 torch.set_num_threads(1)
+
+
+@pytest.fixture(autouse=True, scope="session")
+def choices_cache(tmp_path_factory):
+    """Kernel and precision choices measured during the tests go to a session cache (subprocesses share it), not
+    the user's ~/.cache/lmforge (lmforge.nn.autotune)."""
+    os.environ.setdefault("LMFORGE_CACHE", str(tmp_path_factory.mktemp("lmforge-cache")))
 
 
 @pytest.fixture(autouse=True)

@@ -114,12 +114,12 @@ def test_precision_is_printed_and_saved_with_the_run(toy_family, bpe_shards, tmp
     info.write_text("flags\t\t: avx2 amx_bf16\n")
     monkeypatch.setattr(P, "CPUINFO_PATH", str(info))
     common = ["pretrain", toy_family, "--data", bpe_shards, "--set", "max_steps=2", "eval_batches=1"]
-    rc, _, err = run_cli(capsys, *common, "--out", tmp_path / "auto")
-    assert rc == 0 and "precision bf16 (auto: this CPU computes bf16 natively" in err
-    assert json.loads((tmp_path / "auto" / "train_config.json").read_text())["precision"] == "bf16"
-    rc, _, err = run_cli(capsys, *common, "--out", tmp_path / "fp32", "--precision", "fp32")
-    assert rc == 0 and "precision fp32 (asked for)" in err
-    assert json.loads((tmp_path / "fp32" / "train_config.json").read_text())["precision"] == "fp32"
+    rc, _, err = run_cli(capsys, *common, "--out", tmp_path / "auto")  # the toy is narrow: fp32 wins there
+    assert rc == 0 and "precision fp32 (auto: the model's width 32 is below 128" in err
+    assert json.loads((tmp_path / "auto" / "train_config.json").read_text())["precision"] == "fp32"
+    rc, _, err = run_cli(capsys, *common, "--out", tmp_path / "bf16", "--precision", "bf16")
+    assert rc == 0 and "precision bf16 (asked for)" in err
+    assert json.loads((tmp_path / "bf16" / "train_config.json").read_text())["precision"] == "bf16"
 
 
 # -- one run file: model and training keys; the saved config repeats the run -------------------------------------

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -10,23 +11,36 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from lmforge.nn import cpu_ops
+from lmforge.nn import autotune, cpu_ops
 from lmforge.nn.cpu_ops import Dropout, attention, dropout, linear, matmul_t
+
+
+class _Mode:
+    """A block with the oneDNN switch set to ``mode``, then the switch as it was."""
+
+    def __init__(self, mode: str):
+        self.mode = mode
+
+    def __enter__(self):
+        self.before = cpu_ops._ONEDNN_MODE
+        cpu_ops.set_onednn(self.mode)
+
+    def __exit__(self, *exc):
+        cpu_ops.set_onednn(self.before)
 
 
 @pytest.fixture
 def onednn_off():
     """Run a block with the oneDNN routes off, then restore the switch."""
-    before = cpu_ops._ONEDNN_LINEAR
+    return _Mode("off")
 
-    class Off:
-        def __enter__(self):
-            cpu_ops.set_onednn(False)
 
-        def __exit__(self, *exc):
-            cpu_ops._ONEDNN_LINEAR = before
-
-    return Off()
+@pytest.fixture(autouse=True)
+def onednn_on():
+    """Every test here starts with the oneDNN routes on wherever they apply (not by measurement), so each
+    compares the route with its fallback; the auto mode has tests of its own."""
+    with _Mode("on"):
+        yield
 
 
 @pytest.mark.parametrize("act", [None, "gelu", "gelu_tanh"])
@@ -79,15 +93,66 @@ def test_matmul_t_matches_fallback(onednn_off):
 
 
 def test_switch_reads_the_environment():
-    """LMFORGE_ONEDNN=0 turns the oneDNN routes off at import; anything else leaves them as the build allows."""
-    code = "from lmforge.nn import cpu_ops; print(cpu_ops.onednn_enabled())"
-    env = dict(os.environ, LMFORGE_ONEDNN="0")
-    off = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
-    assert off.stdout.strip() == "False"
-    env["LMFORGE_ONEDNN"] = "1"
-    on = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
+    """LMFORGE_ONEDNN=0 turns the oneDNN routes off at import, 1 on, anything else (or unset) means auto."""
+    code = "from lmforge.nn import cpu_ops; print(cpu_ops.onednn_enabled(), cpu_ops.onednn_mode())"
     have = cpu_ops._ONEDNN_OP is not None and torch.backends.mkldnn.is_available()
-    assert on.stdout.strip() == str(have)
+    for value, mode in (("0", "off"), ("1", "on"), ("auto", "auto"), (None, "auto")):
+        env = {k: v for k, v in os.environ.items() if k != "LMFORGE_ONEDNN"}
+        if value is not None:
+            env["LMFORGE_ONEDNN"] = value
+        out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
+        assert out.stdout.split() == ([str(have), mode] if have and mode != "off" else ["False", "off"])
+
+
+def _timings(monkeypatch, seconds: dict[str, float]) -> list[list[str]]:
+    """``autotune.best_times`` answers ``seconds`` (a measurement on a machine where those are the times);
+    returns the list of candidate names each measurement was asked for."""
+    asked: list[list[str]] = []
+
+    def best_times(candidates, reps=5, warmup=1):
+        asked.append(sorted(candidates))
+        for fn in candidates.values():  # the candidates must run
+            fn()
+        return {k: seconds[k] for k in candidates}
+
+    monkeypatch.setattr(autotune, "best_times", best_times)
+    return asked
+
+
+@pytest.mark.skipif(cpu_ops._ONEDNN_OP is None, reason="this PyTorch build has no oneDNN linear")
+@pytest.mark.parametrize(("onednn_s", "route"), [(0.5, "onednn"), (0.99, "torch"), (2.0, "torch")])
+def test_auto_takes_onednn_only_where_it_measured_faster(onednn_s, route, monkeypatch, tmp_path):
+    """auto: one measurement per kind of call and shape, cached in LMFORGE_CACHE; a near tie keeps F.linear."""
+    monkeypatch.setenv(autotune.CACHE_ENV, str(tmp_path))
+    autotune.forget()
+    asked = _timings(monkeypatch, {"onednn": onednn_s, "torch": 1.0})
+    torch.manual_seed(0)
+    x, w, b = torch.randn(3, 40, 48, requires_grad=True), torch.randn(96, 48, requires_grad=True), torch.randn(96)
+    with _Mode("auto"):
+        y = linear(x, w, b)
+        linear(x, w, b)  # the same question: answered from memory
+        y.sum().backward()
+        with torch.no_grad():
+            linear(x, w, b, "gelu")
+        routes = cpu_ops.chosen_routes()
+    assert set(routes.values()) == {route} and len(routes) == len(asked) == 2
+    assert any(q.startswith("linear:train:64x48x96") for q in routes)
+    torch.testing.assert_close(y, F.linear(x, w, b), atol=1e-5, rtol=1e-5)
+    cached = json.loads((tmp_path / autotune.CACHE_FILE).read_text())[autotune.machine_key()]
+    assert {q: e["choice"] for q, e in cached.items()} == routes
+    autotune.forget()  # a new process: the file answers, nothing is measured again
+    with _Mode("auto"):
+        linear(x, w, b)
+    assert len(asked) == 2
+    autotune.forget()
+
+
+def test_describe_routes_names_every_setting():
+    line = cpu_ops.describe_routes()
+    for part in ("oneDNN linear", "dropout", "attention", "LM loss"):
+        assert part in line
+    with _Mode("off"):
+        assert "oneDNN linear: off" in cpu_ops.describe_routes()
 
 
 def test_fast_dropout_statistics_and_determinism():
@@ -170,8 +235,7 @@ def test_gpt_and_bert_give_the_same_losses_with_the_switch_off(onednn_off):
                                    resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0)).train()
     bert = BertForPreTraining(BertConfig(vocab_size=300, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
                                          intermediate_size=64, hidden_dropout_prob=0.0,
-                                         attention_probs_dropout_prob=0.0, max_position_embeddings=64,
-                                         max_seq_length=32)).train()
+                                         attention_probs_dropout_prob=0.0, max_position_embeddings=64)).train()
     ids = torch.randint(5, 300, (4, 32))
     labels = torch.full_like(ids, -100)
     labels[:, ::5] = ids[:, ::5]

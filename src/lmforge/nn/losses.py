@@ -17,7 +17,7 @@ import threading
 import torch
 import torch.nn.functional as F
 
-from .cpu_ops import matmul_t
+from .cpu_ops import compiling, matmul_t
 
 
 def causal_lm_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
@@ -97,7 +97,9 @@ class _LinearCrossEntropy(torch.autograd.Function):
         N = x.shape[0]
         valid = targets != -100
         safe = targets.clamp(min=0)
-        n_valid = int(valid.sum())
+        n_valid = valid.sum()  # a tensor on a GPU: reading it back would stall the GPU every step
+        if x.device.type == "cpu":
+            n_valid = int(n_valid)
         loss_sum = torch.zeros((), dtype=torch.float32, device=x.device)
         grad_x = torch.empty_like(x) if need_grad else None
         grad_w = None  # (V, C) fp32, summed over blocks
@@ -120,9 +122,12 @@ class _LinearCrossEntropy(torch.autograd.Function):
                 lse[i : i + chunk_rows] = m - sm.amax(dim=-1, keepdim=True).log()
                 if need_grad:
                     sm.scatter_add_(1, tc, torch.full(tc.shape, -1.0, device=sm.device))  # softmax - one-hot
-                    ignored = (~vb[i : i + chunk_rows]).nonzero().squeeze(1)
-                    if ignored.numel():
-                        sm.index_fill_(0, ignored, 0.0)  # ignored rows give no gradient
+                    if x.device.type == "cpu":  # ignored rows give no gradient; few rows to fill, in cache
+                        ignored = (~vb[i : i + chunk_rows]).nonzero().squeeze(1)
+                        if ignored.numel():
+                            sm.index_fill_(0, ignored, 0.0)
+                    else:  # no data-dependent shape (a host sync) on a GPU
+                        sm.masked_fill_(~vb[i : i + chunk_rows, None], 0.0)
                     p[i : i + chunk_rows] = sm
             loss_sum += ((lse - target_score).squeeze(1) * vb).sum()
             if need_grad:
@@ -130,11 +135,16 @@ class _LinearCrossEntropy(torch.autograd.Function):
                 gw = matmul_t(xb.t(), p.t()).t().float()  # (V, C) = p.T @ x (this order is the fastest on CPU)
                 grad_w = gw if grad_w is None else grad_w.add_(gw)
         if need_grad:
-            scale = 1.0 / max(n_valid, 1)
-            ctx.grads = (grad_x.mul_(scale), grad_w.mul_(scale).to(master_weight.dtype).contiguous())
+            if isinstance(n_valid, int):
+                scale = 1.0 / max(n_valid, 1)
+                grad_x.mul_(scale)
+            else:  # scaled in fp32: a bf16 copy of the scale would be off by up to 0.4 %
+                scale = 1.0 / n_valid.clamp(min=1).float()
+                grad_x = grad_x.mul_(scale) if grad_x.dtype == torch.float32 else grad_x.float().mul_(scale)
+            ctx.grads = (grad_x, grad_w.mul_(scale).to(master_weight.dtype).contiguous())
         else:
             ctx.grads = None
-        return loss_sum / n_valid if n_valid else loss_sum * float("nan")
+        return loss_sum / n_valid  # 0 / 0 = NaN when every target is ignored, as F.cross_entropy
 
     @staticmethod
     def backward(ctx, grad_out):
@@ -170,6 +180,9 @@ def linear_cross_entropy(
     Returns:
         Scalar mean loss (fp32); NaN when every target is ignored (as ``F.cross_entropy``).
     """
+    if compiling():  # inductor fuses the plain form itself; the chunk loop would only break its graph
+        logits = x @ weight.to(x.dtype).t() if not torch.is_autocast_enabled(x.device.type) else x @ weight.t()
+        return F.cross_entropy(logits.float(), targets, ignore_index=-100)
     V = weight.shape[0]
     block_rows = max(1, block_scores // V)
     # On CPU, chunks of ~8 MB of fp32 scores keep the softmax passes in cache.  A GPU gains nothing from

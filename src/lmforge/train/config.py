@@ -91,6 +91,8 @@ class TrainConfig:
         seed: seeds the data order (every row's RNG), dropout and the model's initialisation.
         device: ``auto`` (CUDA when available), ``cpu``, ``cuda`` or ``cuda:N`` (the CLI's ``--device``).
         log: ``jsonl`` (metrics.jsonl and the PNG) or ``tensorboard`` (also TensorBoard event files beside them).
+        compile: run the training forward through ``torch.compile`` (the CLI's ``--compile``; off by default:
+            on a CPU its start-up costs more than short runs gain, see docs/training.md).
     """
 
     max_steps: int = 1000
@@ -115,6 +117,7 @@ class TrainConfig:
     seed: int = 0
     device: str = "auto"
     log: str = "jsonl"
+    compile: bool = False
 
     def __post_init__(self) -> None:
         if isinstance(self.max_time, str):

@@ -5,30 +5,48 @@ Every training command (pretrain, finetune, benchmark curve, demo) takes the sam
 - ``device``: ``auto`` (CUDA when torch sees a GPU, else the CPU), ``cpu``, ``cuda`` or ``cuda:N``.
 - ``precision``: ``auto``, ``fp32``, ``bf16`` or ``fp16``.  ``bf16`` and ``fp16`` run the forward pass and
   the loss under autocast; weights and optimizer state stay fp32.  ``fp16`` needs a GPU and a gradient
-  scaler (:func:`grad_scaler`); on a CPU it is refused.  ``auto`` is bf16 where the device computes bf16
-  natively (a CPU with the ``avx512_bf16`` or ``amx_bf16`` flag, a CUDA GPU that supports bf16) and fp32
-  elsewhere: emulated bf16 on an AVX2 CPU runs far below fp32.
+  scaler (:func:`grad_scaler`); on a CPU it is refused.
 
-:func:`resolve_precision` turns ``auto`` into the concrete choice, which the run saves and reports, so a
-saved config repeats the same arithmetic.
+``auto`` is chosen by measurement where the answer depends on the model:
+
+- a CUDA GPU that supports bf16: bf16;
+- a CPU without native bf16 (no ``avx512_bf16`` or ``amx_bf16`` flag): fp32 (emulated bf16 runs far below it);
+- a CPU with native bf16: fp32 for a narrow model (typical matmul width below :data:`MIN_BF16_WIDTH`,
+  where autocast's casts cost more than the bf16 matmuls save); otherwise a few training steps of
+  both, timed on the run's own model and batch (:mod:`lmforge.nn.autotune`, cached per CPU model, torch
+  version, threads and model shape), and bf16 only where it is at least :data:`BF16_MARGIN` times faster.
+  Without a step to time (a transfer run), a measurement cached for the same shape, else bf16.
+
+:func:`choose_precision` returns the choice with its reason; :func:`resolve_precision` just the name.
+The run saves and reports the concrete choice, so a saved config repeats the same arithmetic.
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 import re
+import statistics
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
+from torch import nn
 
 from ..errors import ConfigError
+from ..nn import autotune
 
 DEVICES = ("auto", "cpu", "cuda", "cuda:N")
 PRECISIONS = ("auto", "fp32", "bf16", "fp16")
 # CPU flags (Linux /proc/cpuinfo) that mean native bf16 arithmetic
 BF16_CPU_FLAGS = ("avx512_bf16", "amx_bf16")
 CPUINFO_PATH = "/proc/cpuinfo"
+# Below this typical matmul width bf16 autocast loses to fp32 on a CPU, native bf16 or not: the casts of
+# weights and activations cost more than the narrow matmuls save (measurements in docs/training.md).
+MIN_BF16_WIDTH = 128
+# bf16 is chosen where its measured step is at least this much faster: a near tie keeps fp32's precision.
+BF16_MARGIN = 1.1
 
 
 def check_device(name: str) -> str:
@@ -97,27 +115,112 @@ def native_bf16(device: torch.device) -> bool:
     return False
 
 
-def resolve_precision(precision: str, device: torch.device) -> str:
-    """The concrete precision (``fp32``, ``bf16`` or ``fp16``) of ``precision`` on ``device``.
+@dataclasses.dataclass(frozen=True)
+class PrecisionChoice:
+    """A resolved precision and why.
 
+    Attributes:
+        precision: ``fp32``, ``bf16`` or ``fp16``.
+        reason: why ``auto`` chose it (empty when the precision was asked for).
+        speedup: fp32's step time over bf16's where measured (above 1: bf16 is faster), else ``None``.
+    """
+
+    precision: str
+    reason: str = ""
+    speedup: float | None = None
+
+
+def model_width(model: nn.Module) -> int:
+    """The typical matmul width of ``model``: the median of the smaller side of its 2-D weights outside
+    embeddings (128 for a BERT or GPT of hidden size 128, the LSTM width for ELMo)."""
+    embedding_weights = {id(m.weight) for m in model.modules() if isinstance(m, nn.Embedding)}
+    sides = [min(p.shape) for p in model.parameters() if p.ndim == 2 and id(p) not in embedding_weights]
+    return int(statistics.median(sides)) if sides else 0
+
+
+def shape_question(model: nn.Module, tokens: int | None = None) -> str:
+    """The cache key of ``auto``'s measurement for ``model``: family, width, parameter count and tokens per
+    micro-batch, the last two rounded to powers of two so one measurement serves nearby shapes."""
+    family = getattr(model, "model_type", None) or type(model).__name__
+    n_params = sum(p.numel() for p in model.parameters())
+    bucket = f":n{1 << max(tokens, 1).bit_length() - 1}" if tokens else ""
+    return f"precision:{family}:w{model_width(model)}:p{1 << max(n_params, 1).bit_length() - 1}{bucket}"
+
+
+def choose_precision(
+    precision: str,
+    device: torch.device,
+    model: nn.Module | None = None,
+    step: Callable[[str], Callable[[], object]] | None = None,
+    tokens: int | None = None,
+) -> PrecisionChoice:
+    """The concrete precision of ``precision`` on ``device`` for ``model``, and why (see the module docstring).
+
+    Args:
+        precision: ``auto``, ``fp32``, ``bf16`` or ``fp16``.
+        device: where the run computes.
+        model: the model to train; without it ``auto`` follows the device alone.
+        step: ``step("fp32" | "bf16")`` gives a function running one training step of ``model`` in that
+            precision (forward and backward on a real batch, no optimizer step); ``auto`` times both.
+        tokens: tokens per micro-batch of ``step`` (part of the cache key).
     Raises:
         ConfigError: an unknown name, or ``fp16`` on a CPU (no gradient scaler there; use bf16).
     """
     check_precision(precision)
-    if precision == "auto":
-        return "bf16" if native_bf16(device) else "fp32"
     if precision == "fp16" and device.type != "cuda":
         raise ConfigError("--precision fp16 needs a CUDA GPU (it trains with a gradient scaler); on a CPU use "
                           "--precision bf16 or fp32")
-    return precision
+    if precision != "auto":
+        return PrecisionChoice(precision)
+    where = "this CPU" if device.type == "cpu" else f"{device}"
+    if device.type == "cuda":
+        ok = native_bf16(device)
+        return PrecisionChoice("bf16" if ok else "fp32", f"{where} {'computes' if ok else 'has no'} native bf16")
+    if not native_bf16(device):
+        return PrecisionChoice("fp32", f"{where} has no native bf16")
+    if model is None:
+        return PrecisionChoice("bf16", f"{where} computes bf16 natively")
+    width = model_width(model)
+    if width < MIN_BF16_WIDTH:
+        return PrecisionChoice("fp32", f"the model's width {width} is below {MIN_BF16_WIDTH}, where bf16 autocast "
+                                       f"runs slower than fp32 on a CPU")
+    question = shape_question(model, tokens)
+    entry = autotune.lookup(question)
+    if entry is None and step is not None:
+        candidates = {name: step(name) for name in ("fp32", "bf16")}
+        autotune.choose(question, candidates, default="fp32", margin=BF16_MARGIN, reps=2, warmup=1)
+        entry = autotune.lookup(question)
+    if entry is None or entry.get("choice") not in ("fp32", "bf16"):
+        return PrecisionChoice("bf16", f"{where} computes bf16 natively (not measured for this model shape)")
+    seconds = entry.get("seconds") or {}
+    speedup = seconds["fp32"] / seconds["bf16"] if seconds.get("fp32") and seconds.get("bf16") else None
+    measured = f"measured on {where}: bf16 {speedup:.2f}x fp32's speed" if speedup else f"measured on {where}"
+    return PrecisionChoice(entry["choice"], f"{measured} for this model", speedup)
 
 
-def describe(requested: str, resolved: str, device: torch.device) -> str:
-    """One line for the start of a run, e.g. ``precision bf16 (auto: this CPU computes bf16 natively)``."""
+def resolve_precision(
+    precision: str,
+    device: torch.device,
+    model: nn.Module | None = None,
+    step: Callable[[str], Callable[[], object]] | None = None,
+    tokens: int | None = None,
+) -> str:
+    """The concrete precision (``fp32``, ``bf16`` or ``fp16``) of :func:`choose_precision`.
+
+    Raises:
+        ConfigError: an unknown name, or ``fp16`` on a CPU (no gradient scaler there; use bf16).
+    """
+    return choose_precision(precision, device, model, step, tokens).precision
+
+
+def describe(requested: str, resolved: str, device: torch.device, reason: str = "") -> str:
+    """One line for the start of a run, e.g. ``precision bf16 (auto: measured on this CPU: ...; ...)``."""
     where = "this CPU" if device.type == "cpu" else f"{device}"
     if requested == "auto":
-        why = f"{where} computes bf16 natively" if resolved == "bf16" else f"{where} has no native bf16"
-        return f"precision {resolved} (auto: {why}; --precision fp32 forces fp32) on {device}"
+        if not reason:
+            reason = f"{where} computes bf16 natively" if resolved == "bf16" else f"{where} has no native bf16"
+        force = "--precision fp32 forces fp32" if resolved == "bf16" else "--precision bf16 forces bf16"
+        return f"precision {resolved} (auto: {reason}; {force}) on {device}"
     note = ""
     if resolved == "bf16" and not native_bf16(device):
         note = f"; {where} has no native bf16, so this runs slower than fp32"

@@ -33,6 +33,7 @@ from ..config import to_dict
 from ..errors import CheckpointError, LmforgeError
 from ..utils import atomic_write_text, save_safetensors
 from . import checkpoint as ckpt
+from . import compute
 from . import precision as prec
 from .config import TrainConfig, format_duration
 from .distributed import (
@@ -204,12 +205,13 @@ class Trainer:
         self.progress = progress
         self.env: DistEnv = init_distributed(config.device)
         self.device = self.env.device
-        precision = prec.resolve_precision(config.precision, self.device)
-        self.precision_line = prec.describe(config.precision, precision, self.device)
-        self.config = config = dataclasses.replace(config, precision=precision)
-        self._log(logging.INFO, "%s", self.precision_line)
-        self.scaler = prec.grad_scaler(self.device, precision)  # fp16 on CUDA only
         self.model = model.to(self.device)
+        self.config = config
+        choice = self._choose_precision(config.precision)
+        self.precision_line = prec.describe(config.precision, choice.precision, self.device, choice.reason)
+        self.config = config = dataclasses.replace(config, precision=choice.precision)
+        self._log(logging.INFO, "%s", self.precision_line)
+        self.scaler = prec.grad_scaler(self.device, choice.precision)  # fp16 on CUDA only
         unused = self._unused_parameters() if self.env.distributed else []
         if unused:
             self._log(
@@ -222,10 +224,14 @@ class Trainer:
         self.ddp_model = wrap_model(
             _LossOnly(self.model), self.env, find_unused_parameters=any_rank(bool(unused), self.env)
         )
+        if config.compile:
+            self.ddp_model = compute.compile_model(self.ddp_model)
         groups, self.param_names = param_groups(self.model, config.weight_decay)
         if not self.param_names:
             raise LmforgeError("the model has no trainable parameters")
-        self.optimizer = torch.optim.AdamW(groups, lr=config.lr, betas=(config.beta1, config.beta2), eps=config.eps)
+        betas = (config.beta1, config.beta2)
+        self.optimizer = compute.make_optimizer(groups, config.lr, betas, config.eps, self.device)
+        self._prefetched: tuple[int, list[tuple[dict[str, Any], int]]] | None = None  # (step, its micro-batches)
         self.scheduler = make_scheduler(self.optimizer, config)
         self.step = 0
         self.tokens_seen = 0
@@ -248,8 +254,27 @@ class Trainer:
         return prec.autocast(self.device, self.config.precision)
 
     def _to_device(self, batch: dict[str, Any]) -> dict[str, Any]:
-        nb = self.device.type == "cuda"
-        return {k: (v.to(self.device, non_blocking=nb) if isinstance(v, torch.Tensor) else v) for k, v in batch.items()}
+        return compute.to_device(batch, self.device)
+
+    def _choose_precision(self, requested: str) -> prec.PrecisionChoice:
+        """``--precision`` for this model on this device; ``auto`` may time a few steps of both (rank 0's
+        choice holds for every rank)."""
+        first_rows = self.env.rank * self.config.batch_size
+
+        def batch() -> dict[str, Any]:
+            return self._to_device(self.sampler.batch(self._rngs("train", 0, first_rows), "train"))
+
+        tokens = None
+        if requested == "auto" and self.device.type == "cpu" and prec.native_bf16(self.device):
+            tokens = count_tokens(self.sampler.batch(self._rngs("train", 0, first_rows), "train"))
+        with compute.probing(self.model, self.device):
+            step = compute.precision_probe(self.model, batch, self.device)
+            choice = prec.choose_precision(requested, self.device, self.model, step, tokens)
+        if self.env.distributed and requested == "auto":
+            bf16 = broadcast_flag(choice.precision == "bf16", self.env)
+            if bf16 != (choice.precision == "bf16"):
+                choice = prec.PrecisionChoice("bf16" if bf16 else "fp32", "as measured by rank 0")
+        return choice
 
     def _rngs(self, split: str, outer: int, first_row: int) -> list[np.random.Generator]:
         """One generator per row of this process: ``[seed, 0|1, step|eval_batch, global_row]``."""
@@ -293,19 +318,32 @@ class Trainer:
         return names
 
     # -- one optimizer step ----------------------------------------------------------------------
+    def _step_batches(self, step: int) -> list[tuple[dict[str, Any], int]]:
+        """The micro-batches of optimizer step ``step`` on the device, each with its token count."""
+        cfg, env = self.config, self.env
+        out = []
+        for m in range(cfg.grad_accum):
+            first_row = m * cfg.batch_size * env.world_size + env.rank * cfg.batch_size
+            batch = self.sampler.batch(self._rngs("train", step, first_row), "train")
+            out.append((self._to_device(batch), count_tokens(batch)))
+        return out
+
     def _train_step(self) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """Run one optimizer step; returns this process's mean loss (detached) and the grad norm."""
+        """Run one optimizer step; returns this process's mean loss (detached) and the grad norm.
+
+        Nothing is read back from the device here (the loss and the norm stay tensors until a log step),
+        so on a GPU the host runs ahead: once this step's work is queued it builds the next step's batches
+        (pinned, copied without blocking) while the GPU computes.
+        """
         cfg, env = self.config, self.env
         accum = cfg.grad_accum
+        pre, self._prefetched = self._prefetched, None
+        batches = pre[1] if pre is not None and pre[0] == self.step else self._step_batches(self.step)
         self.optimizer.zero_grad(set_to_none=True)
         loss_sum = torch.zeros((), dtype=torch.float32, device=self.device)
-        for m in range(accum):
-            first_row = m * cfg.batch_size * env.world_size + env.rank * cfg.batch_size
-            batch = self.sampler.batch(self._rngs("train", self.step, first_row), "train")
-            n_tokens = count_tokens(batch)
+        for m, (batch, n_tokens) in enumerate(batches):
             self._pending_tokens += n_tokens
             self._tps_tokens += n_tokens
-            batch = self._to_device(batch)
             # Gradients are all-reduced only on the last micro-batch of the step.
             sync = env.distributed and m < accum - 1
             with self.ddp_model.no_sync() if sync else contextlib.nullcontext():
@@ -326,6 +364,8 @@ class Trainer:
         else:
             self.optimizer.step()
         self.scheduler.step()
+        if self.step + 1 < cfg.max_steps:
+            self._prefetched = (self.step + 1, self._step_batches(self.step + 1))
         return loss_sum / accum, grad_norm
 
     # -- evaluation ------------------------------------------------------------------------------

@@ -1,0 +1,156 @@
+"""Per-machine choices made by measurement: a short timing of the candidates, kept in a cache file.
+
+Which kernel or precision is fastest depends on the machine: oneDNN's fp32 GEMM runs 2-3x faster than
+MKL's on an AMD EPYC and slower than it on an Intel Xeon with AMX; bf16 autocast doubles a 256-wide
+BERT's training speed on a CPU with AMX and loses to fp32 at width 32.  Where lmforge has two ways to
+compute the same thing, it times both for a few alternating repetitions the first time it needs the
+answer on a machine (the best repetition of each: on a shared machine, the one nobody preempted), and
+keeps the answer in a JSON file::
+
+    $LMFORGE_CACHE/choices.json       (default: $XDG_CACHE_HOME/lmforge, else ~/.cache/lmforge)
+
+under a key naming the CPU model, the torch version and the thread count (what the answers depend
+on), then one entry per question (``linear:train:256x1024``, ``precision:bert:...``).  Later runs on the
+same machine read the answer instead of measuring, so a machine keeps computing the same way.  Delete
+the file to measure again; ``LMFORGE_CACHE=off`` measures in every process and writes nothing.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+
+from ..provenance import cpu_info
+from ..utils import atomic_write_text
+
+logger = logging.getLogger(__name__)
+
+CACHE_ENV = "LMFORGE_CACHE"
+CACHE_FILE = "choices.json"
+_LOCK = threading.Lock()
+_MEMORY: dict[str, dict[str, dict]] = {}  # machine key -> question -> entry, this process's view
+
+
+def cache_path() -> Path | None:
+    """The cache file, or ``None`` when ``LMFORGE_CACHE=off``."""
+    where = os.environ.get(CACHE_ENV)
+    if where is not None and where.strip().lower() in ("off", "0", "none", ""):
+        return None
+    if where:
+        return Path(where).expanduser() / CACHE_FILE
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "lmforge" / CACHE_FILE
+
+
+def machine_key() -> str:
+    """What the answers depend on: the CPU model, torch's version and its intra-op thread count."""
+    return f"{cpu_info()['model']} | torch {torch.__version__} | {torch.get_num_threads()} threads"
+
+
+def _read(path: Path) -> dict:
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}  # missing or unreadable: measure again (a cache never stops a run)
+    return data if isinstance(data, dict) else {}
+
+
+def lookup(question: str) -> dict | None:
+    """The cached entry for ``question`` on this machine, or ``None``."""
+    key = machine_key()
+    with _LOCK:
+        mine = _MEMORY.get(key)
+        if mine is None:
+            path = cache_path()
+            stored = _read(path).get(key) if path is not None else None
+            mine = _MEMORY[key] = dict(stored) if isinstance(stored, dict) else {}
+        entry = mine.get(question)
+    return entry if isinstance(entry, dict) and "choice" in entry else None
+
+
+def remember(question: str, entry: dict) -> None:
+    """Store ``entry`` (with its ``choice``) for ``question`` on this machine: in memory and in the file."""
+    key = machine_key()
+    with _LOCK:
+        _MEMORY.setdefault(key, {})[question] = entry
+        path = cache_path()
+        if path is None:
+            return
+        data = _read(path)  # merge: other processes may have written other answers meanwhile
+        data.setdefault(key, {})
+        if not isinstance(data[key], dict):
+            data[key] = {}
+        data[key][question] = entry
+        try:
+            atomic_write_text(path, json.dumps(data, indent=1, sort_keys=True) + "\n")
+        except OSError as e:  # a read-only home: keep the answer for this process only
+            logger.debug("could not write %s: %s", path, e)
+
+
+def forget() -> None:
+    """Drop this process's view of the cache (the file is read again on the next lookup)."""
+    with _LOCK:
+        _MEMORY.clear()
+
+
+def best_times(candidates: dict[str, Callable[[], object]], reps: int = 5, warmup: int = 1) -> dict[str, float]:
+    """The best wall time in seconds of each candidate over ``reps`` calls, the calls alternating.
+
+    The order of the candidates flips every round, so drift in the machine's speed hits all alike.
+    """
+    names = list(candidates)
+    best = {k: float("inf") for k in names}
+    for i in range(warmup + reps):
+        for name in names if i % 2 == 0 else names[::-1]:
+            t = time.perf_counter()
+            candidates[name]()
+            dt = time.perf_counter() - t
+            if i >= warmup:
+                best[name] = min(best[name], dt)
+    return best
+
+
+def choose(
+    question: str,
+    candidates: dict[str, Callable[[], object]],
+    default: str,
+    margin: float = 1.05,
+    reps: int = 5,
+    warmup: int = 1,
+) -> str:
+    """The fastest candidate for ``question`` on this machine: from the cache, else measured and cached.
+
+    ``default`` (the plain PyTorch route) is kept unless another candidate is faster by more than
+    ``margin`` (so timing noise does not flip a near tie).  Under ``torch.compile`` tracing nothing is
+    measured: the cached answer or ``default``.
+    """
+    if _compiling():
+        return default
+    entry = lookup(question)
+    if entry is not None and entry["choice"] in candidates:
+        return entry["choice"]
+    times = best_times(candidates, reps=reps, warmup=warmup)
+    choice = min(times, key=times.get)
+    if choice != default and times[default] <= times[choice] * margin:
+        choice = default
+    remember(question, {"choice": choice, "seconds": {k: round(v, 6) for k, v in times.items()},
+                        "date": time.strftime("%Y-%m-%d")})
+    logger.debug("%s: %s (%s)", question, choice, ", ".join(f"{k} {v * 1e3:.2f} ms" for k, v in times.items()))
+    return choice
+
+
+def _compiling() -> bool:
+    with contextlib.suppress(AttributeError):
+        return bool(torch.compiler.is_compiling())
+    return False
+
+
+__all__ = ["CACHE_ENV", "cache_path", "machine_key", "lookup", "remember", "forget", "best_times", "choose"]
