@@ -96,7 +96,7 @@ def _tweets_bert(max_positions: int):
     torch.manual_seed(0)
     body = BertForPreTraining(BertConfig(vocab_size=tok.vocab_size, hidden_size=32, num_hidden_layers=1,
                                          num_attention_heads=2, intermediate_size=64,
-                                         max_position_embeddings=max_positions, max_seq_length=max_positions))
+                                         max_position_embeddings=max_positions))
     body.tokenizer = tok
     return tok, body
 

@@ -53,7 +53,7 @@ def test_import_random_hf_model(tmp_path):
 def test_export_loads_in_transformers(tmp_path, request):
     torch.manual_seed(1)
     model = BertForPreTraining(BertConfig(vocab_size=99, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
-                                          intermediate_size=37, max_position_embeddings=40, max_seq_length=32)).eval()
+                                          intermediate_size=37, max_position_embeddings=40)).eval()
     # perturb the init so that every parameter (biases, LayerNorms) carries a distinct value
     with torch.no_grad():
         for p in model.parameters():

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
 
 import pytest
 import torch
 
 from lmforge.config import from_dict
+from lmforge.data.bert import MaskedLMRecipe
 from lmforge.errors import ConfigError, DataError
 from lmforge.models.bert import (
     DEFAULT_PRESET,
@@ -23,7 +25,7 @@ V = 101
 
 def tiny_config(**kw) -> BertConfig:
     base = dict(vocab_size=V, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=37,
-                max_position_embeddings=64, max_seq_length=32)
+                max_position_embeddings=64)
     base.update(kw)
     return BertConfig(**base)
 
@@ -52,9 +54,22 @@ def test_config_checks_and_presets():
         tiny_config(hidden_act="swish")
     with pytest.raises(ConfigError, match="unknown config key"):
         from_dict(BertConfig, {"hidden_sise": 3})
-    with pytest.raises(ConfigError, match="next_sentence=false"):
-        tiny_config(pack_documents=True)  # packing fills MLM-only rows; NSP needs its A and B
-    assert tiny_config(pack_documents=True, next_sentence=False).pack_documents
+    with pytest.raises(ConfigError, match="masked_lm_prob"):
+        MaskedLMRecipe(masked_lm_prob=1.0)
+    with pytest.raises(ConfigError, match="max_seq_length"):
+        MaskedLMRecipe(max_seq_length=128).seq_length(64)
+    assert MaskedLMRecipe().seq_length(64) == 64 and MaskedLMRecipe().seq_length(512) == 128
+
+
+def test_an_old_config_json_with_the_data_recipe_still_loads(tmp_path):
+    """config.json files written when BertConfig carried the data recipe load; the recipe keys map to the recipe."""
+    from lmforge.train.pretrain import saved_recipe
+
+    old = {"model_type": "bert", **dataclasses.asdict(tiny_config()), "max_seq_length": 32, "masked_lm_prob": 0.2,
+           "pack_documents": True, "whole_word_mask": True, "short_seq_prob": 0.0, "max_predictions_per_seq": 5}
+    (tmp_path / "config.json").write_text(json.dumps(old))
+    assert from_dict(BertConfig, old, ignore=("model_type",)) == tiny_config()
+    assert saved_recipe("bert", tmp_path) == MaskedLMRecipe(32, 0.0, 0.2, 5, True, True)
     assert DEFAULT_PRESET in PRESETS
     sizes = {name: (p["num_hidden_layers"], p["hidden_size"]) for name, p in PRESETS.items()}
     assert sizes == {"tiny": (2, 128), "mini": (4, 256), "small": (4, 512), "medium": (8, 512), "base": (12, 768)}

@@ -10,13 +10,13 @@ from lmforge.models.base import TokenLayers, TransferBody
 
 SMALL = {  # a small config of each family, on top of its "tiny" (or default) preset
     "bert": dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64,
-                 max_position_embeddings=64, max_seq_length=32,
+                 max_position_embeddings=64,
                  hidden_dropout_prob=0.1, attention_probs_dropout_prob=0.1),  # (tiny has none: eval is checked)
     "gpt": dict(n_positions=64, n_embd=32, n_layer=2, n_head=2),
     "elmo": {},
     "word2vec": dict(vector_size=16),
     "electra": dict(hidden_size=32, embedding_size=16, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64,
-                    generator_size_divisor=2, max_position_embeddings=64, max_seq_length=32,
+                    generator_size_divisor=2, max_position_embeddings=64,
                     hidden_dropout_prob=0.1, attention_probs_dropout_prob=0.1),  # embeddings projected 16 -> 32
 }
 

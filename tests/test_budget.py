@@ -12,6 +12,7 @@ import torch
 from safetensors.torch import load_file
 
 from lmforge.cli import main
+from lmforge.data.bert import MaskedLMRecipe
 from lmforge.data.shards import Shards
 from lmforge.errors import ConfigError
 from lmforge.models import FAMILIES
@@ -179,7 +180,7 @@ def test_bert_plans_up_to_twice_the_passes(wordpiece_shards):
     assert B.max_epochs("bert") == 32.0 and B.max_epochs("gpt") == B.max_epochs("elmo") == B.MAX_EPOCHS == 16.0
     shards = Shards.open(wordpiece_shards)
     unique = shards.counts("train")["tokens"]
-    plan = B.plan_budget("bert", shards, "500Mtok", model="tiny", model_fields={"max_seq_length": "32"})
+    plan = B.plan_budget("bert", shards, "500Mtok", model="tiny", recipe=MaskedLMRecipe(max_seq_length=32))
     assert 31 < plan.epochs <= 32
     assert plan.max_steps == int(32 * unique / plan.tokens_per_step)
     assert any("more than 32 passes" in w for w in plan.warnings)
@@ -190,9 +191,9 @@ def test_bert_time_left_after_its_passes_buys_a_larger_shape(wordpiece_shards, m
     budget (step 5 of the planner); without that step the same budget stays 'tiny', capped, and warns."""
     shards = Shards.open(wordpiece_shards)
     unique = shards.counts("train")["tokens"]
-    over = {"max_seq_length": "32"}
+    recipe = MaskedLMRecipe(max_seq_length=32)
     train = default_train_config("bert")
-    cands = B.make_candidates("bert", shards, train, None, over)
+    cands = B.make_candidates("bert", shards, train, None, recipe=recipe)
     tiny, mini = cands[0], cands[1]
     # the test corpus is small: a pass cap at which the capped 'tiny' sees 40 tokens per body parameter (so
     # 'mini' is probed), and a throughput at which 15 minutes buy 'tiny' three times the cap's passes: its
@@ -204,7 +205,7 @@ def test_bert_time_left_after_its_passes_buys_a_larger_shape(wordpiece_shards, m
     k = 3 * cap * unique * P.eval_factor(train) * tiny.params / train_s
     assert S.FULL_VALUE_EPOCHS < 3 * cap * tiny.params / mini.params < cap
     probe = FakeProbe(k, probe_s)
-    plan = B.plan_budget("bert", shards, "15m", search_shape=True, model_fields=over, probe=probe)
+    plan = B.plan_budget("bert", shards, "15m", search_shape=True, recipe=recipe, probe=probe)
     assert probe.calls == ["tiny", "mini"]
     steps = int(k / mini.params * train_s / (mini.tokens_per_step * P.eval_factor(train)))
     assert (plan.preset, plan.max_steps) == ("mini", steps)
@@ -216,12 +217,12 @@ def test_bert_time_left_after_its_passes_buys_a_larger_shape(wordpiece_shards, m
     assert "capped" not in plan.candidates[0] and "uncapped_steps" not in plan.candidates[0]
     # the same budget without step 5: step 3's winner, capped, with the warning to prepare more text
     monkeypatch.setattr(S, "GROW_WHEN_CAPPED", ())
-    plan = B.plan_budget("bert", shards, "15m", search_shape=True, model_fields=over, probe=FakeProbe(k, probe_s))
+    plan = B.plan_budget("bert", shards, "15m", search_shape=True, recipe=recipe, probe=FakeProbe(k, probe_s))
     assert plan.preset == "tiny" and plan.max_steps == int(cap * unique / tiny.tokens_per_step)
     assert any("prepare more text" in w for w in plan.warnings)
     # nor when the small shape's passes would take more than half the time (here: two thirds)
     monkeypatch.setattr(S, "GROW_WHEN_CAPPED", ("bert",))
-    plan = B.plan_budget("bert", shards, "15m", search_shape=True, model_fields=over, probe=FakeProbe(k / 2, probe_s))
+    plan = B.plan_budget("bert", shards, "15m", search_shape=True, recipe=recipe, probe=FakeProbe(k / 2, probe_s))
     assert plan.preset == "tiny" and any("prepare more text" in w for w in plan.warnings)
 
 

@@ -3,7 +3,6 @@ ways (random tiny models, the transformers pipeline), and the CLI from pretraini
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import logging
 import math
@@ -14,6 +13,7 @@ import pytest
 import torch
 
 from lmforge.cli import main
+from lmforge.data.bert import MaskedLMRecipe
 from lmforge.errors import CheckpointError, ConfigError
 from lmforge.models.electra import PRESETS, ElectraConfig, ElectraForPreTraining, sample_tokens
 
@@ -27,7 +27,7 @@ LANG = "python is a programming language that reads well ."
 
 def tiny(**kw) -> ElectraConfig:
     base = dict(vocab_size=V, embedding_size=16, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
-                intermediate_size=37, generator_size_divisor=2, max_position_embeddings=64, max_seq_length=32,
+                intermediate_size=37, generator_size_divisor=2, max_position_embeddings=64,
                 hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
     return ElectraConfig(**{**base, **kw})
 
@@ -53,7 +53,7 @@ def test_presets_and_generator_shape():
     base = ElectraConfig(**PRESETS["base"])
     assert (base.hidden_size, base.num_attention_heads, base.intermediate_size) == (768, 12, 3072)
     assert base.generator_shape == (256, 4, 1024)  # 1/3: google/electra-base-generator's shape
-    assert ElectraConfig().discriminator_weight == 50.0 and ElectraConfig().masked_lm_prob == 0.15
+    assert ElectraConfig().discriminator_weight == 50.0 and MaskedLMRecipe().masked_lm_prob == 0.15
     with pytest.raises(ConfigError, match="generator_size_divisor"):
         tiny(generator_size_divisor=0)
     with pytest.raises(ConfigError, match="divisible by its 2 heads"):
@@ -113,9 +113,10 @@ def test_masking_and_replacement_statistics(wordpiece_shards, wordpiece_tokenize
     from lmforge.train.families import setup_electra
 
     shards = Shards.open(wordpiece_shards)
-    cfg = tiny(vocab_size=7, max_seq_length=64, short_seq_prob=0.0, pack_documents=True)
+    cfg = tiny(vocab_size=7)
     torch.manual_seed(0)
-    model, sampler = setup_electra(cfg, shards, wordpiece_tokenizer)
+    recipe = MaskedLMRecipe(max_seq_length=64, short_seq_prob=0.0, pack_documents=True)
+    model, sampler = setup_electra(cfg, shards, wordpiece_tokenizer, recipe)
     model.eval()
     tok = wordpiece_tokenizer
     masked = maskable = kept = 0
@@ -325,9 +326,8 @@ def test_export_loads_in_transformers_and_back(tmp_path):
                       model(ids, mask, seg).logits, mask)
         assert _close(gen.eval()(input_ids=ids, attention_mask=mask, token_type_ids=seg).logits,
                       model.generator_logits(ids, mask, seg), mask)
-    back = import_hf(tmp_path)  # the architecture and the recipe come back (HF has no field for the data knobs)
-    data_knobs = {"max_seq_length": min(128, model.config.max_position_embeddings)}
-    assert back.config == dataclasses.replace(model.config, **data_knobs)
+    back = import_hf(tmp_path)  # the architecture comes back
+    assert back.config == model.config
     assert all(torch.equal(a, b) for a, b in zip(model.state_dict().values(), back.state_dict().values()))
 
 

@@ -18,7 +18,7 @@ WINDOW = 16  # text tokens per window of the small BERT and GPT below
 
 SMALL = {
     "bert": dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64,
-                 max_position_embeddings=WINDOW + 2, max_seq_length=WINDOW + 2),
+                 max_position_embeddings=WINDOW + 2),
     "gpt": dict(n_positions=WINDOW, n_embd=32, n_layer=2, n_head=2),
     "elmo": {},
     "word2vec": dict(vector_size=16),

@@ -142,7 +142,7 @@ def bert_dir(tmp_path_factory, wordpiece_tokenizer) -> Path:
 
     torch.manual_seed(0)
     cfg = BertConfig(vocab_size=wordpiece_tokenizer.vocab_size, hidden_size=32, num_hidden_layers=1,
-                     num_attention_heads=2, intermediate_size=64, max_position_embeddings=64, max_seq_length=64)
+                     num_attention_heads=2, intermediate_size=64, max_position_embeddings=64)
     d = tmp_path_factory.mktemp("bert")
     BertForPreTraining(cfg).save_pretrained(d, wordpiece_tokenizer)
     return d

@@ -52,7 +52,6 @@ def tiny_bert(tok, seed=0):
         num_attention_heads=2,
         intermediate_size=64,
         max_position_embeddings=64,
-        max_seq_length=64,
     )
     m = BertForPreTraining(cfg)
     m.tokenizer = tok

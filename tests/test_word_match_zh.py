@@ -38,7 +38,7 @@ def zh_bert_dir(tmp_path_factory, zh_tokenizer):
 
     torch.manual_seed(0)
     cfg = BertConfig(vocab_size=zh_tokenizer.vocab_size, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
-                     intermediate_size=64, max_position_embeddings=64, max_seq_length=64)
+                     intermediate_size=64, max_position_embeddings=64)
     out = tmp_path_factory.mktemp("zh") / "bert"
     BertForPreTraining(cfg).save_pretrained(out, zh_tokenizer)
     return out

@@ -116,9 +116,11 @@ def from_dict(cls: type[T], data: dict[str, Any], *, ignore: tuple[str, ...] = (
     Args:
         cls: the config dataclass.
         data: mapping of field name to value (e.g. a parsed ``config.json``).
-        ignore: keys that may be present but are not fields (e.g. ``"model_type"``).
+        ignore: keys that may be present but are not fields (e.g. ``"model_type"``); a class's ``MOVED_KEYS``
+            (fields that moved to another config) are read and dropped as well.
     """
     fields = _field_types(cls)
+    ignore = (*ignore, *getattr(cls, "MOVED_KEYS", ()))
     kwargs = {}
     for key, value in data.items():
         if key in ignore:

@@ -11,7 +11,7 @@ from ..errors import ConfigError, LmforgeError
 from ..models import get_family
 from ..train.budget import BudgetPlan, check_plan_data, holds_model, load_plan, parse_budget, plan_budget
 from ..train.pretrain import default_train_config, open_shards
-from ._runconfig import compute_flags, is_config_file, model_from_choice, run_file_train, split_sets
+from ._runconfig import compute_flags, is_config_file, model_from_choice, recipe_of, run_file_train, split_sets
 
 
 def check_budget_args(args: argparse.Namespace) -> None:
@@ -50,7 +50,7 @@ def plan_for_cli(args: argparse.Namespace) -> BudgetPlan:
         check_plan_data(plan, open_shards(args.data))
         return plan
     family = args.family
-    model_over, train_over = split_sets(args.overrides, family)
+    model_over, train_over, recipe_over = split_sets(args.overrides, family)
     for key in ("max_steps", "max_time", "decay_steps"):
         if key in train_over:
             raise ConfigError(f"--budget plans {key} itself; drop --set {key} (or train without --budget)")
@@ -62,5 +62,6 @@ def plan_for_cli(args: argparse.Namespace) -> BudgetPlan:
     name = None
     if is_config_file(args.config):
         model, name = model_from_choice(family, args.config), Path(args.config).name
-    return plan_budget(family, open_shards(args.data), parse_budget(args.budget), model, train,
+    recipe = recipe_of(args, recipe_over)
+    return plan_budget(family, open_shards(args.data), parse_budget(args.budget), model, train, recipe,
                        model_fields=model_over, name=name, search_shape=args.search_shape)

@@ -110,16 +110,16 @@ def run_run(args) -> int:
     return 0
 
 
-def _lm_model_keys(model_dir, pairs) -> dict[str, str]:
-    """The ``--set`` model keys of ``evaluate lm`` (a training key is refused)."""
+def _lm_keys(model_dir, pairs) -> dict[str, dict[str, str]]:
+    """The ``--set`` model and data-recipe keys of ``evaluate lm`` (a training key is refused)."""
     config = Path(model_dir) / "config.json"
     family = load_json(config).get("model_type") if pairs and config.is_file() else None
     if family not in FAMILIES:
         return {}  # no model folder, or an unknown family: evaluate_lm names it
-    model_over, train_over = split_sets(pairs, family)
+    model_over, train_over, recipe_over = split_sets(pairs, family)
     if train_over:
         raise ConfigError(f"evaluate lm takes model-config keys only, not {', '.join(sorted(train_over))}")
-    return model_over
+    return {"model_fields": model_over, "recipe_fields": recipe_over}
 
 
 def run_lm(args) -> int:
@@ -136,7 +136,7 @@ def run_lm(args) -> int:
         split=args.split,
         batches=args.batches,
         batch_size=args.batch_size,
-        model_fields=_lm_model_keys(args.model_dir, args.overrides),
+        **_lm_keys(args.model_dir, args.overrides),
         seed=args.seed,
     )
     if not math.isfinite(val.get("loss", 0.0)):

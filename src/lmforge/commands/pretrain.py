@@ -22,7 +22,7 @@ from ..train.precision import resolve_device, resolve_precision
 from ..train.pretrain import check_init, default_train_config, pretrain
 from ._budget import check_budget_args, plan_for_cli
 from ._common import add_compute_args, add_json_arg, add_set_arg, fmt, refuse_flag_keys, show
-from ._runconfig import model_config, model_from_choice, run_file_train, split_sets, train_config
+from ._runconfig import model_config, model_from_choice, recipe_of, run_file_train, split_sets, train_config
 
 FAMILY_CHOICES = tuple(FAMILIES)
 
@@ -144,9 +144,10 @@ def check_val_split(data_dir: str) -> None:
 
 def check_configs(args, overrides: list[str]) -> None:
     """Find config problems (unknown keys, bad values, presets) before the output folder is touched."""
-    model_over, train_over = split_sets(overrides, args.family)
+    model_over, train_over, recipe_over = split_sets(overrides, args.family)
     if not args.resume and args.init is None:
         apply_overrides(model_from_choice(args.family, args.config), model_over)
+        recipe_of(args, recipe_over)
     if args.device is not None or args.precision is not None:  # no CUDA here, fp16 on a CPU: before --out
         resolve_precision(args.precision or "auto", resolve_device(args.device or "auto"))
     if get_family(args.family).trainer:
@@ -189,10 +190,10 @@ def run(args) -> int:
             print(plan.describe(), flush=True)
             result = run_plan(plan, args.data, args.out, tokenizer_dir=args.tokenizer)
         else:
-            model_over, train_over = split_sets(overrides, args.family)
+            model_over, train_over, recipe_over = split_sets(overrides, args.family)
             result = pretrain(args.family, args.data, args.out, model_config(args, model_over),
-                              train_config(args, train_over), resume=args.resume, tokenizer_dir=args.tokenizer,
-                              init=args.init)
+                              train_config(args, train_over), recipe_of(args, recipe_over), resume=args.resume,
+                              tokenizer_dir=args.tokenizer, init=args.init)
     if os.environ.get("RANK", "0") != "0":
         return 0  # under torchrun only rank 0 reports
     show(args, _record(result), lambda: _summary(args, result))
@@ -206,6 +207,7 @@ def _record(result) -> dict:
     if saved.is_file():
         train = json.loads(saved.read_text(encoding="utf-8"))
         train.pop("model", None)
+        train.pop("data", None)
         record["train_config"] = train
     return record
 

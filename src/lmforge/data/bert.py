@@ -39,12 +39,51 @@ import logging
 import numpy as np
 import torch
 
-from ..errors import DataError, require
+from ..errors import ConfigError, DataError, require
 from ..tokenization import is_cjk
 
 logger = logging.getLogger(__name__)
 
 
+@dataclasses.dataclass
+class MaskedLMRecipe:
+    """The pretraining-data recipe of BERT and ELECTRA rows (``create_pretraining_data.py``'s flags, applied at
+    batch time); saved under ``data`` in a run's ``train_config.json``, set with ``--set`` like model keys.
+
+    ``max_seq_length`` None: 128, or the model's positions when it has fewer.
+    ``max_predictions_per_seq`` None: ``round(masked_lm_prob * max_seq_length)``.
+    """
+
+    max_seq_length: int | None = None
+    short_seq_prob: float = 0.1
+    masked_lm_prob: float = 0.15
+    max_predictions_per_seq: int | None = None
+    whole_word_mask: bool = False
+    pack_documents: bool = False  # MLM only: fill each row with several documents, [SEP] between them
+
+    def __post_init__(self) -> None:
+        if not 0.0 <= self.short_seq_prob < 1.0:
+            raise ConfigError(f"short_seq_prob must be in [0, 1), got {self.short_seq_prob}")
+        if not 0.0 < self.masked_lm_prob < 1.0:
+            raise ConfigError(f"masked_lm_prob must be in (0, 1), got {self.masked_lm_prob}")
+        if self.max_predictions_per_seq is not None and self.max_predictions_per_seq < 1:
+            raise ConfigError(f"max_predictions_per_seq must be >= 1, got {self.max_predictions_per_seq}")
+
+    def seq_length(self, max_positions: int) -> int:
+        """The row length for a model with ``max_positions`` positions (a one-line error when it does not fit)."""
+        n = self.max_seq_length if self.max_seq_length is not None else min(128, max_positions)
+        if not 5 <= n <= max_positions:
+            raise ConfigError(f"max_seq_length must be in [5, max_position_embeddings={max_positions}], got {n}")
+        return n
+
+
+#: the recipe's fields: config.json files written before the recipe had its own config carry them
+RECIPE_FIELDS = tuple(f.name for f in dataclasses.fields(MaskedLMRecipe))
+
+
+def recipe_from(data: dict) -> MaskedLMRecipe:
+    """The recipe in a mapping that may hold other keys (an old config.json, a plan's model)."""
+    return MaskedLMRecipe(**{k: data[k] for k in RECIPE_FIELDS if k in data})
 
 
 @dataclasses.dataclass

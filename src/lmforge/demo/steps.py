@@ -220,7 +220,7 @@ def pretrain_step(key: str) -> Step:
     def build(ctx: DemoContext) -> dict:
         from ..config import from_dict, save_json
         from ..models import load
-        from ..train.pretrain import default_train_config, pretrain
+        from ..train.pretrain import default_train_config, pretrain, recipe_in
 
         fp = ctx.plan.family(key)
         out = ctx.path("models", key)
@@ -233,7 +233,8 @@ def pretrain_step(key: str) -> Step:
         model = from_dict(FAMILIES[fp.family].config_class, fp.config, ignore=("model_type",))
         compute = {k: v for k, v in (("device", ctx.device), ("precision", ctx.precision_asked)) if v is not None}
         train = default_train_config(fp.family, **{**fp.train, **compute}) if FAMILIES[fp.family].trainer else None
-        res = pretrain(fp.family, ctx.path(f"shards-{fp.tokenizer}"), out, model, train, progress=ctx.show_bars)
+        recipe = recipe_in(fp.family, fp.config)
+        res = pretrain(fp.family, ctx.path(f"shards-{fp.tokenizer}"), out, model, train, recipe, progress=ctx.show_bars)
         seconds = time.monotonic() - t0
         model = load(out)  # the folder must open as a model; and it counts the parameters
         curves = out / "training_curves.png"

@@ -167,7 +167,6 @@ def _config_from_hf(data: dict) -> BertConfig:
         )
     kwargs = {k: data[k] for k in HF_FIELDS if data.get(k) is not None}
     kwargs.setdefault("pad_token_id", 0)
-    kwargs["max_seq_length"] = min(BertConfig.max_seq_length, kwargs.get("max_position_embeddings", 512))
     try:
         return BertConfig(**kwargs)
     except (TypeError, ValueError) as e:

@@ -190,7 +190,6 @@ def _generator_divisor(disc: dict, gen: dict, where: Path) -> int:
 def _config_from_hf(disc: dict, gen: dict | None, where: Path) -> ElectraConfig:
     kwargs = {k: disc[k] for k in HF_FIELDS if disc.get(k) is not None}
     kwargs.setdefault("pad_token_id", 0)
-    kwargs["max_seq_length"] = min(ElectraConfig.max_seq_length, kwargs.get("max_position_embeddings", 512))
     if gen is not None:
         kwargs["generator_size_divisor"] = _generator_divisor(disc, gen, where)
     try:

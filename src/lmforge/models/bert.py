@@ -3,7 +3,8 @@
 Devlin et al. 2018, "BERT: Pre-training of Deep Bidirectional Transformers for Language
 Understanding" (https://arxiv.org/abs/1810.04805).  The file reads top to bottom:
 
-* :class:`BertConfig` - one flat config with HF field names (plus the pretraining-data knobs);
+* :class:`BertConfig` - one flat config with HF field names (the pretraining-data recipe is
+  :class:`lmforge.data.bert.MaskedLMRecipe`);
 * :class:`BertEmbeddings` - token + position + segment embeddings, summed, LayerNorm, dropout;
 * :class:`BertBody` - embeddings, a stack of :class:`~lmforge.nn.transformer.TransformerBlock`
   (post-LN as in the paper, pre-LN as an option) and the tanh pooler on ``[CLS]``;
@@ -19,12 +20,13 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ..data.bert import RECIPE_FIELDS
 from ..errors import ConfigError, DataError, LmforgeError
 from ..nn.cpu_ops import Dropout, Linear, linear
 from ..nn.transformer import TransformerBlock, document_mask, init_weights, padding_mask
@@ -38,13 +40,15 @@ SUPPORTED_ACTS = {"gelu": "none", "gelu_new": "tanh", "gelu_pytorch_tanh": "tanh
 
 @dataclasses.dataclass
 class BertConfig:
-    """BERT architecture (HF field names) plus the pretraining-data recipe.
+    """BERT architecture (HF field names).
 
-    The first block of fields matches ``transformers.BertConfig``; ``norm_first`` switches to a
-    pre-LN encoder (not expressible in HF BERT, so such models cannot be exported);
-    ``next_sentence=False`` trains MLM only on single segments (RoBERTa style).  The last block
-    configures :class:`lmforge.data.bert.BertPretrainingSampler` and is ignored by the model.
+    The fields match ``transformers.BertConfig``; ``norm_first`` switches to a pre-LN encoder (not
+    expressible in HF BERT, so such models cannot be exported); ``next_sentence=False`` drops the NSP
+    objective (MLM only on single segments, RoBERTa style).
     """
+
+    #: keys of the data recipe that config.json files written before it had its own config carry: read and dropped
+    MOVED_KEYS: ClassVar[tuple[str, ...]] = RECIPE_FIELDS
 
     vocab_size: int = 30522
     hidden_size: int = 768
@@ -61,21 +65,12 @@ class BertConfig:
     pad_token_id: int = 0
     norm_first: bool = False
     next_sentence: bool = True
-    # pretraining data (create_pretraining_data.py's flags, applied at batch time)
-    max_seq_length: int = 128
-    short_seq_prob: float = 0.1
-    masked_lm_prob: float = 0.15
-    max_predictions_per_seq: int | None = None  # None: round(masked_lm_prob * max_seq_length)
-    whole_word_mask: bool = False
-    pack_documents: bool = False  # MLM only: fill each row with several documents, [SEP] between them
 
     def __post_init__(self) -> None:
         for name in ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size",
                      "max_position_embeddings", "type_vocab_size"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"BertConfig: {name} must be >= 1, got {getattr(self, name)}")
-        if self.max_predictions_per_seq is not None and self.max_predictions_per_seq < 1:
-            raise ConfigError(f"BertConfig: max_predictions_per_seq must be >= 1, got {self.max_predictions_per_seq}")
         if self.hidden_size % self.num_attention_heads:
             raise ConfigError(
                 f"BertConfig: hidden_size {self.hidden_size} must be divisible by "
@@ -85,26 +80,17 @@ class BertConfig:
             raise ConfigError(
                 f"BertConfig: hidden_act must be one of {', '.join(SUPPORTED_ACTS)}, got '{self.hidden_act}'"
             )
-        for name in ("hidden_dropout_prob", "attention_probs_dropout_prob", "short_seq_prob"):
+        for name in ("hidden_dropout_prob", "attention_probs_dropout_prob"):
             if not 0.0 <= getattr(self, name) < 1.0:
                 raise ConfigError(f"BertConfig: {name} must be in [0, 1), got {getattr(self, name)}")
-        if not 0.0 < self.masked_lm_prob < 1.0:
-            raise ConfigError(f"BertConfig: masked_lm_prob must be in (0, 1), got {self.masked_lm_prob}")
         if self.layer_norm_eps <= 0 or self.initializer_range <= 0:
             raise ConfigError("BertConfig: layer_norm_eps and initializer_range must be > 0")
         if not 0 <= self.pad_token_id < self.vocab_size:
             raise ConfigError(
                 f"BertConfig: pad_token_id {self.pad_token_id} is outside the vocabulary (size {self.vocab_size})"
             )
-        if self.pack_documents and self.next_sentence:
-            raise ConfigError("BertConfig: pack_documents fills MLM-only rows; set next_sentence=false with it")
         if self.next_sentence and self.type_vocab_size < 2:
             raise ConfigError("BertConfig: next_sentence needs type_vocab_size >= 2 (segments A and B)")
-        if not 5 <= self.max_seq_length <= self.max_position_embeddings:
-            raise ConfigError(
-                f"BertConfig: max_seq_length must be in [5, max_position_embeddings={self.max_position_embeddings}], "
-                f"got {self.max_seq_length}"
-            )
 
     @property
     def head_size(self) -> int:

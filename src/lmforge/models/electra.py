@@ -46,12 +46,13 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ..data.bert import RECIPE_FIELDS
 from ..errors import ConfigError, DataError, LmforgeError
 from ..nn.cpu_ops import Linear, linear
 from ..nn.transformer import TransformerBlock, document_mask, init_weights, padding_mask
@@ -63,15 +64,18 @@ logger = logging.getLogger(__name__)
 
 @dataclasses.dataclass
 class ElectraConfig:
-    """ELECTRA's architecture (HF field names), its generator and loss weight, and the pretraining-data recipe.
+    """ELECTRA's architecture (HF field names), its generator and loss weight.
 
     The first block matches ``transformers.ElectraConfig`` and describes the discriminator; the defaults are
     the paper's ELECTRA-Small.  HF keeps a generator in a config of its own; here its shape follows from
     ``generator_size_divisor`` d (:attr:`generator_shape`: width round(C / d), heads width // 64 (at least
     1), FFN 4 x width, as many layers: ``get_generator_config`` of the paper's code).
-    ``discriminator_weight`` is λ in loss = L_MLM + λ L_RTD.  The last block configures
-    :class:`lmforge.data.electra.ElectraPretrainingSampler` and is ignored by the model.
+    ``discriminator_weight`` is λ in loss = L_MLM + λ L_RTD.  The pretraining-data recipe is
+    :class:`lmforge.data.bert.MaskedLMRecipe`.
     """
+
+    #: keys of the data recipe that config.json files written before it had its own config carry: read and dropped
+    MOVED_KEYS: ClassVar[tuple[str, ...]] = RECIPE_FIELDS
 
     vocab_size: int = 30522
     embedding_size: int = 128
@@ -90,13 +94,6 @@ class ElectraConfig:
     # the replaced-token-detection recipe
     generator_size_divisor: int = 4
     discriminator_weight: float = 50.0
-    # pretraining data (applied at batch time; as BertConfig's, without next-sentence pairs)
-    max_seq_length: int = 128
-    short_seq_prob: float = 0.1
-    masked_lm_prob: float = 0.15
-    max_predictions_per_seq: int | None = None  # None: round(masked_lm_prob * max_seq_length)
-    whole_word_mask: bool = False
-    pack_documents: bool = False  # fill each row with several documents, [SEP] between them
 
     def __post_init__(self) -> None:
         for name in ("vocab_size", "embedding_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
@@ -114,25 +111,14 @@ class ElectraConfig:
             raise ConfigError(
                 f"ElectraConfig: hidden_act must be one of {', '.join(SUPPORTED_ACTS)}, got '{self.hidden_act}'"
             )
-        for name in ("hidden_dropout_prob", "attention_probs_dropout_prob", "short_seq_prob"):
+        for name in ("hidden_dropout_prob", "attention_probs_dropout_prob"):
             if not 0.0 <= getattr(self, name) < 1.0:
                 raise ConfigError(f"ElectraConfig: {name} must be in [0, 1), got {getattr(self, name)}")
-        if not 0.0 < self.masked_lm_prob < 1.0:
-            raise ConfigError(f"ElectraConfig: masked_lm_prob must be in (0, 1), got {self.masked_lm_prob}")
-        if self.max_predictions_per_seq is not None and self.max_predictions_per_seq < 1:
-            raise ConfigError(
-                f"ElectraConfig: max_predictions_per_seq must be >= 1, got {self.max_predictions_per_seq}"
-            )
         if self.discriminator_weight <= 0 or self.layer_norm_eps <= 0 or self.initializer_range <= 0:
             raise ConfigError("ElectraConfig: discriminator_weight, layer_norm_eps and initializer_range must be > 0")
         if not 0 <= self.pad_token_id < self.vocab_size:
             raise ConfigError(
                 f"ElectraConfig: pad_token_id {self.pad_token_id} is outside the vocabulary (size {self.vocab_size})"
-            )
-        if not 5 <= self.max_seq_length <= self.max_position_embeddings:
-            raise ConfigError(
-                f"ElectraConfig: max_seq_length must be in [5, max_position_embeddings={self.max_position_embeddings}]"
-                f", got {self.max_seq_length}"
             )
 
     @property

@@ -38,6 +38,8 @@ class Family:
         transfer_modes: the transfer modes its body supports (``frozen``, ``features``, ``finetune``).
         inputs_like: the family whose input format transfer builds for this body (special tokens, segments,
             the position a sentence is read at); None = its own.  ELECTRA's discriminator reads BERT's.
+        data_recipe: ``module:Class`` of the config of its pretraining-data recipe (None = the sampler needs
+            nothing beyond the model config).
     """
 
     name: str
@@ -53,6 +55,7 @@ class Family:
     fills_mask: bool = False
     transfer_modes: tuple[str, ...] = ()
     inputs_like: str | None = None
+    data_recipe: str | None = None
 
     @property
     def input_format(self) -> str:
@@ -69,6 +72,14 @@ class Family:
     @property
     def config_class(self) -> type:
         return getattr(self.import_module(), self.config_class_name)
+
+    @property
+    def recipe_class(self) -> type | None:
+        """The config class of the family's pretraining-data recipe (``module:Class``), None when it has none."""
+        if self.data_recipe is None:
+            return None
+        module, name = self.data_recipe.split(":")
+        return getattr(importlib.import_module(module), name)
 
     @property
     def presets(self) -> dict[str, dict[str, Any]]:
@@ -89,7 +100,7 @@ FAMILIES: dict[str, Family] = {
     "bert": Family(
         "bert", "BERT", "lmforge.models.bert", "BertForPreTraining", "BertConfig", "wordpiece", trainer=True,
         hf_module="lmforge.interop.bert", hf_model_type="bert", fills_mask=True,
-        transfer_modes=("frozen", "features", "finetune"),
+        transfer_modes=("frozen", "features", "finetune"), data_recipe="lmforge.data.bert:MaskedLMRecipe",
     ),
     "gpt": Family(
         "gpt", "GPT", "lmforge.models.gpt", "GPTLMHeadModel", "GPTConfig", "bpe", trainer=True,
@@ -108,6 +119,7 @@ FAMILIES: dict[str, Family] = {
         "electra", "ELECTRA", "lmforge.models.electra", "ElectraForPreTraining", "ElectraConfig", "wordpiece",
         trainer=True, hf_module="lmforge.interop.electra", hf_model_type="electra", fills_mask=True,
         transfer_modes=("frozen", "features", "finetune"), inputs_like="bert",
+        data_recipe="lmforge.data.bert:MaskedLMRecipe",
     ),
 }
 

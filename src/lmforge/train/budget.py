@@ -48,7 +48,7 @@ from .checkpoint import find_state_dir
 from .config import TrainConfig, format_duration, parse_duration
 from .plan_check import check_plan_settings, plan_fields, plan_train_config
 from .precision import resolve_device, resolve_precision
-from .pretrain import default_train_config, open_shards, pretrain
+from .pretrain import default_train_config, open_shards, pretrain, recipe_in
 
 __all__ = ["Budget", "BudgetPlan", "Candidate", "ProbeResult", "parse_budget", "plan_budget", "run_plan",
            "load_plan", "measure_throughput", "make_candidates", "max_epochs"]
@@ -152,6 +152,7 @@ class BudgetPlan:
     lmforge_version: str
     torch_version: str
     body_params: int = 0
+    recipe: dict | None = None
     format: str = PLAN_FORMAT
 
     def to_json(self) -> dict:
@@ -160,6 +161,11 @@ class BudgetPlan:
     def model_config(self):
         """The family config the plan trains."""
         return from_dict(get_family(self.family).config_class, self.model, ignore=("model_type",))
+
+    def recipe_config(self):
+        """The data recipe the plan trains with (BERT, ELECTRA; a plan written before the recipe had its own
+        config keeps it among the model fields); None for a family without one."""
+        return recipe_in(self.family, self.recipe if self.recipe is not None else self.model)
 
     def train_config(self) -> TrainConfig | None:
         """The training settings the plan trains with (None for word2vec)."""
@@ -233,6 +239,7 @@ def plan_budget(
     budget: str | Budget,
     model=None,
     train: TrainConfig | None = None,
+    recipe=None,
     *,
     model_fields: dict | None = None,
     name: str | None = None,
@@ -249,6 +256,7 @@ def plan_budget(
             ``search_shape``, None means every preset of the default's kind.
         train: the TrainConfig of the run (default: the family's); ``max_steps``, ``warmup_steps``,
             ``decay_steps`` and ``max_time`` are the planner's.
+        recipe: the data recipe (BERT, ELECTRA; default: the family's).
         model_fields: model config fields set on every candidate (``--set`` model keys).
         name: how the plan names a config object given as ``model`` (a run file's name).
         search_shape: choose the shape among the presets too (:mod:`lmforge.train.budget_search`).
@@ -268,7 +276,9 @@ def plan_budget(
         raise ConfigError(f"the shards in {shards.path} have no training tokens; prepare a larger corpus")
     if model is None and not (search_shape and trainer_family):
         model = get_family(family).default_preset
-    cands = make_candidates(family, shards, train, model, model_fields, name)
+    if recipe is None and get_family(family).recipe_class is not None:
+        recipe = get_family(family).recipe_class()
+    cands = make_candidates(family, shards, train, model, model_fields, name, recipe)
     if search_shape and model is None:
         records = _search_records(family, cands, b, train, unique, shards, probe)
     else:
@@ -381,6 +391,7 @@ def _assemble(family: str, b: Budget, cand: Candidate, rec: dict, records: list[
         max_steps=steps if trainer_family else None, epochs=round(epochs, 4), warmup_steps=warmup,
         tokens_per_step=cand.tokens_per_step, expected_tokens=int(tokens), params=cand.params,
         body_params=cand.body_params, tokens_per_param=round(tokens / max(cand.body_params, 1), 3),
+        recipe=cand.recipe,
         probe_tokens_per_s=round(tps, 1) if tps else None,
         expected_seconds=round(expected_s, 1) if expected_s is not None else None,
         candidates=[{k: v for k, v in r.items() if k not in ("capped", "uncapped_steps", "probe_seconds")}
@@ -426,7 +437,7 @@ def run_plan(plan: BudgetPlan, data_dir: str | Path, out_dir: str | Path, tokeni
     out.mkdir(parents=True, exist_ok=True)
     plan.save(out / PLAN_FILE)
     try:
-        return pretrain(plan.family, data_dir, out, plan.model_config(), plan.train_config(),
+        return pretrain(plan.family, data_dir, out, plan.model_config(), plan.train_config(), plan.recipe_config(),
                         tokenizer_dir=tokenizer_dir, progress=progress)
     except LmforgeError:
         if fresh and not holds_model(out):  # refused before the first checkpoint: no plan left behind

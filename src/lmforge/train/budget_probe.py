@@ -66,6 +66,11 @@ class Candidate:
     body_params: int  # params outside the embeddings and an untied output layer (what the plan's rule counts)
     tokens_per_step: float  # tokens of one optimizer step, counted on the first training batch
     seq_len: int
+    recipe: dict | None = None  # the data recipe's fields (BERT, ELECTRA)
+
+    def recipe_config(self, family: str):
+        cls = get_family(family).recipe_class
+        return from_dict(cls, self.recipe or {}) if cls is not None else None
 
 
 #: probe(family, candidate, train_config, shards, max_seconds) -> ProbeResult
@@ -119,11 +124,11 @@ def _batch_shape(batch: dict) -> tuple[int, int]:
     return count_tokens(batch), seq
 
 
-def _build(family: str, module, model_cfg, shards, tokenizer):
+def _build(family: str, module, model_cfg, shards, tokenizer, recipe=None):
     """(model, sampler) of a Trainer family, or ``(None, None)`` for word2vec."""
     if not _is_trainer_family(module):
         return None, None
-    return module.pretraining_setup(model_cfg, shards, tokenizer)
+    return module.pretraining_setup(model_cfg, shards, tokenizer, recipe)
 
 
 def body_parameters(model, vocab_size: int) -> int:
@@ -137,7 +142,7 @@ def body_parameters(model, vocab_size: int) -> int:
     return sum(p.numel() for p in model.parameters() if id(p) not in skip)
 
 
-def _count_params(family: str, module, model_cfg, shards, tokenizer) -> tuple[int, int]:
+def _count_params(family: str, module, model_cfg, shards, tokenizer, recipe=None) -> tuple[int, int]:
     """(all parameters, body parameters) of a shape."""
     if not _is_trainer_family(module):
         # word2vec: one vector per vocabulary entry, nothing else (its body is its vectors)
@@ -145,19 +150,20 @@ def _count_params(family: str, module, model_cfg, shards, tokenizer) -> tuple[in
         return n, n
     try:  # large presets are counted without allocating their weights
         with torch.device("meta"):
-            model, _ = module.pretraining_setup(model_cfg, shards, tokenizer)
+            model, _ = module.pretraining_setup(model_cfg, shards, tokenizer, recipe)
     except Exception:  # a model whose init needs real tensors
-        model, _ = module.pretraining_setup(model_cfg, shards, tokenizer)
+        model, _ = module.pretraining_setup(model_cfg, shards, tokenizer, recipe)
     total = sum(p.numel() for p in model.parameters())
     return total, max(1, body_parameters(model, int(tokenizer.vocab_size)))
 
 
 def make_candidates(family: str, shards, train: TrainConfig, model=None, model_fields: dict | None = None,
-                    name: str | None = None) -> list[Candidate]:
+                    name: str | None = None, recipe=None) -> list[Candidate]:
     """The shapes to consider, smallest first, with their parameters and tokens per optimizer step.
 
     ``model``: a preset name or a config object (named ``name``) is the one candidate; None: the family's
-    presets of its default's kind.  ``model_fields`` are set on every candidate.
+    presets of its default's kind.  ``model_fields`` are set on every candidate; ``recipe``: the data recipe
+    (BERT, ELECTRA).
     """
     module = _module(family)
     tokenizer = shards.tokenizer()
@@ -170,14 +176,15 @@ def make_candidates(family: str, shards, train: TrainConfig, model=None, model_f
     out = []
     for label, base in shapes:
         cfg = apply_overrides(base, dict(model_fields or {}))
-        params, body = _count_params(family, module, cfg, shards, tokenizer)
+        params, body = _count_params(family, module, cfg, shards, tokenizer, recipe)
         if _is_trainer_family(module):
-            _, sampler = _build(family, module, cfg, shards, tokenizer)
+            _, sampler = _build(family, module, cfg, shards, tokenizer, recipe)
             tokens, seq = _batch_shape(sampler.batch(_first_rows(train), "train"))
             tokens *= train.grad_accum
         else:
             tokens, seq = 0, 0
-        out.append(Candidate(label, to_dict(cfg), params, body, float(tokens), seq))
+        out.append(Candidate(label, to_dict(cfg), params, body, float(tokens), seq,
+                             to_dict(recipe) if recipe is not None else None))
     out.sort(key=lambda c: (c.body_params, c.params))
     return out
 
@@ -200,7 +207,7 @@ def measure_throughput(family: str, cand: Candidate, train: TrainConfig, shards,
     device = resolve_device(train.device)
     precision = resolve_precision(train.precision, device)
     with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
-        model, sampler = module.pretraining_setup(cfg, shards, tokenizer)
+        model, sampler = module.pretraining_setup(cfg, shards, tokenizer, cand.recipe_config(family))
         model.to(device).train()
         groups, _ = param_groups(model, train.weight_decay)
         opt = torch.optim.AdamW(groups, lr=train.lr, betas=(train.beta1, train.beta2), eps=train.eps)

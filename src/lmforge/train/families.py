@@ -14,10 +14,10 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
-from ..data.bert import BertPretrainingSampler
+from ..data.bert import BertPretrainingSampler, MaskedLMRecipe
 from ..data.electra import ElectraPretrainingSampler
 from ..data.samplers import BiLMWindowSampler, CausalWindowSampler
-from ..errors import DataError, LmforgeError
+from ..errors import ConfigError, DataError, LmforgeError
 from ..models import Family, get_family
 from ..models.bert import BertConfig, BertForPreTraining
 from ..models.electra import ElectraConfig, ElectraForPreTraining
@@ -79,7 +79,30 @@ def _check_wordpiece(tokenizer, label: str) -> None:
         )
 
 
-def setup_bert(config: BertConfig, shards, tokenizer) -> tuple[BertForPreTraining, BertPretrainingSampler]:
+def _masked_sampler(cls, config, shards, tokenizer, recipe: MaskedLMRecipe | None, **extra):
+    """The masked-LM rows of ``recipe`` (default: the recipe's defaults) for a model of ``config``."""
+    recipe = recipe or MaskedLMRecipe()
+    return cls(
+        shards,
+        max_seq_length=recipe.seq_length(config.max_position_embeddings),
+        short_seq_prob=recipe.short_seq_prob,
+        masked_lm_prob=recipe.masked_lm_prob,
+        max_predictions_per_seq=recipe.max_predictions_per_seq,
+        whole_word_mask=recipe.whole_word_mask,
+        pack_documents=recipe.pack_documents,
+        tokenizer=tokenizer,
+        **extra,
+    )
+
+
+def _recipe_words(recipe: MaskedLMRecipe | None) -> str:
+    recipe = recipe or MaskedLMRecipe()
+    return (", whole-word masking" if recipe.whole_word_mask else "") + (
+        ", documents packed" if recipe.pack_documents else "")
+
+
+def setup_bert(config: BertConfig, shards, tokenizer,
+               recipe: MaskedLMRecipe | None = None) -> tuple[BertForPreTraining, BertPretrainingSampler]:
     """Build the model and its MLM+NSP sampler for ``lmforge pretrain bert``.
 
     Args:
@@ -87,24 +110,18 @@ def setup_bert(config: BertConfig, shards, tokenizer) -> tuple[BertForPreTrainin
             the tokenizer.
         shards: an opened :class:`lmforge.data.shards.Shards` made with a WordPiece tokenizer.
         tokenizer: that tokenizer.
+        recipe: the pretraining-data recipe (default: :class:`MaskedLMRecipe`'s defaults).
     Returns:
         ``(model, sampler)``.
     """
     _check_wordpiece(tokenizer, "BERT")
+    if recipe is not None and recipe.pack_documents and config.next_sentence:
+        raise ConfigError("pack_documents fills MLM-only rows; set next_sentence=false with it")
     config = dataclasses.replace(config, vocab_size=tokenizer.vocab_size, pad_token_id=tokenizer.pad_id)
     model = BertForPreTraining(config)
     model.tokenizer = tokenizer
-    sampler = BertPretrainingSampler(
-        shards,
-        max_seq_length=config.max_seq_length,
-        short_seq_prob=config.short_seq_prob,
-        masked_lm_prob=config.masked_lm_prob,
-        max_predictions_per_seq=config.max_predictions_per_seq,
-        next_sentence=config.next_sentence,
-        whole_word_mask=config.whole_word_mask,
-        pack_documents=config.pack_documents,
-        tokenizer=tokenizer,
-    )
+    sampler = _masked_sampler(BertPretrainingSampler, config, shards, tokenizer, recipe,
+                              next_sentence=config.next_sentence)
     logger.info(
         "BERT %d layers, hidden %d, %d heads, vocab %d: %.2fM parameters (%s)",
         config.num_hidden_layers,
@@ -112,20 +129,20 @@ def setup_bert(config: BertConfig, shards, tokenizer) -> tuple[BertForPreTrainin
         config.num_attention_heads,
         config.vocab_size,
         model.num_parameters() / 1e6,
-        ("MLM + NSP" if config.next_sentence else "MLM only")
-        + (", whole-word masking" if config.whole_word_mask else "")
-        + (", documents packed" if config.pack_documents else ""),
+        ("MLM + NSP" if config.next_sentence else "MLM only") + _recipe_words(recipe),
     )
     return model, sampler
 
 
-def setup_electra(config: ElectraConfig, shards, tokenizer) -> tuple[ElectraForPreTraining, ElectraPretrainingSampler]:
+def setup_electra(config: ElectraConfig, shards, tokenizer,
+                  recipe: MaskedLMRecipe | None = None) -> tuple[ElectraForPreTraining, ElectraPretrainingSampler]:
     """Build the discriminator + generator and their sampler for ``lmforge pretrain electra``.
 
     Args:
         config: the chosen preset / config file; ``vocab_size`` and ``pad_token_id`` come from the tokenizer.
         shards: an opened :class:`lmforge.data.shards.Shards` made with a WordPiece tokenizer.
         tokenizer: that tokenizer.
+        recipe: the pretraining-data recipe (default: :class:`MaskedLMRecipe`'s defaults).
     Returns:
         ``(model, sampler)``: BERT's masked rows without next-sentence pairs, plus the sampling noise.
     """
@@ -133,23 +150,12 @@ def setup_electra(config: ElectraConfig, shards, tokenizer) -> tuple[ElectraForP
     config = dataclasses.replace(config, vocab_size=tokenizer.vocab_size, pad_token_id=tokenizer.pad_id)
     model = ElectraForPreTraining(config)
     model.tokenizer = tokenizer
-    sampler = ElectraPretrainingSampler(
-        shards,
-        max_seq_length=config.max_seq_length,
-        short_seq_prob=config.short_seq_prob,
-        masked_lm_prob=config.masked_lm_prob,
-        max_predictions_per_seq=config.max_predictions_per_seq,
-        whole_word_mask=config.whole_word_mask,
-        pack_documents=config.pack_documents,
-        tokenizer=tokenizer,
-    )
+    sampler = _masked_sampler(ElectraPretrainingSampler, config, shards, tokenizer, recipe)
     width, _, _ = config.generator_shape
     logger.info(
-        "ELECTRA %d layers, hidden %d, embedding %d, %d heads, generator width %d, vocab %d: %.2fM parameters%s%s",
+        "ELECTRA %d layers, hidden %d, embedding %d, %d heads, generator width %d, vocab %d: %.2fM parameters%s",
         config.num_hidden_layers, config.hidden_size, config.embedding_size, config.num_attention_heads, width,
-        config.vocab_size, model.num_parameters() / 1e6,
-        ", whole-word masking" if config.whole_word_mask else "",
-        ", documents packed" if config.pack_documents else "",
+        config.vocab_size, model.num_parameters() / 1e6, _recipe_words(recipe),
     )
     return model, sampler
 
@@ -190,15 +196,19 @@ class PretrainHooks:
     def TRAIN_DEFAULTS(self) -> dict[str, Any]:  # noqa: N802
         return self.family.train_defaults
 
-    def pretraining_setup(self, config, shards, tokenizer):
-        """``(model, sampler)`` for ``config`` on ``shards`` (see :data:`SETUPS`)."""
-        return SETUPS[self.family.name](config, shards, tokenizer)
+    def pretraining_setup(self, config, shards, tokenizer, recipe=None):
+        """``(model, sampler)`` for ``config`` on ``shards`` (see :data:`SETUPS`); ``recipe``: the family's
+        pretraining-data recipe, for a family that has one."""
+        setup = SETUPS[self.family.name]
+        if self.family.recipe_class is None:
+            return setup(config, shards, tokenizer)
+        return setup(config, shards, tokenizer, recipe)
 
 
 class GensimHooks(PretrainHooks):
     """A family trained by gensim in one pass (word2vec): ``run_pretraining`` instead of a setup."""
 
-    def pretraining_setup(self, config, shards, tokenizer):
+    def pretraining_setup(self, config, shards, tokenizer, recipe=None):
         raise LmforgeError(f"{self.family.name} is trained by gensim in one pass; it has no Trainer setup")
 
     def run_pretraining(self, shards, tokenizer, config, out_dir):

@@ -74,6 +74,7 @@ def check_plan_settings(plan, path: str | Path) -> None:
         family = get_family(plan.family)
         from_dict(family.config_class, plan.model, ignore=("model_type",))
         plan_train_config(plan)
+        plan.recipe_config()
     except ConfigError as e:
         raise _refuse(p, str(e)) from None
     if family.trainer and (plan.max_steps is None or plan.max_steps < 1):

@@ -11,7 +11,7 @@ first step so that a killed run can be resumed with the same settings.
 The library takes config objects: ``pretrain("gpt", data, out, preset_config("gpt", "tiny"),
 default_train_config("gpt", max_steps=2000))``.  Strings (``--set k=v``, run files) are the CLI's
 (:mod:`lmforge.commands._runconfig`).  ``train_config.json`` holds the training fields flat and the model
-config under ``model``, so ``--config MODEL_DIR/train_config.json`` repeats a run.
+config under ``model`` (the data recipe under ``data``), so ``--config MODEL_DIR/train_config.json`` repeats a run.
 """
 
 from __future__ import annotations
@@ -63,7 +63,7 @@ def preset_config(family: str, name: str | None = None, **fields: Any):
 
 
 def default_train_config(family: str, **fields: Any) -> TrainConfig:
-    """The family's training defaults (its recipe) with ``fields`` set."""
+    """The family's training defaults with ``fields`` set."""
     return apply_overrides(apply_overrides(TrainConfig(), get_family(family).train_defaults), fields)
 
 
@@ -74,7 +74,41 @@ def saved_train_config(out_dir: str | Path) -> TrainConfig | None:
         return None
     saved = upgrade_legacy_keys(load_json(path))
     saved["max_time"] = None
-    return from_dict(TrainConfig, saved, ignore=("model",))
+    return from_dict(TrainConfig, saved, ignore=("model", "data"))
+
+
+def recipe_config(family: str, **fields: Any):
+    """The family's pretraining-data recipe with ``fields`` set (None for a family without one)."""
+    cls = get_family(family).recipe_class
+    if cls is None:
+        if fields:
+            raise ConfigError(f"{family} has no pretraining-data recipe; {', '.join(sorted(fields))} are not its keys")
+        return None
+    return apply_overrides(cls(), fields)
+
+
+def recipe_in(family: str, fields: dict):
+    """The family's data recipe from the recipe keys among ``fields`` (a plan's or an old config.json's model
+    fields); None for a family without one."""
+    cls = get_family(family).recipe_class
+    if cls is None:
+        return None
+    names = {f.name for f in dataclasses.fields(cls)}
+    return from_dict(cls, {k: v for k, v in fields.items() if k in names})
+
+
+def saved_recipe(family: str, folder: str | Path):
+    """The data recipe a run in ``folder`` trained with: ``data`` of its train_config.json, else the recipe keys
+    of a config.json written before the recipe had a config of its own, else the defaults (None: no recipe)."""
+    cls = get_family(family).recipe_class
+    if cls is None:
+        return None
+    path = Path(folder) / TRAIN_CONFIG_FILE
+    saved = load_json(path) if path.is_file() else {}
+    if isinstance(saved.get("data"), dict):
+        return from_dict(cls, saved["data"])
+    config = Path(folder) / "config.json"
+    return recipe_in(family, load_json(config) if config.is_file() else {})
 
 
 def saved_model_config(family: str, out_dir: str | Path):
@@ -169,6 +203,15 @@ def _train_config(family: str, out: Path, train: TrainConfig | None, resume: boo
     return (saved_train_config(out) if resume else None) or default_train_config(family)
 
 
+def _recipe(family: str, out: Path, recipe, resume: bool, init_dir: Path | None):
+    """The data recipe of a run: the given one, else the saved one (resume, --init) or the family's defaults."""
+    if recipe is not None or get_family(family).recipe_class is None:
+        return recipe
+    if resume:
+        return saved_recipe(family, out)
+    return saved_recipe(family, init_dir) if init_dir is not None else recipe_config(family)
+
+
 def _open_checked(data_dir, tokenizer_dir, init_dir: Path | None, out: Path, resume: bool):
     """The shards and their tokenizer, checked against every tokenizer the run names."""
     shards = open_shards(data_dir)
@@ -189,6 +232,7 @@ def pretrain(
     out_dir: str | Path,
     model: Any = None,
     train: TrainConfig | None = None,
+    recipe: Any = None,
     *,
     resume: bool = False,
     tokenizer_dir: str | Path | None = None,
@@ -206,6 +250,8 @@ def pretrain(
             resume the saved ``config.json``; with ``init`` that folder's config).
         train: the :class:`TrainConfig` (default: the family's training defaults; on resume the saved ones).
             Device, precision and a time budget (``max_time``) are its fields. Not used by word2vec.
+        recipe: the pretraining-data recipe of a family that has one (BERT, ELECTRA:
+            :class:`lmforge.data.bert.MaskedLMRecipe`; default: its defaults; on resume the saved one).
         resume: continue the run saved in ``out_dir/training_state``.
         tokenizer_dir: if given, the tokenizer the user expects; it must be the one that made the shards.
         init: continue pretraining from this model folder of the same family (domain-adaptive
@@ -222,24 +268,26 @@ def pretrain(
         init_dir = check_init(init, family, resume, model if isinstance(model, str) else None)
     model_config = _model_config(family, out, model, resume, init_dir)
     train_config = _train_config(family, out, train, resume)
+    recipe = _recipe(family, out, recipe, resume, init_dir)
     shards, tokenizer = _open_checked(data_dir, tokenizer_dir, init_dir, out, resume)
     if train_config is None:
         seed_everything(getattr(model_config, "seed", 0))
         result = module.run_pretraining(shards, tokenizer, model_config, out)
         update_card(out, shards=data_dir)
         return result
-    return _train(family, module, model_config, train_config, shards, tokenizer, out, data_dir,
+    return _train(family, module, (model_config, recipe), train_config, shards, tokenizer, out, data_dir,
                   init_dir=init_dir, resume=resume, progress=progress)
 
 
-def _train(family, module, model_config, train_config: TrainConfig, shards, tokenizer, out: Path, data_dir,
+def _train(family, module, configs: tuple, train_config: TrainConfig, shards, tokenizer, out: Path, data_dir,
            *, init_dir: Path | None, resume: bool, progress: bool | None) -> PretrainResult:
     """Build the model, train it with the Trainer and write the folder (a Trainer family)."""
+    model_config, recipe = configs
     env = init_distributed(train_config.device)
     finished = False
     try:
         seed_everything(train_config.seed)
-        model, sampler = module.pretraining_setup(model_config, shards, tokenizer)
+        model, sampler = module.pretraining_setup(model_config, shards, tokenizer, recipe)
         if init_dir is not None:
             model.load_weights(load_safetensors(init_dir / "model.safetensors"))
             (logger.info if env.is_main else logger.debug)("starting from the weights of %s", init_dir)
@@ -248,7 +296,7 @@ def _train(family, module, model_config, train_config: TrainConfig, shards, toke
         train_config = trainer.config  # the precision resolved for the device
         if env.is_main:
             out.mkdir(parents=True, exist_ok=True)
-            save_run_config(out, train_config, getattr(model, "config", model_config), family)
+            save_run_config(out, train_config, getattr(model, "config", model_config), family, recipe)
         result = trainer.train(resume=resume)
         finished = True
     finally:
@@ -272,11 +320,13 @@ def _log_start(family: str, model, train_config: TrainConfig, env) -> None:
     )
 
 
-def save_run_config(out: Path, train_config: TrainConfig, model_config, family: str) -> None:
-    """Write ``train_config.json``: the training fields flat (what ``--resume`` reads) and the model config under
-    ``model``, so the file given back as ``--config`` repeats the run (config.json comes with each checkpoint)."""
+def save_run_config(out: Path, train_config: TrainConfig, model_config, family: str, recipe=None) -> None:
+    """Write ``train_config.json``: the training fields flat (what ``--resume`` reads), the model config under
+    ``model`` and the data recipe under ``data``, so the file given back as ``--config`` repeats the run
+    (config.json comes with each checkpoint)."""
     model = {"model_type": family, **to_dict(model_config)} if dataclasses.is_dataclass(model_config) else None
-    save_json({**to_dict(train_config), **({"model": model} if model else {})}, out / TRAIN_CONFIG_FILE)
+    extra = {**({"model": model} if model else {}), **({"data": to_dict(recipe)} if recipe is not None else {})}
+    save_json({**to_dict(train_config), **extra}, out / TRAIN_CONFIG_FILE)
 
 
 def evaluate_lm(
@@ -286,6 +336,7 @@ def evaluate_lm(
     batches: int = 50,
     batch_size: int = 16,
     model_fields: dict[str, Any] | None = None,
+    recipe_fields: dict[str, Any] | None = None,
     seed: int = 0,
     device: str = "auto",
 ) -> dict[str, float]:
@@ -301,6 +352,7 @@ def evaluate_lm(
         data_dir: shards written by ``lmforge prepare`` (with the model's tokenizer).
         split: ``val`` or ``train`` (prepare with ``--val-fraction 0`` to score a whole corpus as train).
         model_fields: model-config fields of the sampler, e.g. ``{"next_sentence": False}``.
+        recipe_fields: data-recipe fields (BERT, ELECTRA), e.g. ``{"max_seq_length": 64}``.
     Returns:
         ``{"loss", "ppl", ...family metrics}`` as floats.
     """
@@ -320,7 +372,10 @@ def evaluate_lm(
     model_config = apply_overrides(get_family(family).model_class.config_from_folder(p), dict(model_fields or {}))
     shards = open_shards(data_dir)
     check_tokenizer(shards, data_dir, load_tokenizer(p), f"the tokenizer of the model in {p}")
-    model, sampler = module.pretraining_setup(model_config, shards, shards.tokenizer())
+    recipe = saved_recipe(family, p)
+    if recipe is not None and recipe_fields:
+        recipe = apply_overrides(recipe, dict(recipe_fields))
+    model, sampler = module.pretraining_setup(model_config, shards, shards.tokenizer(), recipe)
     model.load_weights(load_safetensors(p / "model.safetensors"))
     config = TrainConfig(batch_size=batch_size, eval_batches=batches, seed=seed, device=device)
     trainer = Trainer(model, sampler, config, p, progress=False, plot=False)
@@ -333,19 +388,22 @@ def evaluate_lm(
         cleanup(trainer.env, wait=finished)
 
 
-def run_configs(family: str, preset: str | None = None, **fields: Any) -> tuple[Any, TrainConfig | None]:
-    """``(model config, training config)`` of ``preset`` and the family's training defaults, each of ``fields``
-    set on the config that has it (a key of both is a model key); the training config is None for word2vec.
+def run_configs(family: str, preset: str | None = None, **fields: Any) -> tuple[Any, TrainConfig | None, Any]:
+    """``(model config, training config, data recipe)`` of ``preset``, the family's training defaults and its
+    recipe, each of ``fields`` set on the config that has it (model, then recipe, then training); the training
+    config is None for word2vec, the recipe None for a family without one.
 
     ``pretrain("gpt", data, out, *run_configs("gpt", "tiny", n_layer=2, max_steps=100))``
     """
     fam = get_family(family)
     model_keys = {f.name for f in dataclasses.fields(fam.config_class)}
+    recipe_keys = {f.name for f in dataclasses.fields(fam.recipe_class)} if fam.recipe_class else set()
     model = preset_config(family, preset, **{k: v for k, v in fields.items() if k in model_keys})
-    train_fields = {k: v for k, v in fields.items() if k not in model_keys}
+    recipe = recipe_config(family, **{k: v for k, v in fields.items() if k in recipe_keys - model_keys})
+    train_fields = {k: v for k, v in fields.items() if k not in model_keys | recipe_keys}
     if not fam.trainer:
         if train_fields:
             raise ConfigError(f"{family} trains in one gensim pass; {', '.join(sorted(train_fields))} "
                               f"are not its keys")
-        return model, None
-    return model, default_train_config(family, **train_fields)
+        return model, None, recipe
+    return model, default_train_config(family, **train_fields), recipe

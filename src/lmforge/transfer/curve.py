@@ -57,7 +57,7 @@ def with_min_steps(cfg: TransferConfig, family: str, n: int, min_steps: int) -> 
 
 
 # config keys a ``scratch:PRESET`` body keeps from the pretrained one: the positions the inputs need
-_KEEP_FROM_BODY = ("max_position_embeddings", "n_positions", "max_seq_length")
+_KEEP_FROM_BODY = ("max_position_embeddings", "n_positions")
 
 
 def is_scratch(mode: str) -> bool:
