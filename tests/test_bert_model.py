@@ -12,15 +12,13 @@ import torch
 from lmforge.config import from_dict
 from lmforge.data.bert import MaskedLMRecipe
 from lmforge.errors import ConfigError, DataError
-from lmforge.models.bert import (
-    DEFAULT_PRESET,
-    PRESETS,
-    BertConfig,
-    BertForPreTraining,
-)
+from lmforge.models.bert import BertConfig, BertForPreTraining
+from lmforge.models.recipes import DEFAULT_PRESET as DEFAULTS
+from lmforge.models.recipes import PRESETS as ALL_PRESETS
 from lmforge.train.families import setup_bert
 
 V = 101
+DEFAULT_PRESET, PRESETS = DEFAULTS["bert"], ALL_PRESETS["bert"]
 
 
 def tiny_config(**kw) -> BertConfig:

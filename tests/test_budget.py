@@ -16,6 +16,7 @@ from lmforge.data.bert import MaskedLMRecipe
 from lmforge.data.shards import Shards
 from lmforge.errors import ConfigError
 from lmforge.models import FAMILIES
+from lmforge.models.recipes import PRESETS
 from lmforge.train import budget as B
 from lmforge.train import budget_probe as P
 from lmforge.train import budget_search as S
@@ -250,7 +251,7 @@ def test_body_parameters_leave_out_embeddings_and_an_untied_softmax(wordpiece_sh
 
     shards = Shards.open(wordpiece_shards)
     tok = shards.tokenizer()
-    cfg = elmo.ElmoConfig(vocab_size=tok.vocab_size, **elmo.PRESETS["tiny"])
+    cfg = elmo.ElmoConfig(vocab_size=tok.vocab_size, **PRESETS["elmo"]["tiny"])
     model, _ = P._module("elmo").pretraining_setup(cfg, shards, tok)
     total = sum(p.numel() for p in model.parameters())
     chars = model.token_encoder.char_embedding.weight.numel()

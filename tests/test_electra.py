@@ -15,7 +15,10 @@ import torch
 from lmforge.cli import main
 from lmforge.data.bert import MaskedLMRecipe
 from lmforge.errors import CheckpointError, ConfigError
-from lmforge.models.electra import PRESETS, ElectraConfig, ElectraForPreTraining, sample_tokens
+from lmforge.models.electra import ElectraConfig, ElectraForPreTraining, sample_tokens
+from lmforge.models.recipes import PRESETS as ALL_PRESETS
+
+PRESETS = ALL_PRESETS["electra"]
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 

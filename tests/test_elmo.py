@@ -11,10 +11,12 @@ import pytest
 import torch
 
 from lmforge.models.base import TokenLayers
-from lmforge.models.elmo import PRESETS, ElmoBiLM, ElmoConfig
+from lmforge.models.elmo import ElmoBiLM, ElmoConfig
+from lmforge.models.recipes import PRESETS as ALL_PRESETS
 from lmforge.nn.charcnn import BOW_CHAR, EOW_CHAR, PAD_CHAR, SPECIAL_CHAR, piece_bytes, spell_piece, vocab_char_ids
 from lmforge.train.families import setup_elmo
 
+PRESETS = ALL_PRESETS["elmo"]
 V = 97
 
 

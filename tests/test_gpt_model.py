@@ -9,9 +9,11 @@ import pytest
 import torch
 
 from lmforge.errors import ConfigError, DataError, LmforgeError
-from lmforge.models.gpt import DEFAULT_PRESET, PRESETS, GPTConfig, GPTLMHeadModel
+from lmforge.models.gpt import GPTConfig, GPTLMHeadModel
+from lmforge.models.recipes import DEFAULT_PRESET, PRESETS
 from lmforge.train.families import setup_gpt
 
+DEFAULT_PRESET, PRESETS = DEFAULT_PRESET["gpt"], PRESETS["gpt"]
 V = 97
 
 

@@ -33,10 +33,11 @@ def pairs(examples):
 
 @pytest.fixture(scope="module")
 def elmo_dir(tmp_path_factory, wordpiece_tokenizer):
-    from lmforge.models.elmo import PRESETS, ElmoBiLM, ElmoConfig
+    from lmforge.models.elmo import ElmoBiLM, ElmoConfig
+    from lmforge.models.recipes import PRESETS
 
     torch.manual_seed(0)
-    model = ElmoBiLM(ElmoConfig(**dict(PRESETS["tiny"], vocab_size=wordpiece_tokenizer.vocab_size)))
+    model = ElmoBiLM(ElmoConfig(**dict(PRESETS["elmo"]["tiny"], vocab_size=wordpiece_tokenizer.vocab_size)))
     model.set_tokenizer(wordpiece_tokenizer)
     out = tmp_path_factory.mktemp("elmo") / "elmo"
     model.save_pretrained(out)

@@ -32,10 +32,10 @@ def _toy_family() -> types.ModuleType:
     mod = types.ModuleType("toy_family")
     mod.ToyConfig = ToyConfig
     mod.ToyLM = ToyLM
-    mod.PRESETS = {"tiny": dict(hidden_size=32, num_layers=2, dropout=0.1), "one": dict(num_layers=1)}
-    mod.DEFAULT_PRESET = "tiny"
-    mod.TRAIN_DEFAULTS = dict(lr=2e-3, batch_size=2, eval_batches=2, warmup_steps=1, log_every=1, eval_every=2,
-                              save_every=2, device="cpu")
+    mod.PRESETS = {"gpt": {"tiny": dict(hidden_size=32, num_layers=2, dropout=0.1), "one": dict(num_layers=1)}}
+    mod.DEFAULT_PRESET = {"gpt": "tiny"}
+    mod.TRAIN_DEFAULTS = {"gpt": dict(lr=2e-3, batch_size=2, eval_batches=2, warmup_steps=1, log_every=1,
+                                      eval_every=2, save_every=2, device="cpu")}
 
     def pretraining_setup(config, shards, tokenizer):
         config = dataclasses.replace(config, vocab_size=tokenizer.vocab_size)
@@ -52,7 +52,7 @@ def toy_family(monkeypatch):
     """`lmforge pretrain gpt` runs the toy family (the CLI's family names are fixed)."""
     monkeypatch.setitem(sys.modules, "toy_family", _toy_family())
     toy = dataclasses.replace(FAMILIES["gpt"], module="toy_family", model_class_name="ToyLM",
-                              config_class_name="ToyConfig")
+                              config_class_name="ToyConfig", recipes="toy_family")
     monkeypatch.setitem(FAMILIES, "gpt", toy)
     monkeypatch.setitem(SETUPS, "gpt", sys.modules["toy_family"].pretraining_setup)
     return "gpt"

@@ -77,10 +77,11 @@ def tiny_gpt(tok, seed=0):
 
 
 def tiny_elmo(tok, seed=0):
-    from lmforge.models.elmo import PRESETS, ElmoBiLM, ElmoConfig
+    from lmforge.models.elmo import ElmoBiLM, ElmoConfig
+    from lmforge.models.recipes import PRESETS
 
     torch.manual_seed(seed)
-    m = ElmoBiLM(ElmoConfig(vocab_size=tok.vocab_size, **PRESETS["tiny"]))
+    m = ElmoBiLM(ElmoConfig(vocab_size=tok.vocab_size, **PRESETS["elmo"]["tiny"]))
     m.set_tokenizer(tok)
     return m.eval()
 

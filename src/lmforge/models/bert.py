@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-from typing import Any, ClassVar
+from typing import ClassVar
 
 import torch
 import torch.nn.functional as F
@@ -95,35 +95,6 @@ class BertConfig:
     @property
     def head_size(self) -> int:
         return self.hidden_size // self.num_attention_heads
-
-
-def _preset(layers: int, hidden: int, dropout: float = 0.1) -> dict[str, Any]:
-    # Google's 24 small BERTs (Turc et al. 2019): heads = H/64, FFN = 4H.
-    return {
-        "num_hidden_layers": layers,
-        "hidden_size": hidden,
-        "num_attention_heads": max(1, hidden // 64),
-        "intermediate_size": 4 * hidden,
-        "hidden_dropout_prob": dropout,
-        "attention_probs_dropout_prob": dropout,
-    }
-
-
-#: preset name -> BertConfig kwargs (``vocab_size`` comes from the tokenizer).
-PRESETS: dict[str, dict[str, Any]] = {
-    # the two CPU-budget shapes train without dropout: in minutes to an hour they underfit, never overfit
-    # (docs/bert.md "Recipe sweep": 1,000 steps of tiny, val MLM loss 6.057 without dropout vs 6.105 with)
-    "tiny": _preset(2, 128, dropout=0.0),
-    "mini": _preset(4, 256, dropout=0.0),
-    "small": _preset(4, 512),
-    "medium": _preset(8, 512),
-    "base": _preset(12, 768),
-}
-DEFAULT_PRESET = "mini"
-#: TrainConfig overrides for ``lmforge pretrain bert``: the lr measured best for the small presets
-#: (docs/bert.md "Recipe sweep": tiny, 1,000 steps, val MLM loss 6.105 at 1e-3 vs 6.371 at 5e-4 and
-#: 6.139 at 2e-3); BERT-base-sized runs should set the paper's ``lr=1e-4``.
-TRAIN_DEFAULTS: dict[str, Any] = {"lr": 1e-3, "weight_decay": 0.01}
 
 
 @dataclasses.dataclass
@@ -472,7 +443,4 @@ __all__ = [
     "BertConfig",
     "BertForPreTraining",
     "BertPreTrainingOutput",
-    "PRESETS",
-    "DEFAULT_PRESET",
-    "TRAIN_DEFAULTS",
 ]

@@ -46,7 +46,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-from typing import Any, ClassVar
+from typing import ClassVar
 
 import torch
 import torch.nn.functional as F
@@ -126,36 +126,6 @@ class ElectraConfig:
         """The generator's (width, attention heads, FFN size)."""
         width = max(1, round(self.hidden_size / self.generator_size_divisor))
         return width, max(1, width // 64), 4 * width
-
-
-def _preset(layers: int, hidden: int, embedding: int, divisor: int, dropout: float = 0.1) -> dict[str, Any]:
-    return {
-        "num_hidden_layers": layers,
-        "hidden_size": hidden,
-        "embedding_size": embedding,
-        "num_attention_heads": max(1, hidden // 64),
-        "intermediate_size": 4 * hidden,
-        "generator_size_divisor": divisor,
-        "hidden_dropout_prob": dropout,
-        "attention_probs_dropout_prob": dropout,
-    }
-
-
-#: preset name -> ElectraConfig kwargs (``vocab_size`` comes from the tokenizer).  ``tiny`` and ``mini`` are
-#: BERT's shapes of the same names (so the two objectives compare on one discriminator shape) and, like BERT's,
-#: train without dropout (minutes to an hour on a CPU underfit, never overfit); ``small`` and ``base`` are the
-#: paper's ELECTRA-Small and -Base (Table 6: embedding 128 for Small, generator 1/4 and 1/3).
-PRESETS: dict[str, dict[str, Any]] = {
-    "tiny": _preset(2, 128, 128, 4, dropout=0.0),
-    "mini": _preset(4, 256, 256, 4, dropout=0.0),
-    "small": _preset(12, 256, 128, 4),
-    "base": _preset(12, 768, 768, 3),
-}
-DEFAULT_PRESET = "mini"  # BERT's CPU default shape; `--budget` chooses among all four
-#: TrainConfig overrides for ``lmforge pretrain electra``: the paper's ELECTRA-Small optimisation (lr 5e-4,
-#: Adam eps 1e-6, weight decay 0.01, linear decay to 0); Base-sized runs should set the paper's ``lr=2e-4``.
-TRAIN_DEFAULTS: dict[str, Any] = {"lr": 5e-4, "eps": 1e-6, "weight_decay": 0.01, "schedule": "linear",
-                                  "min_lr_ratio": 0.0}
 
 
 def sample_tokens(logits: torch.Tensor, noise: torch.Tensor | None = None) -> torch.Tensor:
@@ -499,7 +469,4 @@ __all__ = [
     "ElectraForPreTraining",
     "ElectraPreTrainingOutput",
     "sample_tokens",
-    "PRESETS",
-    "DEFAULT_PRESET",
-    "TRAIN_DEFAULTS",
 ]

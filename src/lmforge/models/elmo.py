@@ -103,41 +103,6 @@ class ElmoConfig:
                 raise ConfigError(f"char filter width {widest} exceeds max_chars_per_token={self.max_chars_per_token}")
 
 
-# preset name -> ElmoConfig kwargs (vocab_size comes from the tokenizer)
-PRESETS: dict[str, dict] = {
-    # for tests and smoke runs
-    "tiny": dict(
-        projection_dim=32,
-        cell_size=64,
-        char_embed_dim=8,
-        char_filters=[[1, 16], [2, 16], [3, 32], [4, 32]],
-        max_chars_per_token=20,
-    ),
-    # between them: 128-wide LSTMs without a separate projection, char widths 1..5 (the demo's ELMo; about
-    # 0.9M parameters outside the embeddings and the softmax, where 'small' has 14M): what an hour of
-    # two CPU cores trains on a few million tokens (docs/elmo_word2vec.md)
-    "mini": dict(
-        projection_dim=128,
-        cell_size=128,
-        char_embed_dim=16,
-        char_filters=[[1, 32], [2, 32], [3, 64], [4, 128], [5, 128]],
-        max_chars_per_token=20,
-        num_highway=1,
-        dropout=0.0,
-        seq_len=48,
-    ),
-    # the default: the original's shape at a quarter of its width (P 256, cell 1024, widths 1..7)
-    "small": dict(projection_dim=256, cell_size=1024, char_filters=[list(f) for f in SMALL_FILTERS]),
-    # the same with a word-embedding token encoder (faster; the bench's configuration uses cell 256)
-    "small-word": dict(token_encoder="word", projection_dim=256, cell_size=1024),
-    # the original ELMo (2x4096_512_2048cnn_2xhighway)
-    "original": dict(projection_dim=512, cell_size=4096, char_filters=[list(f) for f in ORIGINAL_FILTERS]),
-}
-DEFAULT_PRESET = "small"
-# Adam at 1e-3 is the usual recipe for LSTM LMs (the original used Adagrad at 0.2); no weight decay.
-TRAIN_DEFAULTS: dict = {"lr": 1e-3, "weight_decay": 0.0, "warmup_steps": 100, "grad_clip": 1.0}
-
-
 def _gather_time(x: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
     """``out[b, t] = x[b, index[b, t]]`` for x (B, T, ...) and index (B, T)."""
     idx = index.view(*index.shape, *([1] * (x.dim() - 2))).expand_as(x)

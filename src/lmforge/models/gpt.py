@@ -99,23 +99,6 @@ class GPTConfig:
         return self.n_inner if self.n_inner is not None else 4 * self.n_embd
 
 
-# -- presets and training defaults for `lmforge pretrain gpt` ---------------------------------------------
-# vocab_size, bos/eos ids come from the tokenizer (lmforge.train.families.setup_gpt).
-PRESETS: dict[str, dict] = {
-    "tiny": dict(n_positions=128, n_embd=64, n_layer=2, n_head=2),  # tests and smoke runs
-    "mini": dict(n_positions=256, n_embd=128, n_layer=4, n_head=4),  # minutes on a laptop CPU
-    "small": dict(n_positions=256, n_embd=256, n_layer=4, n_head=4),  # the bench configuration
-    "base": dict(n_positions=512, n_embd=512, n_layer=8, n_head=8),
-    "gpt2-small": dict(n_positions=1024, n_embd=768, n_layer=12, n_head=12),  # GPT-2 124M's shape
-}
-DEFAULT_PRESET = "mini"
-# Small-model optimisation (nanoGPT's recipe for its small models): peak lr 1e-3, beta2 0.99, weight decay
-# 0.1, cosine.  Measured on the demo's GPT (1.13M parameters, 1400 steps on its BPE shards): validation
-# loss 5.234 against 5.491 with GPT-2 124M's 6e-4 / 0.95, ahead at every evaluation (docs/gpt.md).  For
-# GPT-2-sized runs set lr=6e-4 beta2=0.95.
-TRAIN_DEFAULTS: dict = dict(lr=1e-3, weight_decay=0.1, beta2=0.99, warmup_steps=100, schedule="cosine", batch_size=16)
-
-
 # -- the model -----------------------------------------------------------------------------------------
 class GPTLMHeadModel(PretrainedModel):
     """GPT language model: ``wte`` + ``wpe`` -> ``h[0..L-1]`` -> (``ln_f``) -> ``lm_head`` (tied to ``wte``)."""
@@ -362,9 +345,6 @@ class GPTLMHeadModel(PretrainedModel):
 __all__ = [
     "GPTConfig",
     "GPTLMHeadModel",
-    "PRESETS",
-    "DEFAULT_PRESET",
-    "TRAIN_DEFAULTS",
     # the LM losses live in lmforge.nn.losses; re-exported because transfer imports them from here
     "causal_lm_loss",
     "linear_cross_entropy",

@@ -25,8 +25,7 @@ class Family:
     Attributes:
         name: the family's ``model_type`` (``"bert"``...).
         label: how reports name it (``"BERT"``).
-        module: import path of the module holding the config class, the model class, ``PRESETS``,
-            ``DEFAULT_PRESET`` and (Trainer-based families) ``TRAIN_DEFAULTS``.
+        module: import path of the module holding the config class and the model class.
         model_class_name, config_class_name: the classes in ``module``.
         tokenizer_kind: the tokenizer kind its pretraining needs (``"wordpiece"``, ``"bpe"``), None = any.
         trainer: pretrained step by step by :class:`lmforge.train.Trainer`; False = trained by gensim in one
@@ -38,6 +37,7 @@ class Family:
         transfer_modes: the transfer modes its body supports (``frozen``, ``features``, ``finetune``).
         inputs_like: the family whose input format transfer builds for this body (special tokens, segments,
             the position a sentence is read at); None = its own.  ELECTRA's discriminator reads BERT's.
+        recipes: the module holding ``PRESETS``, ``DEFAULT_PRESET`` and ``TRAIN_DEFAULTS`` (keyed by family).
         data_recipe: ``module:Class`` of the config of its pretraining-data recipe (None = the sampler needs
             nothing beyond the model config).
     """
@@ -56,6 +56,7 @@ class Family:
     transfer_modes: tuple[str, ...] = ()
     inputs_like: str | None = None
     data_recipe: str | None = None
+    recipes: str = "lmforge.models.recipes"
 
     @property
     def input_format(self) -> str:
@@ -83,16 +84,16 @@ class Family:
 
     @property
     def presets(self) -> dict[str, dict[str, Any]]:
-        return dict(getattr(self.import_module(), "PRESETS", {}))
+        return dict(importlib.import_module(self.recipes).PRESETS.get(self.name, {}))
 
     @property
     def default_preset(self) -> str | None:
-        return getattr(self.import_module(), "DEFAULT_PRESET", None)
+        return importlib.import_module(self.recipes).DEFAULT_PRESET.get(self.name)
 
     @property
     def train_defaults(self) -> dict[str, Any]:
         """``TrainConfig`` overrides of the family (empty for families trained without the Trainer)."""
-        return dict(getattr(self.import_module(), "TRAIN_DEFAULTS", {}))
+        return dict(importlib.import_module(self.recipes).TRAIN_DEFAULTS.get(self.name, {}))
 
 
 # the CLI lists the families in this order

@@ -76,13 +76,6 @@ class Word2VecConfig:
             raise ConfigError(f"seed must be a whole number from 0 to {SEED_MAX}, got {self.seed}")
 
 
-PRESETS: dict[str, dict] = {
-    "small": dict(vector_size=100, architecture="skipgram"),
-    "cbow": dict(vector_size=100, architecture="cbow"),
-    "large": dict(vector_size=300, architecture="skipgram", epochs=10),
-}
-DEFAULT_PRESET = "small"
-
 _WORD_CHAR = re.compile(r"\w")
 _CJK = re.compile(r"[\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff]")
 
