@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
+from ..transfer.specs import SPECS
 from ._common import fmt
 
 # fields of an example that are gold answers, not inputs
@@ -21,22 +22,34 @@ def with_inputs(example: Any, prediction: dict) -> dict:
     return {**inputs_of(example), **prediction}
 
 
+def _class_line(record: dict) -> str:
+    probs = record.get("probs") or {}
+    text = record.get("text", "")
+    if record.get("text_pair") is not None:
+        text += f"  ||  {record['text_pair']}"
+    return f"{record['label']} ({fmt(float(probs.get(record['label'], float('nan'))))})  {text}".rstrip()
+
+
+def _tags_line(record: dict) -> str:
+    return " ".join(f"{w}/{t}" for w, t in zip(record["words"], record["tags"]))
+
+
+def _answer_line(record: dict) -> str:
+    question = f"  <- {record['question']}" if "question" in record else ""
+    return f"answer: {record['answer']!r}{question}"
+
+
+def _choice_line(record: dict) -> str:
+    probs = record.get("probs") or []
+    k = int(record["label"])
+    chosen = record["choices"][k] if "choices" in record else ""
+    return f"choice {k} ({fmt(float(probs[k])) if k < len(probs) else '?'}): {chosen}".rstrip(": ")
+
+
+# TaskSpec.shown_as -> how a prediction of that task is printed
+_LINES = {"class": _class_line, "tags": _tags_line, "answer": _answer_line, "choice": _choice_line}
+
+
 def prediction_line(task: str, record: dict) -> str:
     """One line: the prediction, then the input it is for."""
-    if task in ("classify", "pair"):
-        probs = record.get("probs") or {}
-        text = record.get("text", "")
-        if record.get("text_pair") is not None:
-            text += f"  ||  {record['text_pair']}"
-        return f"{record['label']} ({fmt(float(probs.get(record['label'], float('nan'))))})  {text}".rstrip()
-    if task == "tokens":
-        return " ".join(f"{w}/{t}" for w, t in zip(record["words"], record["tags"]))
-    if task == "qa":
-        question = f"  <- {record['question']}" if "question" in record else ""
-        return f"answer: {record['answer']!r}{question}"
-    if task == "choice":
-        probs = record.get("probs") or []
-        k = int(record["label"])
-        chosen = record["choices"][k] if "choices" in record else ""
-        return f"choice {k} ({fmt(float(probs[k])) if k < len(probs) else '?'}): {chosen}".rstrip(": ")
-    return str(record)
+    return _LINES[SPECS[task].shown_as](record)

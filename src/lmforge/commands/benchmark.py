@@ -3,6 +3,8 @@ files, or a learning curve of a pretrained model against the same architecture t
 
 from __future__ import annotations
 
+from ..transfer.specs import SPECS
+
 
 def register(sub) -> None:
     p = sub.add_parser(
@@ -92,7 +94,7 @@ def run_data(args) -> int:
     train, test = load_benchmark(args.name, args.n_train, args.n_test, args.seed)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    ext = "conll" if train.task == "tokens" else "jsonl"
+    ext = SPECS[train.task].file_suffix
     write_task(train, out / f"train.{ext}")
     write_task(test, out / f"test.{ext}")
     print(f"wrote {len(train)} training and {len(test)} test examples ({train.task}) to {out}/train.{ext}, test.{ext}")

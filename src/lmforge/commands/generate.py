@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import sys
 
+from ..models import FAMILIES, get_family
+
 #: the most tokens one `lmforge generate` adds (more is capped, with a message)
 MAX_NEW_TOKENS = 4096
 
@@ -45,8 +47,9 @@ def run(args) -> int:
               f"many minutes on a CPU); generate again from the end for more", file=sys.stderr)
         max_new = MAX_NEW_TOKENS
     model = load(args.model_dir)
-    if model.model_type != "gpt":
-        raise LmforgeError(f"{args.model_dir} holds a '{model.model_type}' model; generate needs a GPT")
+    if not get_family(model.model_type).generates:
+        makers = ", ".join(f.label for f in FAMILIES.values() if f.generates)
+        raise LmforgeError(f"{args.model_dir} holds a '{model.model_type}' model; generate needs a {makers}")
     if model.tokenizer is None:
         raise LmforgeError(f"{args.model_dir} has no tokenizer files; generate needs tokenizer.json beside the model")
     device = args.device

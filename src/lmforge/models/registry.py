@@ -37,6 +37,7 @@ class Family:
         transfer_modes: the transfer modes its body supports (``frozen``, ``features``, ``finetune``).
         inputs_like: the family whose input format transfer builds for this body (special tokens, segments,
             the position a sentence is read at); None = its own.  ELECTRA's discriminator reads BERT's.
+        task_tokens: transfer adds the GPT paper's start, delimiter and extract tokens to its inputs.
         recipes: the module holding ``PRESETS``, ``DEFAULT_PRESET`` and ``TRAIN_DEFAULTS`` (keyed by family).
         data_recipe: ``module:Class`` of the config of its pretraining-data recipe (None = the sampler needs
             nothing beyond the model config).
@@ -56,6 +57,7 @@ class Family:
     transfer_modes: tuple[str, ...] = ()
     inputs_like: str | None = None
     data_recipe: str | None = None
+    task_tokens: bool = False
     recipes: str = "lmforge.models.recipes"
 
     @property
@@ -106,7 +108,7 @@ FAMILIES: dict[str, Family] = {
     "gpt": Family(
         "gpt", "GPT", "lmforge.models.gpt", "GPTLMHeadModel", "GPTConfig", "bpe", trainer=True,
         hf_module="lmforge.interop.gpt2", hf_model_type="gpt2", generates=True,
-        transfer_modes=("frozen", "features", "finetune"),
+        transfer_modes=("frozen", "features", "finetune"), task_tokens=True,
     ),
     "elmo": Family(
         "elmo", "ELMo", "lmforge.models.elmo", "ElmoBiLM", "ElmoConfig", None, trainer=True,

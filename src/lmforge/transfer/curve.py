@@ -183,7 +183,7 @@ def learning_curve(
         for seed in seeds:
             idx = np.random.default_rng(seed).choice(len(pool), size=n, replace=False).tolist()
             sub = pool.subset(idx)
-            missing = set(pool.labels) - {ex.label for ex in sub.examples} if task in ("classify", "pair") else set()
+            missing = set(pool.labels) - {ex.label for ex in sub.examples} if SPECS[task].classes else set()
             if missing:
                 logger.info("n=%d seed=%d: the draw has no example of %s", n, seed, sorted(missing))
             for mode in modes:

@@ -80,7 +80,7 @@ class TaskHead(nn.Module):
             width = 2 * mlp_hidden
         if pair_rows:
             width *= 4
-        out = 2 if task == "qa" else num_labels
+        out = num_labels  # the task's outputs per row (TaskSpec.num_outputs)
         self.drop = nn.Dropout(dropout if classifier != "logreg" else 0.0)
         if classifier == "mlp":
             self.out = nn.Sequential(

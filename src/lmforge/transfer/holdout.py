@@ -13,6 +13,7 @@ from collections import Counter
 
 from ..data.tasks import TaskData
 from ..errors import DataError
+from .specs import SPECS
 
 
 @dataclasses.dataclass(frozen=True)
@@ -55,7 +56,7 @@ def hold_out(data: TaskData, fraction: float, seed: int) -> Holdout:
     labels = [_label(ex) for ex in data.examples]
     counts = Counter(labels)
     stratify = None
-    if data.task in ("classify", "pair", "choice") and None not in counts and min(counts.values()) >= 2 \
+    if SPECS[data.task].stratify and None not in counts and min(counts.values()) >= 2 \
             and n_test >= len(counts) and n - n_test >= len(counts):
         stratify = [str(lab) for lab in labels]
     train_idx, test_idx = train_test_split(list(range(n)), test_size=n_test, random_state=seed, shuffle=True,

@@ -30,6 +30,7 @@ from torch import nn
 
 from ..data.tasks import TaskData
 from ..errors import LmforgeError
+from ..models.registry import get_family
 from ..train.precision import resolve_device, resolve_precision
 from ..utils import seed_everything
 from .batching import RowStore, TransferModel
@@ -67,7 +68,7 @@ def validation_split(data: TaskData, fraction: float, seed: int) -> tuple[list[i
     if fraction <= 0 or n_val < MIN_VAL_EXAMPLES or n - n_val < 2:
         return list(range(n)), []
     rng = np.random.default_rng(seed + 7919)
-    if data.task in ("classify", "pair"):
+    if SPECS[data.task].classes:
         by_label: dict[str, list[int]] = {}
         for i, ex in enumerate(data.examples):
             by_label.setdefault(ex.label, []).append(i)
@@ -106,7 +107,7 @@ class TransferRun(RunModel, RunFeatures):
         self.cfg = cfg = dataclasses.replace(cfg, precision=resolve_precision(cfg.precision, self.device))
         gpt = None
         self.task_token_ids: tuple[int, ...] = ()
-        if self.family == "gpt":
+        if get_family(self.family).task_tokens:
             from . import gpt_inputs
 
             gpt = gpt_inputs.transfer_format(body)
@@ -123,7 +124,7 @@ class TransferRun(RunModel, RunFeatures):
         )
         self.layer = cfg.layer_choice(self.family)
         self.pooler = self.fmt.pool == "pooler"
-        self.pair_rows = cfg.task in ("pair", "choice") and self.fmt.pool == "mean"
+        self.pair_rows = self.spec.pair_rows and self.fmt.pool == "mean"
         self.num_states: int | None = None  # filled on the first body pass
         self.extract_ids: list[int] | None = None  # the layers a features pass stores
         self.choices: dict = {}  # what was chosen on validation data

@@ -36,6 +36,11 @@ class TaskSpec:
         num_outputs_fixed: outputs per row when they do not depend on the labels (qa: 2, choice: 1).
         answer_key: the key of a prediction record that holds the prediction itself (a class, the tags,
             the answer text, the chosen index).
+        shown_as: how ``lmforge predict`` prints a prediction (``class``, ``tags``, ``answer``, ``choice``).
+        classes: every example has one of a set of classes, which a sample should keep in proportion.
+        stratify: a held-out split keeps the answers in proportion (classes, or the index of the right choice).
+        pair_rows: an input is two texts read as two rows (pair, choice) when the head reads mean vectors.
+        file_suffix: the suffix of the file format the task's data is written in.
     """
 
     name = ""
@@ -43,6 +48,11 @@ class TaskSpec:
     sklearn = False
     num_outputs_fixed: int | None = None
     answer_key = "label"
+    shown_as = "class"
+    classes = False
+    stratify = False
+    pair_rows = False
+    file_suffix = "jsonl"
 
     def num_outputs(self, labels: Sequence[str]) -> int:
         return self.num_outputs_fixed or len(labels)
@@ -79,9 +89,12 @@ class ClassifySpec(TaskSpec):
     """``classify`` (one text) and ``pair`` (two texts): one class per example."""
 
     sklearn = True
+    classes = True
+    stratify = True
 
-    def __init__(self, name: str):
+    def __init__(self, name: str, pair_rows: bool = False):
         self.name = name
+        self.pair_rows = pair_rows
 
     def main_metric(self, labels) -> str:
         return "accuracy"
@@ -129,6 +142,8 @@ class TokensSpec(TaskSpec):
     sentence = False
     sklearn = True
     answer_key = "tags"
+    shown_as = "tags"
+    file_suffix = "conll"
 
     def main_metric(self, labels) -> str:
         return "entity_f1" if is_bio(labels) else "token_accuracy"
@@ -211,6 +226,7 @@ class QASpec(TaskSpec):
     name = "qa"
     sentence = False
     answer_key = "answer"
+    shown_as = "answer"
     num_outputs_fixed = 2
 
     def main_metric(self, labels) -> str:
@@ -290,6 +306,9 @@ class ChoiceSpec(TaskSpec):
 
     name = "choice"
     num_outputs_fixed = 1
+    shown_as = "choice"
+    stratify = True
+    pair_rows = True
 
     def main_metric(self, labels) -> str:
         return "accuracy"
@@ -343,7 +362,7 @@ def choice_scores(scores: torch.Tensor, sizes: Sequence[int]) -> torch.Tensor:
 
 SPECS: dict[str, TaskSpec] = {
     "classify": ClassifySpec("classify"),
-    "pair": ClassifySpec("pair"),
+    "pair": ClassifySpec("pair", pair_rows=True),
     "tokens": TokensSpec(),
     "qa": QASpec(),
     "choice": ChoiceSpec(),
