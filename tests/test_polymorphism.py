@@ -29,7 +29,6 @@ PENDING = {
     "data/tasks.py": 15,  # loading and label checks per task (layer 1: below TaskSpec)
     "data/labelled.py": 5,  # file columns per task (layer 1)
     "transfer/config.py": 11,  # defaults per task and family
-    "transfer/encoding.py": 8,  # input building per family
     "interop/runs.py": 8,  # export of a transfer run per family and task
     "cards.py": 1,  # a model card's limitation of static vectors (layer 1: below the registry)
 }

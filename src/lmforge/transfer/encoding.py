@@ -40,6 +40,25 @@ TRUNCATIONS = ("head", "head+tail")
 HEAD_SHARE = 0.25  # head+tail: the share of the room kept from the start (Sun et al. 2019: 128 of 510)
 
 
+@dataclasses.dataclass(frozen=True)
+class FormatRules:
+    """What an input format needs and allows: special tokens around a text, the pools it has a position for,
+    the tokenizer ids it needs, and whether its summary position is trained only by next-sentence prediction."""
+
+    n_special: int = 0
+    pools: tuple[str, ...] = ()
+    needs_ids: tuple[str, ...] = ()
+    summary_needs_nsp: bool = False
+
+
+# input format (the registry's Family.input_format) -> its rules; a format not listed reads plain pieces
+FORMATS: dict[str, FormatRules] = {
+    "bert": FormatRules(3, ("cls", "pooler"), ("cls_id", "sep_id"), summary_needs_nsp=True),
+    "gpt": FormatRules(3, ("last",)),
+}
+PLAIN = FormatRules()
+
+
 def input_format(family: str | None) -> str | None:
     """The family whose input format a ``family`` body reads (the registry's ``Family.input_format``): ELECTRA
     reads BERT's; an unknown name (a stand-in body) is its own."""
@@ -55,8 +74,8 @@ def summary_trained(body) -> bool:
     GPT's extract position sees the whole input under the LM objective; ELMo and word2vec read the mean.
     """
     family = getattr(body, "model_type", None)
-    if input_format(family) == "bert":  # ELECTRA's discriminator has no next-sentence loss either
-        return bool(getattr(getattr(body, "config", None), "next_sentence", family == "bert"))
+    if FORMATS.get(input_format(family), PLAIN).summary_needs_nsp:  # ELECTRA's discriminator has no NSP either
+        return bool(getattr(getattr(body, "config", None), "next_sentence", input_format(family) == family))
     return True
 
 
@@ -165,17 +184,19 @@ class InputFormat:
         self.pool = pool or DEFAULT_POOL.get(family, "mean")
         if self.pool not in POOLS:
             raise LmforgeError(f"unknown pooling '{self.pool}'; choose one of {', '.join(POOLS)}")
-        if self.pool in ("cls", "pooler") and family != "bert":
+        self.rules = rules = FORMATS.get(family, PLAIN)
+        if self.pool in ("cls", "pooler") and self.pool not in rules.pools:
             raise LmforgeError(f"--pool {self.pool} needs a [CLS] token (BERT); the {family} model has none: use mean")
-        if self.pool == "last" and family != "gpt":
+        if self.pool == "last" and self.pool not in rules.pools:
             raise LmforgeError(f"--pool last reads GPT's extract token; for {family} use mean")
         self.gpt = gpt
-        if family == "gpt" and gpt is None:
+        self._assemble_format = {"bert": self._assemble_cls_sep, "gpt": self._assemble_gpt}.get(family,
+                                                                                                self._assemble_plain)
+        if self._assemble_format == self._assemble_gpt and gpt is None:
             raise LmforgeError("GPT inputs need lmforge.transfer.gpt_inputs, which is not available")
-        if family == "bert":
-            for name in ("cls_id", "sep_id"):
-                if getattr(tokenizer, name, None) is None:
-                    raise LmforgeError(f"the BERT tokenizer has no {name}; BERT inputs need [CLS] and [SEP]")
+        for name in rules.needs_ids:
+            if getattr(tokenizer, name, None) is None:
+                raise LmforgeError(f"the BERT tokenizer has no {name}; BERT inputs need [CLS] and [SEP]")
         if doc_stride is not None and doc_stride < 0:
             raise LmforgeError(f"--doc-stride must be >= 0 (0 = no sliding window), got {doc_stride}")
         self.doc_stride = doc_stride
@@ -188,7 +209,7 @@ class InputFormat:
         if truncation not in TRUNCATIONS:
             raise LmforgeError(f"unknown truncation '{truncation}'; choose one of {', '.join(TRUNCATIONS)}")
         self.truncation = truncation
-        self.n_special = {"bert": 3, "gpt": 3}.get(family, 0)
+        self.n_special = rules.n_special
         if self.max_len < self.n_special + 2:
             raise LmforgeError(f"--max-len {self.max_len} is too short; use at least {self.n_special + 8}")
 
@@ -213,26 +234,34 @@ class InputFormat:
         Returns:
             (ids, token_type_ids, segment, a_positions, b_positions).
         """
-        if self.family == "bert":
-            ids = [self.tok.cls_id, *a, self.tok.sep_id]
-            types = [0] * len(ids)
-            seg = [-1] + [0] * len(a) + [-1]
-            a_pos = list(range(1, 1 + len(a)))
-            b_pos: list[int] = []
-            if b is not None:
-                b_pos = list(range(len(ids), len(ids) + len(b)))
-                ids += [*b, self.tok.sep_id]
-                types += [1] * (len(b) + 1)
-                seg += [1] * len(b) + [-1]
-            return ids, types, seg, a_pos, b_pos
-        if self.family == "gpt":
-            ids, a_pos, b_pos = self.gpt.build(a, b)
-            seg = [-1] * len(ids)
-            for p in a_pos:
-                seg[p] = 0
-            for p in b_pos:
-                seg[p] = 1
-            return ids, [0] * len(ids), seg, a_pos, b_pos
+        return self._assemble_format(a, b, pair_mode)
+
+    def _assemble_cls_sep(self, a: list[int], b: list[int] | None, pair_mode: str = "pair"):
+        """BERT's ``[CLS] A [SEP] (B [SEP])`` with segment ids 0 / 1."""
+        ids = [self.tok.cls_id, *a, self.tok.sep_id]
+        types = [0] * len(ids)
+        seg = [-1] + [0] * len(a) + [-1]
+        a_pos = list(range(1, 1 + len(a)))
+        b_pos: list[int] = []
+        if b is not None:
+            b_pos = list(range(len(ids), len(ids) + len(b)))
+            ids += [*b, self.tok.sep_id]
+            types += [1] * (len(b) + 1)
+            seg += [1] * len(b) + [-1]
+        return ids, types, seg, a_pos, b_pos
+
+    def _assemble_gpt(self, a: list[int], b: list[int] | None, pair_mode: str = "pair"):
+        """GPT's task tokens around the text (lmforge.transfer.gpt_inputs)."""
+        ids, a_pos, b_pos = self.gpt.build(a, b)
+        seg = [-1] * len(ids)
+        for p in a_pos:
+            seg[p] = 0
+        for p in b_pos:
+            seg[p] = 1
+        return ids, [0] * len(ids), seg, a_pos, b_pos
+
+    def _assemble_plain(self, a: list[int], b: list[int] | None, pair_mode: str = "pair"):
+        """The pieces as they are (ELMo, word2vec)."""
         ids = list(a) + (list(b) if b is not None else [])
         seg = [0] * len(a) + [1] * (len(b) if b is not None else 0)
         return ids, [0] * len(ids), seg, list(range(len(a))), list(range(len(a), len(ids)))
