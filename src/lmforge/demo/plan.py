@@ -162,7 +162,7 @@ FULL = DemoPlan(
     n_train=500,
     n_test=1000,
     transfer={"max_len": 64},
-    curve_sizes=(100, 300),  # 1,000 labels took 4 of the curve's 7 minutes; docs/transfer.md has them
+    curve_sizes=(100, 300),  # 1,000 labels would cost more than both sizes together; docs/transfer.md runs them
     curve_seeds=(0, 1, 2),
     curve_min_steps=30,  # runs stop early on their validation split; 30 steps bound the smallest sets' epochs
 )

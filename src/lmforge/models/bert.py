@@ -329,7 +329,7 @@ class BertForPreTraining(PretrainedModel):
         logits = self.cls.predictions(h[sel])  # (N, V)
         metrics: dict[str, torch.Tensor] = {}
         if target.numel():
-            scores = logits.float()  # the loss in fp32 under autocast too (and argmax on bf16 is 10x slower on CPU)
+            scores = logits.float()  # the loss in fp32 under autocast too (and argmax over bf16 is slow on CPU)
             mlm_loss = F.cross_entropy(scores, target)
             metrics["mlm_acc"] = (scores.detach().argmax(-1) == target).float().mean()
         else:  # no masked token in the batch: a zero loss that still reaches every MLM parameter

@@ -25,8 +25,8 @@ def _electra(layers: int, hidden: int, embedding: int, divisor: int, dropout: fl
 
 PRESETS: dict[str, dict[str, dict[str, Any]]] = {
     "bert": {
-        "tiny": _bert(2, 128, dropout=0.0),  # docs/bert.md "Recipe sweep" (no dropout at CPU budgets)
-        "mini": _bert(4, 256, dropout=0.0),  # docs/bert.md "Recipe sweep"
+        "tiny": _bert(2, 128, dropout=0.0),  # docs/bert.md "Training recipe" (no dropout at CPU budgets)
+        "mini": _bert(4, 256, dropout=0.0),  # docs/bert.md "Training recipe"
         "small": _bert(4, 512),  # Turc et al. 2019
         "medium": _bert(8, 512),  # Turc et al. 2019
         "base": _bert(12, 768),  # Devlin et al. 2018
@@ -67,7 +67,7 @@ DEFAULT_PRESET: dict[str, str] = {"bert": "mini", "electra": "mini", "gpt": "min
                                   "word2vec": "small"}
 
 TRAIN_DEFAULTS: dict[str, dict[str, Any]] = {
-    "bert": {"lr": 1e-3, "weight_decay": 0.01},  # docs/bert.md "Recipe sweep"; BERT-base: lr=1e-4
+    "bert": {"lr": 1e-3, "weight_decay": 0.01},  # docs/bert.md "Training recipe"; BERT-base: lr=1e-4
     "electra": {"lr": 5e-4, "eps": 1e-6, "weight_decay": 0.01, "schedule": "linear",  # ELECTRA-Small's
                 "min_lr_ratio": 0.0},  # docs/electra.md
     "gpt": dict(lr=1e-3, weight_decay=0.1, beta2=0.99, warmup_steps=100, schedule="cosine",  # docs/gpt.md

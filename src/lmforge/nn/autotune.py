@@ -1,8 +1,9 @@
 """Per-machine choices made by measurement: a short timing of the candidates, kept in a cache file.
 
-Which kernel or precision is fastest depends on the machine: oneDNN's fp32 GEMM runs 2-3x faster than
-MKL's on an AMD EPYC and slower than it on an Intel Xeon with AMX; bf16 autocast doubles a 256-wide
-BERT's training speed on a CPU with AMX and loses to fp32 at width 32.  Where lmforge has two ways to
+Which kernel or precision is fastest depends on the machine: oneDNN's fp32 GEMM beats MKL's on some
+CPUs (an AMD EPYC) and loses to it on others (an Intel Xeon with AMX); bf16 autocast speeds up a wide
+BERT's training on a CPU with AMX and slows down a narrow one (the speed sections of docs/bert.md and
+docs/gpt.md).  Where lmforge has two ways to
 compute the same thing, it times both for a few alternating repetitions the first time it needs the
 answer on a machine (the best repetition of each: on a shared machine, the one nobody preempted), and
 keeps the answer in a JSON file::

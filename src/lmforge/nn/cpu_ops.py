@@ -6,18 +6,18 @@ falls back to that call wherever its faster route does not apply or does not win
 * :func:`linear` - fp32 on CPU may go through oneDNN's linear kernel
   (``torch.ops.mkldnn._linear_pointwise``, the one ``torch.compile`` uses) with GELU fused in; with
   autograd, :class:`_OneDNNLinear` runs all three matmuls of a linear layer on it.  Whether it wins
-  depends on the CPU: on an AMD EPYC PyTorch's default fp32 GEMM (MKL) runs 2-3x below oneDNN, on an
-  Intel Xeon with AMX MKL is the faster one for training.  So the route is chosen by measurement
+  depends on the CPU: on some (an AMD EPYC) PyTorch's default fp32 GEMM (MKL) runs well below oneDNN, on
+  others (an Intel Xeon with AMX) MKL is the faster one for training.  So the route is chosen by measurement
   (:mod:`lmforge.nn.autotune`): per kind of call (training, inference, inference with GELU) and shape,
   both are timed the first time on a machine and the answer is cached.  Fallback: ``F.linear`` (+ ``F.gelu``).
 * :func:`matmul_t` - ``a @ b.T`` on oneDNN for the LM-head loss, chosen the same way.
-* :func:`dropout` - one 64-bit random draw gives four 16-bit uniforms; forward and backward 1.3x
-  ``F.dropout``'s (forward alone 1.6x) on the Xeon, more on the EPYC.  A rule rather than a probe: the
+* :func:`dropout` - one 64-bit random draw gives four 16-bit uniforms, cheaper than ``F.dropout``'s
+  Bernoulli draw per element (``bench/bench_kernels.py`` times both).  A rule rather than a probe: the
   two draw other random numbers, and a run's dropout masks must not depend on a timing.  Fallback:
   ``F.dropout`` (other devices, ``p >= 1``).
 * :func:`attention` - SDPA, except with dropout on CPU (SDPA's fused CPU kernels take none: its math
-  path with the per-element Bernoulli draw is 1.1-1.2x slower than the spelled-out form) and bf16 on a
-  CPU without AMX (SDPA's bf16 kernels there run ~2x below fp32).  Rules, for the same reason as dropout.
+  path with the per-element Bernoulli draw is slower than the spelled-out form) and bf16 on a CPU
+  without AMX (SDPA's bf16 kernels there run below fp32).  Rules, for the same reason as dropout.
   Fallback: SDPA.
 
 The oneDNN op is a private PyTorch operator, so it sits behind one switch: the environment variable
@@ -55,7 +55,7 @@ _ONEDNN_LINEAR = _ONEDNN_OP if _ONEDNN_MODE != "off" else None
 _ROUTES: dict[str, bool] = {}  # question -> oneDNN or not, this process's answers (auto mode)
 _CPU_AMX = bool(getattr(torch.cpu, "_is_amx_tile_supported", lambda: False)())
 # bf16 attention on a CPU without AMX: up to this many scores (B * heads * T * T_total; 64 MB in fp32) the
-# plain form (bf16 matmuls, fp32 softmax) runs ~1.9x faster than SDPA in fp32; above it, SDPA's flash
+# plain form (bf16 matmuls, fp32 softmax) beats SDPA in fp32 (docs/gpt.md, speed); above it, SDPA's flash
 # kernel in fp32, which never holds the scores
 _SMALL_SCORES = 1 << 24
 
@@ -293,7 +293,7 @@ def dropout(x: torch.Tensor, p: float, training: bool = True) -> torch.Tensor:
     On CPU, ``F.dropout`` draws one Bernoulli sample per element.  Here one 64-bit draw of the (seeded,
     global) generator gives four 16-bit uniforms, turned into an fp32 mask of 0 and 1 / (1 - p) (a boolean
     mask would be converted on every multiply; bf16 inputs keep it, as bf16 cannot hold 1 / (1 - p)):
-    forward and backward together run ~1.5x ``F.dropout``'s (torch 2.13, an Intel Xeon, one thread);
+    forward and backward together cost less than ``F.dropout``'s (``bench/bench_kernels.py`` times both);
     ``p`` is rounded to a multiple of 1/65536.  Fallback (other devices, ``p >= 1``): ``F.dropout``, same
     distribution, other random numbers.
     """
@@ -341,7 +341,7 @@ def attention(
 
     SDPA's fused CPU kernels do not take dropout, so with attention dropout on CPU it falls back to
     its math path with the slow Bernoulli dropout; that case is spelled out here with :func:`dropout`.
-    bf16/fp16 on a CPU without AMX, where SDPA's low-precision kernels run ~2x slower than in fp32:
+    bf16/fp16 on a CPU without AMX, where SDPA's low-precision kernels run slower than in fp32:
     two bf16 matmuls around an fp32 softmax while the scores are small (``_SMALL_SCORES``), else SDPA
     in fp32 on upcast inputs; the result is in the inputs' dtype either way.  Fallback: SDPA.
 

@@ -32,7 +32,7 @@ from .config import TrainConfig
 TOKENS_PER_PARAM = 20.0  # Chinchilla's compute-optimal D/N
 UNDERTRAIN_WEIGHT = 0.5  # weight of ln(20 / (D/N)) for a shape that sees fewer than 20 tokens per parameter
 FULL_VALUE_EPOCHS = 4.0  # repeated data counts fully up to this many passes
-# measured for BERT on one corpus only (605k tweet tokens, docs/training.md "Budgets"); ELECTRA's rows are BERT's
+# measured for BERT on one small corpus only (the tweets, docs/training.md "Budgets"); ELECTRA's rows are BERT's
 GROW_WHEN_CAPPED = ("bert", "electra")
 GROW_MAX_SHARE = 0.5  # ... and only when the small shape's passes would take at most this share of the time
 

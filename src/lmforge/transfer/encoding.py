@@ -70,7 +70,7 @@ def summary_trained(body) -> bool:
 
     BERT's top ``[CLS]`` learns that only from next-sentence prediction: a BERT pretrained on MLM alone
     (``next_sentence=False``) has a ``[CLS]`` that no loss ever asked to describe the text, and fine-tuned
-    on single texts it reads the mean of its token vectors instead (docs/transfer.md measures both).
+    on single texts it reads the mean of its token vectors instead (docs/transfer.md, ``--pool``).
     GPT's extract position sees the whole input under the LM objective; ELMo and word2vec read the mean.
     """
     family = getattr(body, "model_type", None)
