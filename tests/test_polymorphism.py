@@ -28,7 +28,6 @@ OTHER_MEANING = {("train/budget.py", 'b.kind == "tokens"'), ("transfer/config.py
 PENDING = {
     "data/tasks.py": 15,  # loading and label checks per task (layer 1: below TaskSpec)
     "data/labelled.py": 5,  # file columns per task (layer 1)
-    "transfer/config.py": 11,  # defaults per task and family
     "interop/runs.py": 8,  # export of a transfer run per family and task
     "cards.py": 1,  # a model card's limitation of static vectors (layer 1: below the registry)
 }

@@ -38,6 +38,8 @@ class Family:
         inputs_like: the family whose input format transfer builds for this body (special tokens, segments,
             the position a sentence is read at); None = its own.  ELECTRA's discriminator reads BERT's.
         task_tokens: transfer adds the GPT paper's start, delimiter and extract tokens to its inputs.
+        aux_lm: fine-tuning adds the LM loss on the task's text (GPT-1's auxiliary objective).
+        mixes_layers: transfer reads a learned scalar mix of its layers by default (ELMo).
         recipes: the module holding ``PRESETS``, ``DEFAULT_PRESET`` and ``TRAIN_DEFAULTS`` (keyed by family).
         data_recipe: ``module:Class`` of the config of its pretraining-data recipe (None = the sampler needs
             nothing beyond the model config).
@@ -58,6 +60,8 @@ class Family:
     inputs_like: str | None = None
     data_recipe: str | None = None
     task_tokens: bool = False
+    aux_lm: bool = False
+    mixes_layers: bool = False
     recipes: str = "lmforge.models.recipes"
 
     @property
@@ -108,11 +112,11 @@ FAMILIES: dict[str, Family] = {
     "gpt": Family(
         "gpt", "GPT", "lmforge.models.gpt", "GPTLMHeadModel", "GPTConfig", "bpe", trainer=True,
         hf_module="lmforge.interop.gpt2", hf_model_type="gpt2", generates=True,
-        transfer_modes=("frozen", "features", "finetune"), task_tokens=True,
+        transfer_modes=("frozen", "features", "finetune"), task_tokens=True, aux_lm=True,
     ),
     "elmo": Family(
         "elmo", "ELMo", "lmforge.models.elmo", "ElmoBiLM", "ElmoConfig", None, trainer=True,
-        transfer_modes=("frozen", "features"),
+        transfer_modes=("frozen", "features"), mixes_layers=True,
     ),
     "word2vec": Family(
         "word2vec", "word2vec", "lmforge.models.word2vec", "Word2Vec", "Word2VecConfig", None, trainer=False,

@@ -31,7 +31,7 @@ from ..config import from_dict
 from ..errors import CheckpointError, ConfigError, LmforgeError
 from ..models.registry import FAMILIES
 from ..train.precision import PRECISIONS, check_device, upgrade_legacy_keys
-from .encoding import DEFAULT_POOL, POOLS, TRUNCATIONS, input_format
+from .encoding import DEFAULT_POOL, FORMATS, PLAIN, POOLS, TRUNCATIONS, input_format
 from .heads import CLASSIFIERS
 from .specs import SPECS
 
@@ -184,7 +184,7 @@ class TransferConfig:
             f"truncation must be one of {', '.join(TRUNCATIONS)}, got {self.truncation!r}",
         )
         need(
-            self.truncation == "head" or self.task in ("classify", "pair"),
+            self.truncation == "head" or SPECS[self.task].classes,
             f"truncation {self.truncation!r} cuts whole texts (classify, pair); {self.task} keeps every word it can",
         )
         need(self.freeze_layers is None or self.freeze_layers >= 0, "freeze_layers must be >= 0")
@@ -227,7 +227,8 @@ class TransferConfig:
             return "auto"
         if self.pool == "pooler":
             return -1
-        return "mix" if family == "elmo" or self.mode in ("frozen", "features") else -1
+        mixes = family in FAMILIES and FAMILIES[family].mixes_layers
+        return "mix" if mixes or self.mode in ("frozen", "features") else -1
 
     def pool_choice(self, family: str, summary_trained: bool = True) -> str | None:
         """The sentence read-out (None for token-level tasks).
@@ -242,9 +243,9 @@ class TransferConfig:
             return "tokens"
         if self.pool is not None:
             return self.pool
-        if family in ("elmo", "word2vec") or (self.mode in ("frozen", "features") and self.task == "classify"):
-            return "mean"
-        if self.task == "classify" and not summary_trained:
+        no_summary = not FORMATS.get(input_format(family), PLAIN).pools  # ELMo, word2vec: no summary position
+        single = SPECS[self.task].single_text
+        if no_summary or (self.mode in ("frozen", "features") and single) or (single and not summary_trained):
             return "mean"
         return DEFAULT_POOL[input_format(family)]
 
@@ -272,7 +273,7 @@ class TransferConfig:
         lm = (
             self.lm_weight
             if self.lm_weight is not None
-            else (0.5 if family == "gpt" and self.mode == "finetune" else 0.0)
+            else (0.5 if _aux_lm(family) and self.mode == "finetune" else 0.0)
         )
         return Recipe(
             lr=self.lr if self.lr is not None else lr,
@@ -282,6 +283,11 @@ class TransferConfig:
             patience=self.patience if self.patience is not None else patience,
             lm_weight=lm,
         )
+
+
+def _aux_lm(family: str | None) -> bool:
+    """Whether ``family`` fine-tunes with GPT-1's auxiliary LM loss (the registry's ``aux_lm``)."""
+    return family in FAMILIES and FAMILIES[family].aux_lm
 
 
 def check_supported(family: str | None, cfg: TransferConfig) -> None:
@@ -299,14 +305,14 @@ def check_supported(family: str | None, cfg: TransferConfig) -> None:
         raise LmforgeError("--from-scratch trains the whole randomly initialised body: use it with --mode finetune")
     if cfg.mode != "finetune" and (cfg.freeze_layers is not None or cfg.layer_lr_decay is not None):
         raise LmforgeError("--freeze-layers and --layer-lr-decay apply to --mode finetune only")
-    if cfg.lm_weight and (family != "gpt" or cfg.mode != "finetune"):
+    if cfg.lm_weight and (not _aux_lm(family) or cfg.mode != "finetune"):
         raise LmforgeError("--lm-weight (GPT-1's auxiliary LM loss) applies to GPT in --mode finetune only")
-    if cfg.both_orders and cfg.task != "pair":
+    if cfg.both_orders and not SPECS[cfg.task].text_pair:
         raise LmforgeError(f"--both-orders reads a pair in both orders: it serves --task pair, not {cfg.task}")
-    if cfg.head_classifier == "bilstm" and cfg.task == "qa":
+    if cfg.head_classifier == "bilstm" and not SPECS[cfg.task].bilstm_head:
         raise LmforgeError("the bilstm classifier serves classify / pair / tokens, not qa")
     pool = cfg.pool_choice(family)
-    if pool == "pooler" and family != "bert":
+    if pool == "pooler" and pool not in FORMATS.get(input_format(family), PLAIN).pools:
         raise LmforgeError(f"--pool pooler reads BERT's NSP-trained pooler; the {family} model has none")
     if pool == "tokens" and cfg.head_classifier != "bilstm":
         raise LmforgeError("--pool tokens feeds every token vector to a BiLSTM: use it with --classifier bilstm")
@@ -344,7 +350,7 @@ def saved_config(data: dict, where: object) -> TransferConfig:
         if fields.pop(key, None) is not None:
             raise CheckpointError(f"{where} was trained with {what}")
     cfg = from_dict(TransferConfig, fields)
-    if data.get("family") == "bert" and cfg.lm_weight:
+    if cfg.lm_weight and data.get("family") in FAMILIES and not _aux_lm(data["family"]):
         raise CheckpointError(
             f"{where} was trained with BERT's auxiliary masked-LM loss (--lm-weight), which lmforge no longer "
             "has; retrain it without --lm-weight"

@@ -41,6 +41,9 @@ class TaskSpec:
         stratify: a held-out split keeps the answers in proportion (classes, or the index of the right choice).
         pair_rows: an input is two texts read as two rows (pair, choice) when the head reads mean vectors.
         file_suffix: the suffix of the file format the task's data is written in.
+        single_text: an example is one text (a sentence read-out of frozen features defaults to the mean).
+        text_pair: an example is two texts (they can be read in both orders).
+        bilstm_head: a BiLSTM over the token vectors can be its head.
     """
 
     name = ""
@@ -53,6 +56,9 @@ class TaskSpec:
     stratify = False
     pair_rows = False
     file_suffix = "jsonl"
+    single_text = False
+    text_pair = False
+    bilstm_head = True
 
     def num_outputs(self, labels: Sequence[str]) -> int:
         return self.num_outputs_fixed or len(labels)
@@ -94,7 +100,8 @@ class ClassifySpec(TaskSpec):
 
     def __init__(self, name: str, pair_rows: bool = False):
         self.name = name
-        self.pair_rows = pair_rows
+        self.pair_rows = self.text_pair = pair_rows
+        self.single_text = not pair_rows
 
     def main_metric(self, labels) -> str:
         return "accuracy"
@@ -227,6 +234,7 @@ class QASpec(TaskSpec):
     sentence = False
     answer_key = "answer"
     shown_as = "answer"
+    bilstm_head = False
     num_outputs_fixed = 2
 
     def main_metric(self, labels) -> str:
