@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import shlex
 
 import pytest
 import torch
@@ -277,6 +278,14 @@ def test_what_cannot_map_is_refused_in_one_line(bert_dir, data_dir, tmp_path, ca
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "--pool pooler" in err and "Traceback" not in err
     assert not (tmp_path / "hf" / "model.safetensors").exists()
+    # the refusal names the command that retrains the run in a form that exports; as given, it works
+    retrain = err.split("exports: ", 1)[1].split(" (TRAIN", 1)[0]
+    assert retrain.startswith("lmforge finetune ") and f"--config {run_dir}/config.json" in retrain
+    argv = shlex.split(retrain.replace("TRAIN", str(data_dir / "train.jsonl")).replace("TEST", str(data_dir /
+                                                                                                  "train.jsonl")))
+    assert main(argv[1:] + ["--cache-dir", str(tmp_path / "cache")]) == 0
+    export(tmp_path / "run-retrained", tmp_path / "hf")
+    assert err.endswith(f"then lmforge export-hf {run_dir}-retrained OUT")
 
     def refusal(**change) -> str:
         data = json.loads(json.dumps(base))

@@ -12,7 +12,7 @@ so that ``transformers.pipeline(TASK, model=OUT)`` predicts what ``lmforge predi
 | GPT ``classify`` / ``pair`` | ``GPT2ForSequenceClassification`` | ``text-classification`` |
 
 How the head maps, exactly (anything that cannot map exactly is refused with one line saying why and
-what to retrain with; nothing approximate is written):
+the ``lmforge finetune`` command that retrains the run in a form that maps; nothing approximate is written):
 
 - the head's output Linear becomes ``classifier`` / ``qa_outputs`` / ``score``; its feature
   standardisation ``(x - mean) / std`` (features mode) is folded into it: ``W / std`` and
@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import json
 import logging
+import shlex
 from pathlib import Path
 
 import torch
@@ -78,16 +79,37 @@ def is_run_folder(path: str | Path) -> bool:
         return False
 
 
-def check_exportable(data: dict) -> tuple[str, str]:
-    """Refuse (one line, what to do instead) a run whose head has no exact HF counterpart.
+def retrain_command(data: dict, run_dir: str | Path | None, flags: str) -> str:
+    """The commands that repeat the run with ``flags`` changed, into a new folder, and export that run.
+
+    The run's ``config.json`` carries every transfer setting, so ``--config`` repeats the run; only the
+    data files are not recorded, and the line names them ``TRAIN`` and ``TEST``.
+    """
+    run = str(run_dir).rstrip("/") if run_dir is not None else "RUN"
+    model = data.get("model_dir") or "MODEL"
+    retrained = shlex.quote(run + "-retrained")
+    return (f"lmforge finetune {shlex.quote(str(model))} --config {shlex.quote(run + '/config.json')} {flags} "
+            f"--train TRAIN --test TEST --out {retrained} (TRAIN, TEST: the run's data files), then "
+            f"lmforge export-hf {retrained} OUT")
+
+
+def check_exportable(data: dict, run_dir: str | Path | None = None) -> tuple[str, str]:
+    """Refuse (one line, with the command that retrains the run in a form that exports) a run whose head
+    has no exact HF counterpart.
 
     Args:
         data: the run's ``config.json``.
+        run_dir: the run folder, named in the commands the refusal suggests.
     Returns:
         (HF architecture, pipeline task).
     """
     cfg = saved_config(data, "this run")
     family, task = data.get("family"), cfg.task
+
+    def refuse(why: str, flags: str) -> LmforgeError:
+        return LmforgeError(f"{why}; retrain it in a form that exports: "
+                            f"{retrain_command(data, run_dir, flags)}")
+
     if family not in ("bert", "gpt"):
         raise LmforgeError(f"export-hf exports BERT and GPT runs to HF task classes; this is a {family} run")
     if (family, task) not in HF_CLASSES:
@@ -95,32 +117,27 @@ def check_exportable(data: dict) -> tuple[str, str]:
         raise LmforgeError(f"export-hf maps {family} runs of --task {tasks} to HF classes, not --task {task}")
     classifier = cfg.head_classifier
     if classifier not in ("linear", "logreg"):
-        raise LmforgeError(
-            f"this run's {classifier} head has no HF counterpart (HF task classes end in one Linear); "
-            "retrain with --classifier linear or logreg to export it"
-        )
+        raise refuse(f"this run's {classifier} head has no HF counterpart (HF task classes end in one Linear)",
+                     "--classifier linear")
     if data.get("layer_mix"):
-        raise LmforgeError("this run mixes the body's layers (ScalarMix), which HF task classes cannot express; "
-                           "retrain with --layer -1 (the top layer) to export it")
+        raise refuse("this run mixes the body's layers (ScalarMix), which HF task classes cannot express",
+                     "--layer -1")
     n, ids = data.get("num_states"), data.get("layer_ids") or []
     if n is None or list(ids) != [n - 1]:
-        raise LmforgeError(
-            f"this run's head reads layer {ids[0] if len(ids) == 1 else ids} of 0..{(n or 0) - 1}; HF task classes "
-            "read the top layer: retrain with --layer -1 to export it"
-        )
+        raise refuse(f"this run's head reads layer {ids[0] if len(ids) == 1 else ids} of 0..{(n or 0) - 1}; "
+                     "HF task classes read the top layer", "--layer -1")
     if cfg.both_orders:
+        # a run file cannot switch a flag off, so this one names the change rather than a command
         raise LmforgeError("this run adds the read-outs of both orders of each pair (--both-orders); HF classes "
                            "read one input: retrain without --both-orders to export it")
     pool = data.get("pool")
     if family == "bert" and task in ("classify", "pair") and pool != "pooler":
         what = {"cls": "the raw top [CLS] (--pool cls)", "mean": "the mean of the token vectors (--pool mean)"}
-        raise LmforgeError(
-            f"this run reads {what.get(pool, f'--pool {pool}')}, but BertForSequenceClassification reads [CLS] "
-            "through BERT's tanh pooler, so it cannot be exported exactly: retrain with --pool pooler"
-        )
+        raise refuse(f"this run reads {what.get(pool, f'--pool {pool}')}, but BertForSequenceClassification reads "
+                     "[CLS] through BERT's tanh pooler, so it cannot be exported exactly", "--pool pooler")
     if family == "gpt" and pool != "last":
-        raise LmforgeError(f"this run reads --pool {pool}; GPT2ForSequenceClassification reads the last token: "
-                           "retrain with --pool last to export it")
+        raise refuse(f"this run reads --pool {pool}; GPT2ForSequenceClassification reads the last token",
+                     "--pool last")
     return HF_CLASSES[(family, task)]
 
 
@@ -219,7 +236,7 @@ def export_run(run_dir: str | Path, out_dir: str | Path) -> Path:
         LmforgeError: the run's head has no exact HF counterpart (the message says what to retrain with).
     """
     src = Path(run_dir)
-    arch, pipeline_task = check_exportable(load_json(src / "config.json"))
+    arch, pipeline_task = check_exportable(load_json(src / "config.json"), run_dir)
     run = load_run(src)
     run.body.eval()
     W, b = folded_linear(run.model.head)
@@ -272,4 +289,4 @@ def _card(out: Path, src: Path, run, arch: str, pipeline_task: str) -> None:
     atomic_write_text(out / "README.md", "\n".join(lines))
 
 
-__all__ = ["HF_CLASSES", "check_exportable", "export_run", "folded_linear", "is_run_folder"]
+__all__ = ["HF_CLASSES", "check_exportable", "export_run", "folded_linear", "is_run_folder", "retrain_command"]
