@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from ..transfer.specs import SPECS
 from ._columns import add_column_args
 from ._common import add_compute_args, add_json_arg, progress, show
 from ._finetune import add_run_file_args, summary, transfer_settings
@@ -17,18 +18,13 @@ def add_truncation_arg(p) -> None:
     )
 
 
-def register(sub) -> None:
-    p = sub.add_parser(
-        "finetune",
-        help="train a task head on a pretrained model (frozen / features / finetune) and evaluate it",
-        description="Train a task on top of a pretrained model folder and write metrics.json, predictions.jsonl, "
-        "config.json and the trained weights into --out.",
-    )
+def _add_data_args(p) -> None:
+    """The model, the task, its data files, the mode and the run folder."""
     p.add_argument("model_dir", help="pretrained model folder (bert, gpt, elmo or word2vec)")
     p.add_argument(
         "--task",
         default=None,
-        choices=["classify", "pair", "tokens", "qa", "choice"],
+        choices=list(SPECS),
         help="classify/pair: CSV or JSONL with text[,text_pair],label; tokens: CoNLL; qa: SQuAD JSON; "
         "choice: JSONL with context, choices (a list), label (the right choice's index); required unless "
         "--config names it",
@@ -49,6 +45,10 @@ def register(sub) -> None:
     p.add_argument("--out", required=True, help="run folder to write (checked before training: never the model folder)")
     p.add_argument("--overwrite", action="store_true",
                    help="write into a folder of another kind or holding other files anyway (never into MODEL_DIR)")
+
+
+def _add_training_args(p) -> None:
+    """How long and how fast the head (and the body) train, and on what split."""
     p.add_argument(
         "--freeze-layers",
         type=int,
@@ -99,6 +99,10 @@ def register(sub) -> None:
     add_truncation_arg(p)
     p.add_argument("--seed", type=int, default=None,
                    help="seeds the held-out splits, the head's init, dropout and the order of examples (default 0)")
+
+
+def _add_head_args(p) -> None:
+    """What the head is and reads, and the task-specific reading options."""
     p.add_argument(
         "--classifier",
         choices=["linear", "logreg", "mlp", "bilstm"],
@@ -155,6 +159,18 @@ def register(sub) -> None:
         help="pair (BERT/GPT): read each pair as (a, b) and (b, a) and add the two read-outs, as GPT-1 did for "
         "similarity, so the order of the two texts does not matter",
     )
+
+
+def register(sub) -> None:
+    p = sub.add_parser(
+        "finetune",
+        help="train a task head on a pretrained model (frozen / features / finetune) and evaluate it",
+        description="Train a task on top of a pretrained model folder and write metrics.json, predictions.jsonl, "
+        "config.json and the trained weights into --out.",
+    )
+    _add_data_args(p)
+    _add_training_args(p)
+    _add_head_args(p)
     p.add_argument("--cache-dir", default=None, help="features mode: vector cache (default ~/.cache/lmforge/features)")
     add_compute_args(p)
     p.add_argument(
