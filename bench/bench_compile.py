@@ -49,6 +49,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--threads", type=int, default=torch.get_num_threads())
     ap.add_argument("--steps", type=int, default=8, help="timed alternating steps after the first")
     ap.add_argument("--dropout", type=float, default=0.1)
+    ap.add_argument("--device", default="cpu")
     ap.add_argument("--record", default=None, metavar="FILE", help="write the figures as a JSON run record")
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
@@ -58,25 +59,31 @@ def main(argv: list[str] | None = None) -> int:
 
     print(f"{describe_machine()}; load average {os.getloadavg()[0]:.2f}; settings: {vars(args)}")
     print(cpu_ops.describe_routes())
+    device = torch.device(args.device)
     make, batches = build(args.family, args.dropout)
+    batches = [{k: v.to(device) for k, v in b.items()} for b in batches]
     torch.manual_seed(0)
-    eager = make()
-    compiled_model = make()
+    eager = make().to(device)
+    compiled_model = make().to(device)
     compiled_model.load_state_dict(eager.state_dict())
     runs = {}
     for name, model in (("eager", eager), ("compiled", compiled_model)):
         model.train()
-        opt = make_optimizer([{"params": list(model.parameters())}], 1e-4, (0.9, 0.999), 1e-8, torch.device("cpu"))
+        opt = make_optimizer([{"params": list(model.parameters())}], 1e-4, (0.9, 0.999), 1e-8, device)
         fwd = torch.compile(model) if name == "compiled" else model
         runs[name] = (fwd, opt)
     times: dict[str, list[float]] = {k: [] for k in runs}
 
     def step(name: str, i: int) -> float:
         fwd, opt = runs[name]
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
         t = time.perf_counter()
         fwd(**batches[i % len(batches)]).loss.backward()
         opt.step()
         opt.zero_grad(set_to_none=True)
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
         return time.perf_counter() - t
 
     first = {name: step(name, 0) for name in runs}

@@ -4,10 +4,10 @@ Both LSTM models live in ONE process and take turns step by step (the order flip
 the same batches, so the machine's drift hits both alike.
 
     python bench/bench_elmo.py                    # default: 2x2 layers of 256, vocab 8192, seq 64, batch 32
-    python bench/bench_elmo.py --steps 10 --no-w2v
+    python bench/bench_elmo.py --steps 10 --no-w2v --threads 2 --record elmo.json
 
 What is measured:
-* training tokens/s (forward + backward + Adam step, dropout 0) of
+* training tokens/s (forward + backward + the Trainer's AdamW step, the same for every model; dropout 0) of
   - lmforge ``ElmoBiLM`` with the word-embedding encoder, cell = projection = 256 (so each layer
     is a plain oneDNN LSTM), residual between the layers, both directions' NLL;
   - the plain biLM: ``nn.Embedding`` -> forward ``nn.LSTM(256, 256, num_layers=2)`` and a second one
@@ -18,7 +18,8 @@ What is measured:
   - (``--proj``) ``ElmoBiLM`` with projected LSTMs (cell 1024 -> 256): PyTorch runs LSTMs with
     ``proj_size`` on its generic kernel, not oneDNN;
 * MFU = model FLOPs/s / the best fp32 GEMM rate measured here; the FLOPs count the LSTM gate and
-  projection matmuls and the softmax, times 3 for training (the char CNN is not counted);
+  projection matmuls and the softmax, and for the char-CNN model its convolutions, highway layers and
+  projection over the batch's distinct tokens, times 3 for training;
 * word2vec: effective words/s as gensim reports it, skip-gram and CBOW, on the built-in corpus
   tokenised by that WordPiece tokenizer (vocab 8192), one worker thread.
 
@@ -31,6 +32,7 @@ import argparse
 import functools
 import logging
 import math
+import os
 import statistics
 import sys
 import tempfile
@@ -94,8 +96,23 @@ def make_batches(n: int, B: int, T: int, V: int, seed: int = 0) -> list[torch.Te
     return [torch.multinomial(zipf, B * T, replacement=True, generator=g).view(B, T) + 5 for _ in range(n)]
 
 
-def bench_lstms(args, tokenizer) -> None:
+def char_cnn_flops(encoder, ids: torch.Tensor) -> float:
+    """Forward matmul FLOPs of the char-CNN encoder on one batch: its convolutions over the batch's distinct
+    tokens (spellings cut as ``encode_chars`` cuts them), the highway layers and the projection."""
+    chars = encoder.token_chars[torch.unique(ids)].long()
+    widest = max(conv.kernel_size[0] for conv in encoder.convs)
+    longest = int((chars != 0).sum(dim=1).max())
+    width = min(chars.shape[1], max(longest + widest - 1, widest))
+    U, E = chars.shape[0], encoder.char_embedding.embedding_dim
+    conv = sum(2 * E * c.kernel_size[0] * c.out_channels * (width - c.kernel_size[0] + 1) for c in encoder.convs)
+    F_ = sum(c.out_channels for c in encoder.convs)
+    dense = len(encoder.highway.layers) * 2 * F_ * 2 * F_ + 2 * F_ * encoder.projection.out_features
+    return float(U * (conv + dense))
+
+
+def bench_lstms(args, tokenizer) -> list[dict]:
     from lmforge.models.elmo import ElmoBiLM, ElmoConfig
+    from lmforge.train.compute import make_optimizer
 
     V, H, T, B = args.vocab, args.hidden, args.seq, args.batch
     torch.manual_seed(0)
@@ -113,7 +130,10 @@ def bench_lstms(args, tokenizer) -> None:
         models["lmforge ELMo (word, LSTMP 1024->256)"] = ElmoBiLM(
             ElmoConfig(vocab_size=V, token_encoder="word", projection_dim=H, cell_size=4 * H, dropout=0.0)
         )
-    opts = {k: torch.optim.Adam(m.parameters(), lr=1e-3) for k, m in models.items()}
+    # the same optimizer for every model: the Trainer's AdamW (fused where torch has the kernel)
+    opts = {k: make_optimizer([{"params": list(m.parameters())}], 1e-3, (0.9, 0.999), 1e-8, torch.device("cpu"))
+            for k, m in models.items()}
+    print(f"optimizer: AdamW{' (fused)' if opts[next(iter(opts))].defaults.get('fused') else ''} for every model")
 
     def step(name: str, ids: torch.Tensor) -> float:
         m = models[name]
@@ -138,21 +158,29 @@ def bench_lstms(args, tokenizer) -> None:
 
     peak = measure_peak_gflops()
     lstm = lstm_flops_per_token(H, H, H, 2)
-    flops = {
-        "plain nn.LSTM biLM": 3 * (2 * lstm + 2 * 2 * H * V),
-        "lmforge ELMo (word)": 3 * (2 * lstm + 2 * 2 * H * V),
-        "lmforge ELMo (char-CNN)": 3 * (2 * lstm + 2 * 2 * H * V),
-        "lmforge ELMo (word, LSTMP 1024->256)": 3 * (2 * lstm_flops_per_token(H, 4 * H, H, 2) + 2 * 2 * H * V),
-    }
+    per_token = 3 * (2 * lstm + 2 * 2 * H * V)
+    flops = {name: per_token * B * T for name in names}
+    if "lmforge ELMo (word, LSTMP 1024->256)" in flops:
+        flops["lmforge ELMo (word, LSTMP 1024->256)"] = 3 * (2 * lstm_flops_per_token(H, 4 * H, H, 2)
+                                                             + 2 * 2 * H * V) * B * T
+    if "lmforge ELMo (char-CNN)" in flops:  # the encoder's work counts too: it is work the model does
+        cnn = statistics.mean(char_cnn_flops(models["lmforge ELMo (char-CNN)"].token_encoder, ids)
+                              for ids in batches[args.warmup:])
+        flops["lmforge ELMo (char-CNN)"] += 3 * cnn
+        print(f"char-CNN encoder: {3 * cnn / 1e9:.2f} GFLOP per training step (forward and backward) on top of "
+              f"the biLM's {per_token * B * T / 1e9:.2f}")
     print(f"\nthreads {torch.get_num_threads()}, fp32 GEMM peak here {peak:.0f} GFLOP/s; "
-          f"{args.steps} timed steps each, batch {B} x seq {T}, vocab {V}, 2x2 layers of {H}")
+          f"{args.steps} timed steps each (median), batch {B} x seq {T}, vocab {V}, 2x2 layers of {H}")
     print(f"{'model':<38} {'median step':>11} {'tokens/s':>9} {'MFU':>6} {'vs plain':>8}")
     base = statistics.median(times["plain nn.LSTM biLM"])
+    rows = []
     for name in names:
         med = statistics.median(times[name])
-        tps = B * T / med
-        mfu = flops[name] * B * T / med / 1e9 / peak
-        print(f"{name:<38} {med * 1e3:9.1f}ms {tps:9.0f} {mfu:6.2f} {base / med:8.3f}")
+        row = {"model": name, "median_step_ms": med * 1e3, "tokens_per_s": B * T / med,
+               "mfu": flops[name] / med / 1e9 / peak, "speed_vs_plain": base / med}
+        rows.append(row)
+        print(f"{name:<38} {med * 1e3:9.1f}ms {row['tokens_per_s']:9.0f} {row['mfu']:6.2f} {base / med:8.3f}")
+    return rows
 
 
 def bench_word2vec(args, tmp: Path) -> None:
@@ -180,22 +208,40 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--batch", type=int, default=32)
     p.add_argument("--steps", type=int, default=20)
     p.add_argument("--warmup", type=int, default=3)
+    p.add_argument("--threads", type=int, default=torch.get_num_threads())
     p.add_argument("--proj", action="store_true", help="also time projected LSTMs (cell 4x hidden)")
     p.add_argument("--no-char", action="store_true", help="skip the char-CNN encoder")
     p.add_argument("--no-w2v", action="store_true", help="skip the word2vec measurement")
     p.add_argument("--w2v-epochs", type=int, default=1)
+    p.add_argument("--record", default=None, metavar="FILE", help="write the figures as a JSON run record")
     args = p.parse_args(argv)
+    torch.set_num_threads(args.threads)
     from lmforge.data import builtin_corpus_path
+    from lmforge.nn.cpu_ops import describe_routes
+    from lmforge.provenance import describe_machine, provenance
     from lmforge.tokenization import Tokenizer
 
     logging.getLogger("lmforge").setLevel(logging.WARNING)
+    load_start = os.getloadavg()[0]
+    print(f"{describe_machine()}; load average {load_start:.2f} at the start; settings: {vars(args)}")
+    print(describe_routes())
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
         tokenizer = Tokenizer.train([builtin_corpus_path()], kind="wordpiece", vocab_size=args.vocab)
         tokenizer.save(tmp / "tok")
-        bench_lstms(args, tokenizer)
+        rows = bench_lstms(args, tokenizer)
         if not args.no_w2v:
             bench_word2vec(args, tmp)
+    print(f"load average {os.getloadavg()[0]:.2f} at the end")
+    if args.record:
+        import json
+
+        from lmforge.utils import atomic_write_text
+
+        record = {"bench": "elmo", **provenance(), "settings": vars(args), "rows": rows,
+                  "load_average": {"start": load_start, "end": os.getloadavg()[0]}}
+        atomic_write_text(args.record, json.dumps(record, indent=1) + "\n")
+        print(f"wrote {args.record}")
     return 0
 
 

@@ -12,14 +12,18 @@ noisy machine slows both alike.  Reported:
 
 Times are medians over steps of wall-clock time and, on CPU, also of the process CPU time (steadier
 when other jobs share the cores).  The matmul peak always includes oneDNN's kernel, so MFUs compare
-across ``--onednn`` settings.  Run: ``python bench/bench_gpt.py [--steps 10] [--threads N] [--onednn both]``
-(``--onednn both`` runs everything once with lmforge's oneDNN linear on and once with it off).
+across ``--onednn`` settings.
+Run: ``python bench/bench_gpt.py [--steps 10] [--threads N] [--onednn both] [--record FILE]``
+(``--onednn both`` runs everything once with lmforge's oneDNN linear on and once with it off; ``--record``
+writes the figures with their provenance and every setting as JSON).  Both models train with the
+Trainer's AdamW (fused where torch has the kernel).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import sys
 import tempfile
@@ -101,15 +105,17 @@ def main() -> int:
     ap.add_argument("--threads", type=int, default=None, help="torch.set_num_threads (CPU)")
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--skip", default="", help="comma list of sections to skip: train,infer,gen,bf16")
-    ap.add_argument("--json", default=None, help="write the figures to this JSON file")
+    ap.add_argument("--record", default=None, metavar="FILE", help="write the figures as a JSON run record")
     onednn_setting.add_flag(ap)
     args = ap.parse_args()
-    rc = onednn_setting.apply(args.onednn, __file__, sys.argv[1:], json_flag="--json")
+    rc = onednn_setting.apply(args.onednn, __file__, sys.argv[1:], json_flag="--record")
     if rc is not None:
         return rc
     # imported once --onednn has set LMFORGE_ONEDNN, which lmforge reads at import
     from lmforge.interop.gpt2 import import_hf
-    from lmforge.nn.cpu_ops import onednn_enabled
+    from lmforge.nn.cpu_ops import chosen_routes, describe_routes
+    from lmforge.provenance import describe_machine, provenance
+    from lmforge.train.compute import make_optimizer
 
     skip = set(filter(None, args.skip.split(",")))
 
@@ -144,21 +150,27 @@ def main() -> int:
     g = torch.Generator().manual_seed(1)
     batches = [torch.randint(1, V, (B, T), generator=g).to(dev) for _ in range(4)]
     res: dict = {
-        "config": vars(args) | {"n_positions": n_pos},
-        "torch": torch.__version__,
+        "bench": "gpt",
+        **provenance(),
+        "settings": vars(args) | {"n_positions": n_pos},
         "transformers": transformers.__version__,
-        "threads": torch.get_num_threads(),
         "device": dev if not dev.startswith("cuda") else torch.cuda.get_device_name(),
-        "onednn_linear": onednn_enabled(),
+        "routes_setting": describe_routes(),
+        "load_average": {"start": os.getloadavg()[0]},
     }
-    print(f"torch {torch.__version__}, transformers {transformers.__version__}, {res['threads']} threads, {dev}; "
-          f"lmforge's oneDNN linear {'on' if res['onednn_linear'] else 'off'}")
+    print(f"{describe_machine()}, {dev}; transformers {transformers.__version__}; load average "
+          f"{res['load_average']['start']:.2f} at the start\nsettings: {res['settings']}\n"
+          f"lmforge routes: {res['routes_setting']}")
 
     # -- same weights, same losses -------------------------------------------------------------------
     hf.train()
     ours.train()
-    opt_h = torch.optim.AdamW(hf.parameters(), lr=1e-3)
-    opt_o = torch.optim.AdamW(ours.parameters(), lr=1e-3)
+    def adamw(model):  # the Trainer's optimizer, for both
+        return make_optimizer([{"params": list(model.parameters())}], 1e-3, (0.9, 0.999), 1e-8, torch.device(dev))
+
+    opt_h, opt_o = adamw(hf), adamw(ours)
+    res["optimizer"] = {"name": "AdamW", "fused": bool(opt_o.defaults.get("fused"))}
+    print(f"optimizer: AdamW{' (fused)' if res['optimizer']['fused'] else ''}, the same for both")
     losses = []
     for x in batches[:2]:  # the second loss is after one optimizer step on each side
         lh, lo = hf(input_ids=x, labels=x).loss, ours(x, labels=x).loss
@@ -278,7 +290,7 @@ def main() -> int:
     if "bf16" not in skip:
         ours.train()
         twin = import_hf_copy(ours)
-        opt_t = torch.optim.AdamW(twin.parameters(), lr=1e-3)
+        opt_t = adamw(twin)
 
         def bf16_step():
             i = step_of.get(id(twin), 0)
@@ -303,8 +315,15 @@ def main() -> int:
             f"speed-up {r['speedup_wall']:.2f}x wall, {r['speedup_cpu']:.2f}x CPU time"
         )
 
-    if args.json:
-        Path(args.json).write_text(json.dumps(res, indent=2) + "\n")
+    res["routes"] = chosen_routes()
+    res["load_average"]["end"] = os.getloadavg()[0]
+    print(f"lmforge routes taken: {res['routes'] or 'none measured (plain PyTorch calls)'}; load average "
+          f"{res['load_average']['end']:.2f} at the end")
+    if args.record:
+        from lmforge.utils import atomic_write_text
+
+        atomic_write_text(args.record, json.dumps(res, indent=2) + "\n")
+        print(f"wrote {args.record}")
     return 0
 
 

@@ -1,8 +1,9 @@
 """The benches' ``--onednn`` flag: run under the current ``LMFORGE_ONEDNN`` setting, or once under each.
 
-lmforge's fp32 CPU linears go through oneDNN's kernel, a private PyTorch operator, unless
-``LMFORGE_ONEDNN=0`` (see :mod:`lmforge.nn.cpu_ops`).  ``--onednn both`` reruns the bench in a fresh
-process per setting (the switch is read at import), so one command reports both.
+lmforge's fp32 CPU linears may go through oneDNN's kernel, a private PyTorch operator: where it measured
+faster on this machine (``LMFORGE_ONEDNN=auto``, the default), always (``1``) or never (``0``; see
+:mod:`lmforge.nn.cpu_ops`).  ``--onednn both`` reruns the bench in a fresh process with it on and with it
+off (the switch is read at import), so one command reports both.
 """
 
 from __future__ import annotations
@@ -13,10 +14,10 @@ import subprocess
 import sys
 from pathlib import Path
 
-CHOICES = ("env", "on", "off", "both")
+CHOICES = ("env", "auto", "on", "off", "both")
 HELP = (
-    "oneDNN linear kernel: env = as LMFORGE_ONEDNN says (on unless it is 0), on, off, "
-    "or both = run the bench once with it on and once with it off"
+    "oneDNN linear kernel: env = as LMFORGE_ONEDNN says (auto unless it is set), auto = where it measures "
+    "faster on this machine, on, off, or both = run the bench once with it on and once with it off"
 )
 
 
@@ -29,8 +30,8 @@ def apply(choice: str, script: str, argv: list[str], json_flag: str | None = Non
 
     Returns None when the caller should go on with the bench in this process.  Call before importing lmforge.
     """
-    if choice in ("on", "off"):
-        os.environ["LMFORGE_ONEDNN"] = "1" if choice == "on" else "0"
+    if choice in ("auto", "on", "off"):
+        os.environ["LMFORGE_ONEDNN"] = {"auto": "auto", "on": "1", "off": "0"}[choice]
         return None
     if choice == "env":
         return None

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from lmforge.nn import cpu_ops
-from lmforge.nn.losses import causal_lm_loss, free_workspace, linear_cross_entropy, shift_labels
+from lmforge.nn.losses import causal_lm_loss, cross_entropy_rows, free_workspace, linear_cross_entropy, shift_labels
 
 
 @pytest.mark.parametrize("with_ignored", [False, True])
@@ -111,3 +111,34 @@ def test_second_backward_through_the_fused_loss_is_an_error():
     with pytest.raises(RuntimeError, match="backward ran twice"):
         loss.backward()
     assert torch.equal(x.grad, first)  # nothing was silently added
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_weighted_rows_match_the_plain_cross_entropy(dtype):
+    """cross_entropy_rows: the loss, the per-row values and the gradient of the plain weighted form; the logits
+    stay as they were, and another gradient through them adds up (ELMo's tests take one)."""
+    torch.manual_seed(8)
+    logits0 = (torch.randn(700, 300) * 3).to(dtype)
+    t = torch.randint(0, 300, (700,))
+    t[::7] = -100
+    w = torch.rand(700)
+    kept = logits0.clone()
+
+    def run(fused: bool):
+        z = logits0.clone().requires_grad_()
+        if fused:
+            loss, nll = cross_entropy_rows(z, t, w)
+        else:
+            nll = torch.nn.functional.cross_entropy(z.float(), t, ignore_index=-100, reduction="none")
+            loss = (nll * w).sum()
+        (2.5 * loss + z.float()[:, 0].sum()).backward()
+        return loss.detach(), nll.detach(), z.grad.float()
+
+    (lf, nf, gf), (lp, np_, gp) = run(True), run(False)
+    tol = dict(atol=1e-4, rtol=1e-5) if dtype == torch.float32 else dict(atol=2e-2, rtol=2e-2)
+    torch.testing.assert_close(lf, lp, **tol)
+    torch.testing.assert_close(nf, np_, **tol)
+    torch.testing.assert_close(gf, gp, **tol)
+    assert torch.equal(logits0, kept) and nf.dtype == torch.float32 and nf[::7].eq(0).all()
+    with torch.no_grad():
+        torch.testing.assert_close(cross_entropy_rows(logits0, t, w)[0], lp, **tol)

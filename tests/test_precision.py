@@ -18,7 +18,7 @@ from test_trainer import ToyConfig, ToyLM, ToySampler, make_trainer, toy_tokens
 from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from lmforge.errors import ConfigError
+from lmforge.errors import ConfigError, LmforgeError
 from lmforge.nn import autotune
 from lmforge.train import TrainConfig, Trainer, compute
 from lmforge.train import precision as P
@@ -233,3 +233,16 @@ def test_compile_wraps_the_training_forward(tmp_path):
     assert isinstance(trainer.ddp_model, torch._dynamo.eval_frame.OptimizedModule)
     assert trainer.ddp_model._orig_mod.model is trainer.model  # evaluation and checkpoints use the plain model
     assert not make_trainer(tmp_path / "eager", max_steps=1).config.compile
+
+
+def test_compile_is_a_flag_of_pretrain_and_not_a_set_key(capsys):
+    from lmforge.cli import build_parser
+    from lmforge.commands._common import refuse_flag_keys
+    from lmforge.commands._runconfig import compute_flags
+
+    parser = build_parser()
+    base = ["pretrain", "gpt", "--data", "shards", "--out", "m"]
+    assert compute_flags(parser.parse_args([*base, "--compile"])) == {"compile": True}
+    assert "compile" not in compute_flags(parser.parse_args(base))  # absent: the run file's or the default
+    with pytest.raises(LmforgeError, match="use --compile"):
+        refuse_flag_keys(["compile=true"])

@@ -29,6 +29,7 @@ FLAG_KEYS = {
     "precision": "--precision",
     "bf16": "--precision bf16",
     "max_time": "--max-time",
+    "compile": "--compile",
 }
 
 

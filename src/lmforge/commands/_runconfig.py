@@ -171,9 +171,9 @@ def split_sets(pairs: list[str] | None, family: str) -> tuple[dict[str, str], di
     return model_over, train_over, recipe_over
 
 
-def compute_flags(args: argparse.Namespace) -> dict[str, str]:
-    """``--device`` and ``--precision`` where given (they override a run file and ``--set``)."""
-    return {k: v for k in ("device", "precision") if (v := getattr(args, k, None)) is not None}
+def compute_flags(args: argparse.Namespace) -> dict[str, str | bool]:
+    """``--device``, ``--precision`` and ``--compile`` where given (they override a run file and ``--set``)."""
+    return {k: v for k in ("device", "precision", "compile") if (v := getattr(args, k, None)) is not None}
 
 
 def model_config(args: argparse.Namespace, model_over: dict):

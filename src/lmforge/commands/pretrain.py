@@ -56,7 +56,7 @@ Every run saves OUT/train_config.json in that form: pass it back as --config to 
 
 def _key_names() -> str:
     """The epilog's list of keys: training keys, and each family's names for its shape."""
-    flag_owned = ("device", "precision", "max_time")
+    flag_owned = ("device", "precision", "max_time", "compile")
     train = " ".join(f.name for f in dataclasses.fields(TrainConfig) if f.name not in flag_owned)
     lines = [textwrap.fill(f"training keys (bert, gpt, elmo): {train}", width=104, subsequent_indent="  "),
              "the shape keys of each family (--set):"]
@@ -115,6 +115,9 @@ def register(sub) -> None:
         "its config and weights are the start, its tokenizer must have made the shards",
     )
     add_compute_args(p)
+    p.add_argument("--compile", action="store_true", default=None,
+                   help="run the training forward through torch.compile: a minute or more of compilation before "
+                   "the first step, off by default (docs/training.md has the measurements); saved with the run")
     add_json_arg(p)
     p.set_defaults(func=run, reads=("--data", "--init", "--tokenizer", "--plan", "--config"), writes=("--out",))
 

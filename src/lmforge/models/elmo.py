@@ -28,12 +28,12 @@ import logging
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from ..config import from_dict, load_json
 from ..errors import ConfigError
 from ..nn.charcnn import CharCNNEncoder, vocab_char_ids
+from ..nn.losses import cross_entropy_rows
 from ..nn.lstm import ResidualLSTMStack
 from .base import ModelOutput, PretrainedModel
 
@@ -249,12 +249,13 @@ class ElmoBiLM(PretrainedModel):
                 [torch.cat([labels[:, 1:], ignore], dim=1), torch.cat([ignore, labels[:, :-1]], dim=1)]
             )  # (2, B, T)
             V = logits.shape[-1]
-            nll = F.cross_entropy(
-                logits.view(-1, V).float(), targets.reshape(-1), ignore_index=-100, reduction="none"
-            ).view(2, -1)  # (2, B*T)
-            counts = (targets.view(2, -1) != -100).sum(dim=1).clamp(min=1)  # (2,)
-            per_dir = nll.sum(dim=1) / counts  # (2,)
-            loss = per_dir.sum()
+            valid = targets.view(2, -1) != -100  # (2, B*T)
+            counts = valid.sum(dim=1).clamp(min=1)  # (2,)
+            # each direction's mean NLL, summed: rows weighted by 1 / (tokens of their direction); the
+            # gradient is made in one pass over the scores (nn.losses.cross_entropy_rows)
+            weights = (valid / counts[:, None]).reshape(-1)  # (2*B*T,)
+            loss, nll = cross_entropy_rows(logits.view(-1, V), targets.reshape(-1), weights)
+            per_dir = nll.view(2, -1).sum(dim=1) / counts  # (2,)
             metrics = {
                 "fwd_loss": per_dir[0].detach(),
                 "bwd_loss": per_dir[1].detach(),

@@ -162,6 +162,70 @@ class _LinearCrossEntropy(torch.autograd.Function):
         return grad_x * grad_out, grad_w * grad_out, None, None, None, None
 
 
+class _CrossEntropyRows(torch.autograd.Function):
+    """``sum_i weights_i * CE(logits_i, targets_i)`` and the per-row CE, the gradient made in the forward pass.
+
+    The logits (the caller keeps them) are read a cache-sized chunk at a time: an fp32 copy of the chunk
+    becomes its softmax in place, which gives the loss (log-sum-exp minus the target's score) and the
+    gradient ``weights_i * (softmax_i - onehot_i)``, written once into the gradient buffer.  Against
+    ``F.cross_entropy`` this skips writing the log-softmax, the zero-filled gradient of the NLL and the
+    log-softmax backward: three passes over the (N, V) scores.
+    """
+
+    @staticmethod
+    def forward(ctx, logits, targets, weights, chunk_rows: int, need_grad: bool):
+        N, V = logits.shape
+        valid = targets != -100
+        safe = targets.clamp(min=0)
+        nll = torch.empty(N, dtype=torch.float32, device=logits.device)
+        grad = torch.empty_like(logits) if need_grad else None
+        w = (weights * valid).float()
+        for i in range(0, N, chunk_rows):
+            tc = safe[i : i + chunk_rows, None]
+            zf = _workspace(tc.shape[0], V, torch.float32, logits.device, "rows").copy_(logits[i : i + chunk_rows])
+            target_score = zf.gather(1, tc)
+            m = zf.amax(dim=-1, keepdim=True)
+            sm = _softmax_(zf)
+            lse = m - sm.amax(dim=-1, keepdim=True).log()  # as in _LinearCrossEntropy
+            nll[i : i + chunk_rows] = (lse - target_score).squeeze(1) * valid[i : i + chunk_rows]
+            if need_grad:
+                sm.scatter_add_(1, tc, torch.full(tc.shape, -1.0, device=sm.device))  # softmax - one-hot
+                grad[i : i + chunk_rows] = sm.mul_(w[i : i + chunk_rows, None])  # ignored rows: weight 0
+        ctx.grad = grad
+        ctx.mark_non_differentiable(nll)
+        return (nll * w).sum(), nll
+
+    @staticmethod
+    def backward(ctx, grad_loss, grad_nll):
+        grad = ctx.grad
+        if grad is None:
+            return None, None, None, None, None
+        if grad_loss.device.type != "cpu" or float(grad_loss) != 1.0:  # a CPU loss seeded with 1 needs no pass
+            grad = grad * grad_loss.to(grad.dtype)
+        return grad, None, None, None, None
+
+
+def cross_entropy_rows(
+    logits: torch.Tensor, targets: torch.Tensor, weights: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Weighted cross-entropy of each row of ``logits``, the gradient computed in one pass over the scores.
+
+    Same value and gradient as ``(weights * F.cross_entropy(logits, targets, ignore_index=-100,
+    reduction="none")).sum()`` (to float rounding), in fp32 whatever the logits' dtype; the logits are
+    not changed.  ELMo's two directions use it with weights 1 / (tokens of the direction).
+
+    Args:
+        logits: (N, V) scores; targets: (N,) ids, -100 = ignore; weights: (N,) per-row weights.
+    Returns:
+        ``(loss, nll)``: the scalar weighted sum (differentiable) and the (N,) per-row cross-entropies
+        (0 where ignored; no gradient).
+    """
+    V = logits.shape[-1]
+    chunk_rows = max(8, (1 << 21) // V) if logits.device.type == "cpu" else logits.shape[0]
+    need_grad = torch.is_grad_enabled() and logits.requires_grad
+    return _CrossEntropyRows.apply(logits, targets, weights, max(chunk_rows, 1), need_grad)
+
+
 def linear_cross_entropy(
     x: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, block_scores: int = 1 << 26
 ) -> torch.Tensor:
@@ -196,4 +260,4 @@ def linear_cross_entropy(
     return _LinearCrossEntropy.apply(x, weight, targets, block_rows, chunk_rows, need_grad)
 
 
-__all__ = ["causal_lm_loss", "shift_labels", "linear_cross_entropy", "free_workspace"]
+__all__ = ["causal_lm_loss", "shift_labels", "linear_cross_entropy", "cross_entropy_rows", "free_workspace"]
