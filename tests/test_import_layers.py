@@ -93,3 +93,54 @@ def test_imports_only_run_downhill():
                 bad.append(f"{path.relative_to(SRC)}:{line} ({own}, layer {LAYERS[own]}) imports {target} "
                            f"(layer {LAYERS[other]})")
     assert not bad, "imports running uphill:\n" + "\n".join(bad)
+
+
+# optional heavy dependencies: a module that imports one at its top is imported inside the functions that need it
+HEAVY = ("fastapi", "gensim", "jieba", "matplotlib", "sklearn", "transformers", "uvicorn", "tensorboard")
+# function-local imports of lmforge's own modules still to move to the top, at most this many per module
+LOCAL_PENDING = {
+    "demo/steps.py": 47, "folders.py": 7, "serve/app.py": 7, "cli.py": 4, "commands/prepare.py": 4,
+    "commands/tokenizer.py": 4, "demo/report.py": 3, "evaluate/__init__.py": 3, "serve/registry.py": 3,
+    "train/trainer.py": 3, "cards.py": 2, "commands/_corpus.py": 2, "data/__init__.py": 1, "demo/plan.py": 1,
+    "guards.py": 1, "provenance.py": 1, "serve/generating.py": 1, "serve/runner.py": 1, "train/plots.py": 1,
+    "transfer/benchmarks.py": 1, "transfer/building.py": 1, "transfer/curve.py": 1, "transfer/run.py": 1,
+    "utils.py": 1,
+}
+
+
+def _heavy_modules() -> set[str]:
+    """lmforge modules that import an optional heavy dependency at their top."""
+    heavy = set()
+    for path, module in _modules():
+        for node in ast.parse(path.read_text(encoding="utf-8")).body:
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else [node.module or ""] \
+                if isinstance(node, ast.ImportFrom) and not node.level else []
+            if any(n.split(".")[0] in HEAVY for n in names):
+                heavy.add(module)
+    return heavy
+
+
+def test_function_local_imports_are_for_heavy_dependencies():
+    """docs/architecture.md: a function-local import is kept only for an optional, heavy dependency (an lmforge
+    module that imports one at its top, and its package, count as one), or says on its line why it is local."""
+    heavy = _heavy_modules()
+    heavy |= {m.rsplit(".", 1)[0] for m in heavy}  # a package holding one is loaded lazily as a whole (serve)
+    counts: dict[str, int] = {}
+    for path, module in _modules():
+        text = path.read_text(encoding="utf-8")
+        lines = text.splitlines()
+        top = {id(n) for n in ast.parse(text).body}
+        tops = {(t, line) for line, t in _imports(path, module)}
+        for node in ast.walk(ast.parse(text)):
+            if not isinstance(node, (ast.Import, ast.ImportFrom)) or node.col_offset == 0 or id(node) in top:
+                continue
+            targets = [t for t, line in tops if line == node.lineno]
+            if not targets or all(t in heavy or t.rsplit(".", 1)[0] in heavy for t in targets):
+                continue
+            if "#" in lines[node.lineno - 1]:
+                continue  # a reason on the line
+            rel = path.relative_to(SRC).as_posix()
+            counts[rel] = counts.get(rel, 0) + 1
+    over = [f"{rel}: {n} function-local imports of lmforge modules, at most {LOCAL_PENDING.get(rel, 0)}"
+            for rel, n in sorted(counts.items()) if n > LOCAL_PENDING.get(rel, 0)]
+    assert not over, "import lmforge's own modules at the top of the module:\n" + "\n".join(over)

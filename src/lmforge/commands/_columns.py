@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import functools
 
+from ..data.columns import Columns, DataFile
+
 GROUP_HELP = (
     "Labelled files may be CSV (delimiter sniffed), TSV, JSON Lines, JSON, Parquet or a folder written by datasets' "
     "save_to_disk, compressed or not. By default the columns are named after the fields (text, text_pair, label; "
@@ -50,14 +52,12 @@ def add_column_args(p, files: tuple[str, ...] = ("train", "test")) -> None:
 
 def columns_from_args(args):
     """The :class:`~lmforge.data.columns.Columns` the flags give."""
-    from ..data.columns import Columns
 
     fields = [*_FIELDS, "choices"]
     return Columns.of(**{f: getattr(args, f"{f}_column", None) for f in fields})
 
 
 def _with_columns(run, files: tuple[str, ...], args) -> int:
-    from ..data.columns import DataFile
 
     columns = columns_from_args(args)
     for name in files:

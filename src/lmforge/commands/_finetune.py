@@ -16,6 +16,7 @@ from typing import Any
 
 from ..config import from_dict, load_config_file, parse_overrides
 from ..errors import ConfigError, LmforgeError
+from ..train.precision import resolve_device, upgrade_legacy_keys
 from ..transfer.config import TransferConfig
 from ._common import add_set_arg, fmt, pairs
 
@@ -44,7 +45,6 @@ def _flag(key: str) -> str:
 
 def read_run_file(path: str | Path) -> dict[str, Any]:
     """The transfer keys of a run file (see the module docstring)."""
-    from ..train.precision import upgrade_legacy_keys
 
     data = load_config_file(path)
     section = data.get("transfer", data)
@@ -114,7 +114,6 @@ def summary(record: dict, out: str, held_out: str | None) -> list[str]:
     saved = Path(out) / "config.json"
     where = ""
     if saved.is_file():
-        from ..train.precision import resolve_device
 
         cfg = json.loads(saved.read_text(encoding="utf-8")).get("transfer", {})
         where = f", precision {cfg.get('precision')} on {resolve_device(cfg.get('device') or 'auto')}"

@@ -3,7 +3,13 @@ files, or a learning curve of a pretrained model against the same architecture t
 
 from __future__ import annotations
 
+from ..data.labelled import write_task
+from ..transfer import learning_curve
+from ..transfer.benchmarks import BENCHMARKS, load_benchmark, write_domain_text
+from ..transfer.curve import curve_table, leads_text
 from ..transfer.specs import SPECS
+from ._common import add_compute_args, add_json_arg, compute_options, progress, show
+from .finetune import add_truncation_arg
 
 
 def register(sub) -> None:
@@ -17,7 +23,6 @@ def register(sub) -> None:
         "transfer mode against the same architecture trained from scratch, at several numbers of labels and seeds.",
     )
     verbs = p.add_subparsers(dest="verb", metavar="VERB", required=True)
-    from ..transfer.benchmarks import BENCHMARKS
 
     t = verbs.add_parser("text", help="unlabelled in-domain text, none of it from the test partition")
     t.add_argument("name", choices=BENCHMARKS)
@@ -49,8 +54,6 @@ def register(sub) -> None:
         "curve.json (every run, its choices and validation score), curve.md (mean and spread per size and mode) "
         "and curve.png into --out.",
     )
-    from ._common import add_compute_args, add_json_arg
-    from .finetune import add_truncation_arg
 
     c.add_argument("name", choices=BENCHMARKS)
     c.add_argument("model_dir", help="pretrained model folder")
@@ -76,7 +79,6 @@ def register(sub) -> None:
 
 
 def run_text(args) -> int:
-    from ..transfer.benchmarks import write_domain_text
 
     docs = write_domain_text(args.name, args.out, with_general=args.with_general, with_debian=args.with_debian)
     parts = ["the built-in English corpus"] * args.with_general + ["Debian's fortunes and GCIDE"] * args.with_debian
@@ -87,9 +89,6 @@ def run_text(args) -> int:
 
 def run_data(args) -> int:
     from pathlib import Path
-
-    from ..data.labelled import write_task
-    from ..transfer.benchmarks import load_benchmark
 
     train, test = load_benchmark(args.name, args.n_train, args.n_test, args.seed)
     out = Path(args.out)
@@ -102,10 +101,6 @@ def run_data(args) -> int:
 
 
 def run_curve(args) -> int:
-    from ..transfer import learning_curve
-    from ..transfer.benchmarks import load_benchmark
-    from ..transfer.curve import curve_table, leads_text
-    from ._common import compute_options, progress, show
 
     train, test = load_benchmark(args.name, max(args.pool, max(args.sizes)), args.n_test, seed=0)
     compute = compute_options(args)

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import argparse
 
+from ..demo import run_demo
+from ..folders import output_folder
 from ._common import add_compute_args, add_json_arg, show
 
 
@@ -47,8 +49,6 @@ def run(args) -> int:
 
     from tqdm import tqdm
 
-    from ..demo import run_demo
-
     quiet = bool(getattr(args, "quiet", False))
 
     @contextlib.contextmanager
@@ -70,7 +70,6 @@ def run(args) -> int:
     levels = [lg.level for lg in chatty]
     for lg in chatty:
         lg.setLevel(logging.WARNING)
-    from ..folders import output_folder
 
     out = args.out or ("lmforge-demo-quick" if args.quick else "lmforge-demo")
     try:

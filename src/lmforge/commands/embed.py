@@ -4,6 +4,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from ..errors import LmforgeError
+from ..evaluate import load_models
+from ..evaluate.polysemy import format_polysemy, polysemy_table
+
 
 def register(sub) -> None:
     p = sub.add_parser(
@@ -28,9 +32,6 @@ def _is_model_dir(item: str) -> bool:
 
 
 def run(args) -> int:
-    from ..errors import LmforgeError
-    from ..evaluate import load_models
-    from ..evaluate.polysemy import format_polysemy, polysemy_table
 
     if not args.word.strip():
         raise LmforgeError('--word is empty; give the word to compare, e.g. --word python')

@@ -7,8 +7,15 @@ from __future__ import annotations
 from pathlib import Path
 
 from ..config import load_json
-from ..errors import ConfigError
+from ..data.tasks import TaskData, check_labels, load_task
+from ..errors import ConfigError, LmforgeError
+from ..evaluate import load_models
+from ..evaluate.wic import format_wic, wic_table
+from ..folders import check_model_folder
 from ..models import FAMILIES
+from ..train.pretrain import evaluate_lm
+from ..transfer import load_run
+from ..utils import atomic_write_text
 from ._columns import add_column_args
 from ._common import add_json_arg, pairs, show
 from ._runconfig import split_sets
@@ -74,9 +81,6 @@ def register(sub) -> None:
 
 
 def run_wic(args) -> int:
-    from ..errors import LmforgeError
-    from ..evaluate import load_models
-    from ..evaluate.wic import format_wic, wic_table
 
     if args.max_pairs < 0:
         raise LmforgeError(f"--max-pairs must be >= 0, got {args.max_pairs}")
@@ -90,10 +94,6 @@ def run_wic(args) -> int:
 
 def run_run(args) -> int:
     import json
-
-    from ..data.tasks import TaskData, check_labels, load_task
-    from ..transfer import load_run
-    from ..utils import atomic_write_text
 
     run_ = load_run(args.run_dir)
     task = run_.cfg.task
@@ -124,10 +124,6 @@ def _lm_keys(model_dir, pairs) -> dict[str, dict[str, str]]:
 
 def run_lm(args) -> int:
     import math
-
-    from ..errors import LmforgeError
-    from ..folders import check_model_folder
-    from ..train.pretrain import evaluate_lm
 
     check_model_folder(args.model_dir)
     val = evaluate_lm(

@@ -3,6 +3,9 @@ generator); the registry says which families fill masks."""
 
 from __future__ import annotations
 
+from ..errors import LmforgeError
+from ..models import FAMILIES, get_family, load
+
 
 def register(sub) -> None:
     p = sub.add_parser("fill-mask", help="predict the tokens behind [MASK] with a BERT or ELECTRA model")
@@ -13,8 +16,6 @@ def register(sub) -> None:
 
 
 def run(args) -> int:
-    from ..errors import LmforgeError
-    from ..models import FAMILIES, get_family, load
 
     model = load(args.model_dir)
     if not get_family(model.model_type).fills_mask:

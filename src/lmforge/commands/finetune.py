@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+from ..data.tasks import load_task
+from ..folders import check_model_folder, output_folder, staged_folder
+from ..train.tblog import EpochLog
+from ..transfer import run_transfer
+from ..transfer.holdout import hold_out
 from ..transfer.specs import SPECS
 from ._columns import add_column_args
 from ._common import add_compute_args, add_json_arg, progress, show
@@ -186,10 +191,6 @@ def register(sub) -> None:
 
 
 def run(args) -> int:
-    from ..data.tasks import load_task
-    from ..folders import check_model_folder, output_folder, staged_folder
-    from ..transfer import run_transfer
-    from ..transfer.holdout import hold_out
 
     task, mode, options = transfer_settings(args)
     train, test, split = args.train, args.test, None
@@ -203,7 +204,6 @@ def run(args) -> int:
         with staged_folder(args.out, "run") as tmp:
             tb = None
             if args.log == "tensorboard":
-                from ..train.tblog import EpochLog
 
                 tb = EpochLog(tmp)
             quiet = getattr(args, "quiet", False)

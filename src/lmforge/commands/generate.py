@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import sys
 
-from ..models import FAMILIES, get_family
+from ..errors import LmforgeError
+from ..generation import check_generation_args, generate_text
+from ..models import FAMILIES, get_family, load
 
 #: the most tokens one `lmforge generate` adds (more is capped, with a message)
 MAX_NEW_TOKENS = 4096
@@ -35,10 +37,6 @@ def register(sub) -> None:
 
 def run(args) -> int:
     import torch
-
-    from ..errors import LmforgeError
-    from ..generation import check_generation_args, generate_text
-    from ..models import load
 
     check_generation_args(args.max_new_tokens, args.temperature, args.top_k, args.top_p, args.seed)
     max_new = args.max_new_tokens

@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+from ..folders import output_folder, staged_folder
+from ..interop import export_hf, import_hf
+from ..interop.hub_cache import resolve_hf_dir
+
 
 def register(sub) -> None:
     p = sub.add_parser("export-hf",
@@ -31,8 +35,6 @@ _REPLACE = "pass --overwrite to replace it (its old content is deleted)"
 
 
 def run_export(args) -> int:
-    from ..folders import output_folder, staged_folder
-    from ..interop import export_hf
 
     with output_folder(args.out_dir, "export", args.overwrite, inputs=[args.model_dir], beside=True,
                        option="OUT_DIR", hint=_REPLACE) as out:
@@ -43,9 +45,6 @@ def run_export(args) -> int:
 
 
 def run_import(args) -> int:
-    from ..folders import output_folder, staged_folder
-    from ..interop import import_hf
-    from ..interop.hub_cache import resolve_hf_dir
 
     hf_dir = resolve_hf_dir(args.hf_dir)  # a folder, or a model id found in the local HF cache
     if str(hf_dir) != args.hf_dir:

@@ -7,6 +7,11 @@ import os
 import sys
 from pathlib import Path
 
+from ..data.formats import is_dataset_folder
+from ..data.tasks import TaskData, example_from_fields, load_task
+from ..errors import DataError
+from ..transfer import load_run
+from ..utils import atomic_write_text
 from ._predict import prediction_line, with_inputs
 
 
@@ -39,11 +44,6 @@ def register(sub) -> None:
 
 
 def run(args) -> int:
-    from ..data.formats import is_dataset_folder
-    from ..data.tasks import TaskData, example_from_fields, load_task
-    from ..errors import DataError
-    from ..transfer import load_run
-    from ..utils import atomic_write_text
 
     given = [("--text", args.text), ("--text-pair", args.text_pair), *(("--choice", c) for c in args.choice or [])]
     for flag, value in given:

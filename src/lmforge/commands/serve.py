@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import argparse
 
+from ..errors import LmforgeError
+
 EPILOG = """\
 endpoints (JSON; errors are one line with a 4xx/5xx status; OpenAPI docs at /docs):
   GET  /                      the playground page (polysemy, fill-mask, generation, predictions, curves)
@@ -95,8 +97,6 @@ def register(sub) -> None:
 def run(args) -> int:
     import logging
 
-    from ..errors import LmforgeError
-
     if not 0 < args.port < 65536:
         raise LmforgeError(f"--port must be in 1..65535, got {args.port}")
     key = _api_key(args.api_key)
@@ -142,8 +142,6 @@ def _api_key(flag: str | None) -> str | None:
     """The key from --api-key, else $LMFORGE_API_KEY (unset or empty: no key)."""
     import os
 
-    from ..errors import LmforgeError
-
     if flag is None:
         return os.environ.get("LMFORGE_API_KEY", "").strip() or None
     if not flag.strip():
@@ -154,8 +152,6 @@ def _api_key(flag: str | None) -> str | None:
 
 def _origin(value: str, key: str | None) -> str:
     from urllib.parse import urlsplit
-
-    from ..errors import LmforgeError
 
     if value == "*":
         if key is None:
@@ -168,7 +164,6 @@ def _origin(value: str, key: str | None) -> str:
 
 
 def _host_name(value: str) -> str:
-    from ..errors import LmforgeError
     from ..serve.guard import host_name
 
     name = host_name(value)  # a port is ignored: the Host check compares names
@@ -180,8 +175,6 @@ def _host_name(value: str) -> str:
 def _check_port_free(host: str, port: int) -> None:
     """A one-line error before any model is loaded when the address cannot be bound."""
     import socket
-
-    from ..errors import LmforgeError
 
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     with socket.socket(family, socket.SOCK_STREAM) as s:
