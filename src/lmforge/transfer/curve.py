@@ -135,26 +135,12 @@ def learning_curve(
     """
     body, model_dir = load_body(model)
     family = getattr(body, "model_type", None)
-    if family not in SUPPORTED:
-        raise LmforgeError(f"unknown model family '{family}'")
-    if not modes:
-        modes = ["scratch", *[m for m in ("frozen", "features", "finetune") if m in SUPPORTED[family]]]
-    modes = list(modes)
-    bad = [m for m in modes if m not in CURVE_MODES and not m.startswith("scratch:")]
-    if bad:
-        raise LmforgeError(
-            f"unknown learning-curve mode(s) {bad}; choose from {', '.join(CURVE_MODES)} or scratch:PRESET"
-        )
+    modes = _curve_modes(family, modes)
     pool = train if isinstance(train, TaskData) else load_task(train, task)
     test_d = test if isinstance(test, TaskData) else load_task(test, task)
     check_labels(pool, test_d)
     metric = main_metric(pool)
-    usable = [n for n in sizes if n <= len(pool)]
-    for n in sizes:
-        if n > len(pool):
-            logger.warning("learning curve: skipping n=%d, the training pool has only %d examples", n, len(pool))
-    if not usable:
-        raise LmforgeError(f"every size in {list(sizes)} exceeds the {len(pool)} training examples")
+    usable = _usable_sizes(sizes, len(pool))
     options = {k: v for k, v in options.items() if v is not None}  # unset: the mode's (or baseline's) default
 
     def config(mode: str, n: int, seed: int) -> TransferConfig:
@@ -187,45 +173,16 @@ def learning_curve(
             if missing:
                 logger.info("n=%d seed=%d: the draw has no example of %s", n, seed, sorted(missing))
             for mode in modes:
-                cfg = config(mode, n, seed)
                 # frozen GPT trains its task-token rows, so every trained mode gets its own copy
                 b = body if mode == "features" else _copy_body(shaped.get(mode, body))
-                run = TransferRun(b, cfg, pool.labels, model_dir)
-                t0 = time.time()
-                if mode == "features":
-                    facts = run.fit(sub, store=stores["pool"].subset(idx))
-                    scores, _ = run.evaluate(test_d, store=stores["test"])
-                else:
-                    facts = run.fit(sub)
-                    scores, _ = run.evaluate(test_d)
-                rec = {
-                    "mode": mode,
-                    "n": n,
-                    "seed": seed,
-                    "score": round(scores[metric], 6),
-                    "val_score": facts["val_score"],
-                    "epochs": cfg.epochs,
-                    "choices": facts["choices"],
-                    "seconds": round(time.time() - t0, 2),
-                    **{k: round(v, 6) for k, v in scores.items()},
-                }
-                if run.model.head.scalar_mix is not None:
-                    rec["layer_weights"] = [round(w, 4) for w in run.model.head.layer_weights()]
+                run = TransferRun(b, config(mode, n, seed), pool.labels, model_dir)
+                part = (stores["pool"].subset(idx), stores["test"]) if mode == "features" else (None, None)
+                rec = _run_record(run, sub, test_d, part, metric, mode, n, seed)
                 runs.append(rec)
-                line = f"n={n} seed={seed} {mode}: {metric} {scores[metric]:.4f} ({rec['seconds']:.1f}s)"
+                line = f"n={n} seed={seed} {mode}: {metric} {rec['score']:.4f} ({rec['seconds']:.1f}s)"
                 logger.info(line)
                 if progress is not None:
                     progress(line)
-    summary: dict[str, dict[int, dict]] = {}
-    for mode in modes:
-        summary[mode] = {}
-        for n in usable:
-            sc = [r["score"] for r in runs if r["mode"] == mode and r["n"] == n]
-            summary[mode][n] = {
-                "mean": statistics.fmean(sc),
-                "std": statistics.pstdev(sc) if len(sc) > 1 else 0.0,
-                "scores": sc,
-            }
     result = {
         "task": task,
         "metric": metric,
@@ -239,11 +196,79 @@ def learning_curve(
         "scored_on": test_d.source,
         "seconds": round(time.time() - t_start, 1),
         "runs": runs,
-        "summary": summary,
+        "summary": _summary(runs, modes, usable),
     }
     if out_dir is not None:
         write_curve(result, out_dir)
     return result
+
+
+def _curve_modes(family: str | None, modes: Sequence[str] | None) -> list[str]:
+    """The modes of a curve (default: scratch and what the family supports), checked."""
+    if family not in SUPPORTED:
+        raise LmforgeError(f"unknown model family '{family}'")
+    if not modes:
+        modes = ["scratch", *[m for m in ("frozen", "features", "finetune") if m in SUPPORTED[family]]]
+    modes = list(modes)
+    bad = [m for m in modes if m not in CURVE_MODES and not m.startswith("scratch:")]
+    if bad:
+        raise LmforgeError(
+            f"unknown learning-curve mode(s) {bad}; choose from {', '.join(CURVE_MODES)} or scratch:PRESET"
+        )
+    return modes
+
+
+def _usable_sizes(sizes: Sequence[int], pool_size: int) -> list[int]:
+    """The sizes the pool can give (a warning for each one it cannot; none at all is an error)."""
+    usable = [n for n in sizes if n <= pool_size]
+    for n in sizes:
+        if n > pool_size:
+            logger.warning("learning curve: skipping n=%d, the training pool has only %d examples", n, pool_size)
+    if not usable:
+        raise LmforgeError(f"every size in {list(sizes)} exceeds the {pool_size} training examples")
+    return usable
+
+
+def _run_record(run: TransferRun, sub: TaskData, test_d: TaskData, stores: tuple, metric: str, mode: str, n: int,
+                seed: int) -> dict:
+    """Fit one run on ``sub``, score it on ``test_d`` (features: on the stored vectors) and record it."""
+    t0, epochs = time.time(), run.cfg.epochs
+    pool_store, test_store = stores
+    if pool_store is not None:
+        facts = run.fit(sub, store=pool_store)
+        scores, _ = run.evaluate(test_d, store=test_store)
+    else:
+        facts = run.fit(sub)
+        scores, _ = run.evaluate(test_d)
+    rec = {
+        "mode": mode,
+        "n": n,
+        "seed": seed,
+        "score": round(scores[metric], 6),
+        "val_score": facts["val_score"],
+        "epochs": epochs,
+        "choices": facts["choices"],
+        "seconds": round(time.time() - t0, 2),
+        **{k: round(v, 6) for k, v in scores.items()},
+    }
+    if run.model.head.scalar_mix is not None:
+        rec["layer_weights"] = [round(w, 4) for w in run.model.head.layer_weights()]
+    return rec
+
+
+def _summary(runs: list[dict], modes: list[str], usable: list[int]) -> dict[str, dict[int, dict]]:
+    """Mean, spread and scores of each mode at each size."""
+    summary: dict[str, dict[int, dict]] = {}
+    for mode in modes:
+        summary[mode] = {}
+        for n in usable:
+            sc = [r["score"] for r in runs if r["mode"] == mode and r["n"] == n]
+            summary[mode][n] = {
+                "mean": statistics.fmean(sc),
+                "std": statistics.pstdev(sc) if len(sc) > 1 else 0.0,
+                "scores": sc,
+            }
+    return summary
 
 
 def _at(result: dict, mode: str, n: int) -> dict:
