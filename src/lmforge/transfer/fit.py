@@ -37,6 +37,46 @@ def snapshot(module: torch.nn.Module) -> dict[str, torch.Tensor]:
     return {k: v.detach().clone() for k, v in module.state_dict().items()}
 
 
+def _batch_losses(run, plan, b_units: list) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """``(loss, task loss, LM loss)`` of one batch of units: the LM loss on its texts with an auxiliary LM weight
+    (None without), the loss that trains their weighted sum."""
+    idx = [i for u in b_units for i in u]
+    b_encs = [plan.encs[i] for i in idx]
+    y = run.spec.batch(plan.targets, b_units).to(run.device)
+    with run.autocast():
+        if plan.store is not None:
+            blocks, mask = plan.store.batch(idx)
+            blocks, mask = blocks.to(run.device), mask.to(run.device)
+        else:
+            blocks, mask = run.body_blocks(b_encs, grad=run.body_needs_grad)
+        logits = run.model.head(blocks, mask).float()
+        task_loss = run.spec.loss(logits, y, b_encs, b_units)
+        lm_loss = run.lm_loss(b_encs) if run.recipe.lm_weight > 0 else None
+        loss = task_loss if lm_loss is None else task_loss + run.recipe.lm_weight * lm_loss
+    return loss, task_loss, lm_loss
+
+
+def _optimizer_step(loss: torch.Tensor, opt, scaler, params: list) -> None:
+    """Backward, clip the gradients at norm 1 and step (through the fp16 scaler when there is one)."""
+    opt.zero_grad(set_to_none=True)
+    (scaler.scale(loss) if scaler is not None else loss).backward()
+    if scaler is not None:
+        scaler.unscale_(opt)
+    torch.nn.utils.clip_grad_norm_(params, 1.0)
+    if scaler is not None:
+        scaler.step(opt)
+        scaler.update()
+    else:
+        opt.step()
+
+
+def _epoch_line(rec: dict, lr: float, last_epoch: int, metric: str, refit: bool) -> str:
+    tag = "refit on all, " if refit else ""
+    return f"{tag}lr {lr:g} epoch {rec['epoch']}/{last_epoch}: train loss {rec['train_loss']:.4f}" + (
+        f", val {metric} {rec['val']:.4f}, val loss {rec['val_loss']:.4f}" if "val" in rec else ""
+    ) + (f", aux LM loss {rec['aux_lm_loss']:.4f}" if "aux_lm_loss" in rec else "")
+
+
 def train_trial(
     run, plan, lr: float, progress: Callable[[str], None] | None = None, stop_epoch: int | None = None
 ) -> dict:
@@ -50,7 +90,7 @@ def train_trial(
         stop_epoch: stop after this epoch (a refit on all the data); the learning-rate schedule still
             spans the recipe's epochs, so the first ``stop_epoch`` epochs see the rates the chosen trial saw.
     """
-    cfg, recipe, spec, model = run.cfg, run.recipe, run.spec, run.model
+    cfg, recipe = run.cfg, run.recipe
     groups = run.param_groups(lr)
     params = [p for g in groups for p in g["params"]]
     opt = torch.optim.AdamW(groups, lr=lr, weight_decay=cfg.weight_decay)
@@ -75,32 +115,11 @@ def train_trial(
         ep_loss, ep_lm, ep_n = 0.0, 0.0, 0
         for k in range(0, len(order), cfg.batch_size):
             b_units = [plan.units[u] for u in order[k : k + cfg.batch_size].tolist()]
-            idx = [i for u in b_units for i in u]
-            b_encs = [plan.encs[i] for i in idx]
-            y = spec.batch(plan.targets, b_units).to(run.device)
-            with run.autocast():
-                if plan.store is not None:
-                    blocks, mask = plan.store.batch(idx)
-                    blocks, mask = blocks.to(run.device), mask.to(run.device)
-                else:
-                    blocks, mask = run.body_blocks(b_encs, grad=run.body_needs_grad)
-                logits = model.head(blocks, mask).float()
-                task_loss = spec.loss(logits, y, b_encs, b_units)
-                lm_loss = run.lm_loss(b_encs) if recipe.lm_weight > 0 else None
-                loss = task_loss if lm_loss is None else task_loss + recipe.lm_weight * lm_loss
+            loss, task_loss, lm_loss = _batch_losses(run, plan, b_units)
             factor = schedule(step)
             for g, b in zip(opt.param_groups, base):
                 g["lr"] = b * factor
-            opt.zero_grad(set_to_none=True)
-            (scaler.scale(loss) if scaler is not None else loss).backward()
-            if scaler is not None:
-                scaler.unscale_(opt)
-            torch.nn.utils.clip_grad_norm_(params, 1.0)
-            if scaler is not None:
-                scaler.step(opt)
-                scaler.update()
-            else:
-                opt.step()
+            _optimizer_step(loss, opt, scaler, params)
             step += 1
             # the task's loss and the auxiliary LM loss are reported apart (their weighted sum is what trains)
             ep_loss += float(task_loss.detach()) * len(b_units)
@@ -120,10 +139,7 @@ def train_trial(
             if vloss < least_loss_any:
                 least_loss_any, least_loss_epoch = vloss, epoch
         history.append(rec)
-        tag = "refit on all, " if stop_epoch is not None else ""
-        msg = f"{tag}lr {lr:g} epoch {epoch}/{last_epoch}: train loss {rec['train_loss']:.4f}" + (
-            f", val {plan.metric} {rec['val']:.4f}, val loss {rec['val_loss']:.4f}" if "val" in rec else ""
-        ) + (f", aux LM loss {rec['aux_lm_loss']:.4f}" if "aux_lm_loss" in rec else "")
+        msg = _epoch_line(rec, lr, last_epoch, plan.metric, refit=stop_epoch is not None)
         logger.info(msg)
         if progress is not None:
             progress(msg)
