@@ -68,11 +68,12 @@ def lookup(question: str) -> dict | None:
     """The cached entry for ``question`` on this machine, or ``None``."""
     key = machine_key()
     with _LOCK:
-        mine = _MEMORY.get(key)
-        if mine is None:
+        mine = _MEMORY.setdefault(key, {})
+        if question not in mine:  # read the file again: another process may have answered since
             path = cache_path()
             stored = _read(path).get(key) if path is not None else None
-            mine = _MEMORY[key] = dict(stored) if isinstance(stored, dict) else {}
+            if isinstance(stored, dict):
+                mine.update({q: e for q, e in stored.items() if q not in mine})
         entry = mine.get(question)
     return entry if isinstance(entry, dict) and "choice" in entry else None
 

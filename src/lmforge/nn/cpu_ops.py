@@ -107,6 +107,11 @@ def _prefer_onednn(question: str, fast: Callable[[], object], plain: Callable[[]
     return hit
 
 
+def _question(kind: str, shape: str) -> str:
+    """A route's cache key: the kind of call, its shape and the thread count (the answer depends on all three)."""
+    return f"{kind}:{shape}:t{torch.get_num_threads()}"
+
+
 def _rows_bucket(n: int) -> int:
     """Rows rounded down to a power of two: one measurement serves a range of batch shapes."""
     return 1 << max(n, 1).bit_length() - 1
@@ -184,7 +189,8 @@ def _gelu_name(act: str) -> str:
 def _train_route(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> bool:
     """Training: whether oneDNN's forward and two gradient matmuls beat ``F.linear``'s at this shape."""
     rows = x.numel() // x.shape[-1]
-    question = f"linear:train:{_rows_bucket(rows)}x{weight.shape[1]}x{weight.shape[0]}{'' if bias is None else '+b'}"
+    question = _question("linear:train", f"{_rows_bucket(rows)}x{weight.shape[1]}x{weight.shape[0]}"
+                                         f"{'' if bias is None else '+b'}")
     if _ONEDNN_MODE == "on" or question in _ROUTES:
         return _ONEDNN_MODE == "on" or _ROUTES[question]
     # timed on detached copies of the real inputs, with a gradient of ones: the same shapes as the layer
@@ -206,8 +212,8 @@ def _train_route(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | Non
 def _infer_route(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, act: str | None) -> bool:
     """No gradients: whether oneDNN's linear (GELU fused) beats ``F.linear`` (then ``F.gelu``) at this shape."""
     rows = x.numel() // x.shape[-1]
-    question = (f"linear:infer{'' if act is None else '+' + act}:{_rows_bucket(rows)}x{weight.shape[1]}x"
-                f"{weight.shape[0]}{'' if bias is None else '+b'}")
+    question = _question(f"linear:infer{'' if act is None else '+' + act}",
+                         f"{_rows_bucket(rows)}x{weight.shape[1]}x{weight.shape[0]}{'' if bias is None else '+b'}")
     fused = ("none", [], "") if act is None else ("gelu", [], _gelu_name(act))
     return _prefer_onednn(
         question,
@@ -266,8 +272,8 @@ def matmul_t(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
         and torch.backends.mkldnn.is_available()
     ):
         layout = f"{'t' if a.stride(0) == 1 and a.shape[1] > 1 else 'n'}{'t' if b.stride(0) == 1 else 'n'}"
-        question = (f"matmul_t:{str(a.dtype)[6:]}:{_rows_bucket(a.shape[0])}x{a.shape[1]}x{b.shape[0]}:"
-                    f"{layout}")
+        question = _question(f"matmul_t:{str(a.dtype)[6:]}", f"{_rows_bucket(a.shape[0])}x{a.shape[1]}x{b.shape[0]}:"
+                                                              f"{layout}")
         if _prefer_onednn(question, lambda: _ONEDNN_OP(a, b, None, "none", [], ""), lambda: a @ b.t()):
             return _ONEDNN_OP(a, b, None, "none", [], "")
     return a @ b.t()
