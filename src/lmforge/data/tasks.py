@@ -29,7 +29,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 
 from ..errors import DataError
@@ -389,6 +389,77 @@ def _choices(at: str, rec: dict, cols: Columns, need: list[str]) -> list[str]:
     return [str(c) for c in choices]
 
 
+def _text_example(task_pair: bool):
+    def build(text, text_pair, choices, n):
+        if task_pair and text_pair is None:
+            raise DataError(f"this run is a pair task: give {n['text_pair']} as well")
+        return TextExample(text, text_pair if task_pair else None)
+    return build
+
+
+def _tokens_example(text, text_pair, choices, n):
+    words = text.split()
+    if not words:
+        raise DataError(f"{n['text']} has no words")
+    return TokensExample(words)
+
+
+def _qa_example(text, text_pair, choices, n):
+    if text_pair is None:
+        raise DataError(
+            f"this run answers questions: give the question as {n['text']} and the context as {n['text_pair']}"
+        )
+    return QAExample("q0", text, text_pair)
+
+
+def _choice_example(text, text_pair, choices, n):
+    if len(choices or []) < 2:
+        raise DataError(
+            f"this run picks one of several choices: give {n['text']} CONTEXT and two or more {n['choices']}"
+        )
+    return ChoiceExample(text, list(choices))
+
+
+def _labels_seen(test: TaskData) -> set:
+    return {ex.label for ex in test.examples if ex.label is not None}
+
+
+def _tags_seen(test: TaskData) -> set:
+    return {t for ex in test.examples for t in (ex.tags or [])}
+
+
+@dataclasses.dataclass(frozen=True)
+class TaskKind:
+    """The data side of one task: how its files load, how one example is made from loose fields, and which
+    labels a test split may only show when training did (None: answers are free, e.g. spans, indices).
+
+    Attributes:
+        load: ``(path, labelled, columns) -> TaskData``.
+        from_fields: ``(text, text_pair, choices, names) -> example``; raises DataError for missing fields.
+        takes_choices: loose input may give choices.
+        classes: a classifier over the training labels (at least two).
+        seen: the labels or tags of a test split that the training data must know.
+    """
+
+    load: Callable
+    from_fields: Callable
+    takes_choices: bool = False
+    classes: bool = False
+    seen: Callable[[TaskData], set] | None = None
+
+
+# task -> its data side; the transfer side is lmforge.transfer.specs.TaskSpec
+KINDS: dict[str, TaskKind] = {
+    "classify": TaskKind(lambda p, lab, cols: load_text_task(p, "classify", lab, cols), _text_example(False),
+                         classes=True, seen=_labels_seen),
+    "pair": TaskKind(lambda p, lab, cols: load_text_task(p, "pair", lab, cols), _text_example(True),
+                     classes=True, seen=_labels_seen),
+    "tokens": TaskKind(lambda p, lab, cols: load_conll(p, lab, cols), _tokens_example, seen=_tags_seen),
+    "qa": TaskKind(lambda p, lab, cols: load_squad(p, lab, cols), _qa_example),
+    "choice": TaskKind(lambda p, lab, cols: load_choices(p, lab, cols), _choice_example, takes_choices=True),
+}
+
+
 def load_task(path: str | Path, task: str, labelled: bool = True, columns: Columns | None = None) -> TaskData:
     """Load a data file of kind ``task`` (one of :data:`TASKS`) in any format (see the module docstring).
 
@@ -398,13 +469,7 @@ def load_task(path: str | Path, task: str, labelled: bool = True, columns: Colum
     """
     if task not in TASKS:
         raise DataError(f"unknown task '{task}'; choose one of {', '.join(TASKS)}")
-    if task in ("classify", "pair"):
-        return load_text_task(path, task, labelled, columns)
-    if task == "tokens":
-        return load_conll(path, labelled, columns)
-    if task == "choice":
-        return load_choices(path, labelled, columns)
-    return load_squad(path, labelled, columns)
+    return KINDS[task].load(path, labelled, columns)
 
 
 def example_from_fields(
@@ -425,42 +490,22 @@ def example_from_fields(
         DataError: a field the task needs is missing, or one it cannot use is given.
     """
     n = {"text": "text", "text_pair": "text_pair", "choices": "choices", **(names or {})}
-    if task == "pair" and text_pair is None:
-        raise DataError(f"this run is a pair task: give {n['text_pair']} as well")
-    if task == "qa" and text_pair is None:
-        raise DataError(
-            f"this run answers questions: give the question as {n['text']} and the context as {n['text_pair']}"
-        )
-    if task == "choice" and len(choices or []) < 2:
-        raise DataError(
-            f"this run picks one of several choices: give {n['text']} CONTEXT and two or more {n['choices']}"
-        )
-    if choices and task != "choice":
+    kind = KINDS[task]
+    if choices and not kind.takes_choices:
         raise DataError(f"{n['choices']} is for a choice run; this run's task is {task}")
-    if task in ("classify", "pair"):
-        return TextExample(text, text_pair if task == "pair" else None)
-    if task == "tokens":
-        words = text.split()
-        if not words:
-            raise DataError(f"{n['text']} has no words")
-        return TokensExample(words)
-    if task == "choice":
-        return ChoiceExample(text, list(choices))
-    return QAExample("q0", text, text_pair)
+    return kind.from_fields(text, text_pair, choices, n)
 
 
 def check_labels(train: TaskData, test: TaskData) -> None:
     """Raise a DataError when ``test`` has a label or tag that ``train`` never shows."""
     if train.task != test.task:
         raise DataError(f"train data is a '{train.task}' task but test data is '{test.task}'")
-    if train.task in ("classify", "pair"):
-        if len(train.labels) < 2:
-            raise DataError(f"{train.source} has only the label(s) {train.labels}; a classifier needs at least two")
-        seen = {ex.label for ex in test.examples if ex.label is not None}
-    elif train.task == "tokens":
-        seen = {t for ex in test.examples for t in (ex.tags or [])}
-    else:
+    kind = KINDS[train.task]
+    if kind.classes and len(train.labels) < 2:
+        raise DataError(f"{train.source} has only the label(s) {train.labels}; a classifier needs at least two")
+    if kind.seen is None:
         return
+    seen = kind.seen(test)
     unknown = sorted(seen - set(train.labels))
     if unknown:
         raise DataError(
