@@ -27,7 +27,6 @@ OTHER_MEANING = {("train/budget.py", 'b.kind == "tokens"'), ("transfer/config.py
 # still to move onto TaskSpec / the registry: at most this many comparisons each
 PENDING = {
     "data/tasks.py": 2,  # the text loader reads text_pair for pair
-    "data/labelled.py": 5,  # file columns per task (layer 1)
     "interop/runs.py": 8,  # export of a transfer run per family and task
     "cards.py": 1,  # a model card's limitation of static vectors (layer 1: below the registry)
 }

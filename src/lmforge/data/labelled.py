@@ -26,7 +26,7 @@ from pathlib import Path
 
 from ..errors import DataError, MissingExtraError
 from .corpus import iter_people_daily
-from .tasks import TaskData, TextExample, TokensExample, write_conll, write_jsonl
+from .tasks import KINDS, TaskData, TextExample, TokensExample
 
 NER_TAGS = {"nr": "PER", "ns": "LOC", "nt": "ORG"}
 _SENT_END = {"。", "！", "？"}
@@ -160,7 +160,7 @@ def split(
     rng = random.Random(seed)
     if n_train + n_test > len(examples):
         raise DataError(f"asked for {n_train} + {n_test} examples but the data has {len(examples)}")
-    if balanced and task in ("classify", "pair"):
+    if balanced and KINDS[task].classes:
         by: dict[str, list[int]] = defaultdict(list)
         for i, ex in enumerate(examples):
             by[ex.label].append(i)
@@ -181,7 +181,7 @@ def split(
 
     def data(idx, name):
         exs = [examples[i] for i in idx]
-        if task in ("classify", "pair"):
+        if KINDS[task].classes:
             labels = sorted({ex.label for ex in exs})
         else:
             labels = sorted({t for ex in exs for t in ex.tags})
@@ -190,7 +190,7 @@ def split(
         return TaskData(task, exs, labels, f"{source}:{name}")
 
     train, test = data(train_idx, "train"), data(test_idx, "test")
-    if task == "tokens":  # the tag set is the union, so a rare tag seen only in test is no error
+    if KINDS[task].tags:  # the tag set is the union, so a rare tag seen only in test is no error
         train.labels = test.labels = sorted(set(train.labels) | set(test.labels))
     return train, test
 
@@ -198,10 +198,8 @@ def split(
 def write_task(data: TaskData, path: str | Path) -> Path:
     """Write ``data`` as JSONL (classify / pair) or CoNLL (tokens) for ``lmforge finetune``."""
     p = Path(path)
-    if data.task in ("classify", "pair"):
-        write_jsonl(data.examples, p)
-    elif data.task == "tokens":
-        write_conll(data.examples, p)
-    else:
+    write = KINDS[data.task].write
+    if write is None:
         raise DataError(f"write_task writes classify / pair / tokens data, not {data.task}")
+    write(data.examples, p)
     return p

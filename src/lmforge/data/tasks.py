@@ -439,6 +439,8 @@ class TaskKind:
         takes_choices: loose input may give choices.
         classes: a classifier over the training labels (at least two).
         seen: the labels or tags of a test split that the training data must know.
+        tags: one tag per word (the tag set of two splits is their union).
+        write: ``(examples, path)``: the file format ``lmforge finetune`` reads it back from (None: not written).
     """
 
     load: Callable
@@ -446,15 +448,18 @@ class TaskKind:
     takes_choices: bool = False
     classes: bool = False
     seen: Callable[[TaskData], set] | None = None
+    tags: bool = False
+    write: Callable | None = None
 
 
 # task -> its data side; the transfer side is lmforge.transfer.specs.TaskSpec
 KINDS: dict[str, TaskKind] = {
     "classify": TaskKind(lambda p, lab, cols: load_text_task(p, "classify", lab, cols), _text_example(False),
-                         classes=True, seen=_labels_seen),
+                         classes=True, seen=_labels_seen, write=lambda ex, p: write_jsonl(ex, p)),
     "pair": TaskKind(lambda p, lab, cols: load_text_task(p, "pair", lab, cols), _text_example(True),
-                     classes=True, seen=_labels_seen),
-    "tokens": TaskKind(lambda p, lab, cols: load_conll(p, lab, cols), _tokens_example, seen=_tags_seen),
+                     classes=True, seen=_labels_seen, write=lambda ex, p: write_jsonl(ex, p)),
+    "tokens": TaskKind(lambda p, lab, cols: load_conll(p, lab, cols), _tokens_example, seen=_tags_seen, tags=True,
+                       write=lambda ex, p: write_conll(ex, p)),
     "qa": TaskKind(lambda p, lab, cols: load_squad(p, lab, cols), _qa_example),
     "choice": TaskKind(lambda p, lab, cols: load_choices(p, lab, cols), _choice_example, takes_choices=True),
 }
