@@ -3,7 +3,7 @@ files, or a learning curve of a pretrained model against the same architecture t
 
 from __future__ import annotations
 
-from ..data.labelled import write_task
+from ..data.task_files import write_task
 from ..transfer import learning_curve
 from ..transfer.benchmarks import BENCHMARKS, load_benchmark, write_domain_text
 from ..transfer.curve import curve_table, leads_text

