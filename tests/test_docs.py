@@ -192,3 +192,22 @@ def test_cli_reference_is_fresh():
     assert page.exists() and page.read_text(encoding="utf-8") == text, (
         "docs/cli.md is stale: run python scripts/gen_cli_reference.py"
     )
+
+
+def test_results_page_and_readme_table_are_fresh(capsys):
+    assert _script("make_results").main(["--check"]) == 0, capsys.readouterr().err
+
+
+LINK = re.compile(r"\]\(([^)\s]+)\)")
+
+
+def test_relative_links_point_at_files_that_exist():
+    broken = []
+    for page in [*doc_pages(), ROOT / "CONTRIBUTING.md", ROOT / "CHANGELOG.md"]:
+        for target in LINK.findall(page.read_text(encoding="utf-8")):
+            path = target.split("#", 1)[0]
+            if not path or re.match(r"^[a-z]+:", path):
+                continue
+            if not (page.parent / path).exists():
+                broken.append(f"{page.relative_to(ROOT)}: {target}")
+    assert not broken, "links to missing files:\n" + "\n".join(broken)
