@@ -4,7 +4,7 @@
 without ever holding the full (N, V) logits: the LM head is the largest matmul of a small GPT and its
 logits its main memory traffic, and the plain form passes over them five times (matmul, log-softmax,
 NLL, their backward).  Here the logits are made a cache-sized chunk at a time and turned into the loss
-and its gradient while in cache, ~1.7x faster on CPU.  The matmuls go through
+and its gradient while in cache, which on CPU is faster (docs/gpt.md, speed).  The matmuls go through
 :func:`lmforge.nn.cpu_ops.matmul_t` (oneDNN where on, ``a @ b.T`` otherwise).  Fallback: callers that
 want the logits use :func:`causal_lm_loss` on them, the plain form; ``tests/test_losses.py`` checks
 the two give the same loss and gradients.
@@ -45,7 +45,7 @@ _SOFTMAX_OUT = getattr(getattr(getattr(torch.ops, "aten", None), "_softmax", Non
 
 def _softmax_(z: torch.Tensor) -> torch.Tensor:
     """Softmax over the last dim of a contiguous fp32 ``z``, written over ``z`` (a new tensor would cost
-    its page faults again on every call: a few ms per 8 MB chunk, more than the softmax itself)."""
+    its page faults again on every call, which on CPU cost more than the softmax itself)."""
     if _SOFTMAX_OUT is not None:
         try:
             return _SOFTMAX_OUT(z, -1, False, out=z)
@@ -60,8 +60,8 @@ _WORKSPACE = threading.local()  # per thread: name -> reusable scratch tensor
 def _workspace(rows: int, cols: int, dtype: torch.dtype, device: torch.device, name: str) -> torch.Tensor:
     """A (rows, cols) scratch buffer ``name``, kept for later calls with the same width, dtype and device.
 
-    Reusing the buffer saves its page faults on every training step (on CPU a fresh 64 MB buffer costs
-    ~40 ms of faults, as much as a quarter of the LM head's step).  :func:`free_workspace` releases it.
+    Reusing the buffer saves its page faults on every training step (on CPU the faults of a fresh buffer
+    of the logits' size are a sizeable share of the LM head's step).  :func:`free_workspace` releases it.
     """
     bufs = _WORKSPACE.__dict__
     buf = bufs.get(name)
@@ -87,7 +87,7 @@ class _LinearCrossEntropy(torch.autograd.Function):
     scales them.  Compared with ``F.cross_entropy(x @ weight.T)`` this skips the log-softmax output, the
     zero-filled gradient of the NLL loss and the log-softmax backward: each a full pass over the (N, V)
     logits.  Making the logits a chunk at a time also keeps the matmul's output in cache, which on CPU
-    makes it ~1.7x faster than one (N, V) matmul; under bf16 the chunk's fp32 copy stays in cache too.
+    makes it faster than one (N, V) matmul; under bf16 the chunk's fp32 copy stays in cache too.
     """
 
     @staticmethod
