@@ -64,8 +64,8 @@ class ElmoConfig:
         initializer_range: std of the normal init of the word embedding and the softmax.
         token_norm: a LayerNorm on the token vectors before the LSTMs (not in the original). Trained
             with Adam, the char encoder's output otherwise grows one shared direction until every token
-            vector is the same (pairwise cosine 0.9999, norm ~300 after 300 demo steps) and the biLM
-            stalls near unigram perplexity. Model folders saved without this key load with it off.
+            vector is nearly the same (docs/elmo_word2vec.md) and the biLM stalls near unigram perplexity.
+            Model folders saved without this key load with it off.
     """
 
     vocab_size: int = 8192
