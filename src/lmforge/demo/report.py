@@ -316,8 +316,8 @@ def render_report(ctx: DemoContext) -> str:
         parts.append(f"\nThe real {ref['label'].split(' (')[0]} (pretrained elsewhere, far longer), read out the same "
                      f"way on the same draws, scores {gains} against scratch"
                      + (": what a model pretrained far longer on far more text gives. " if wins else ". ")
-                     + "docs/transfer.md has the learning curves of BERTs pretrained for 15 and 60 minutes on "
-                     "each benchmark's own in-domain text.\n")
+                     + "docs/results/README.md has the learning curves of BERTs pretrained for an hour on a "
+                     "benchmark's own in-domain text, and docs/transfer.md how to run them.\n")
     parts.append(f"\n![learning curve]({C['plot']})\n")
     # timings
     parts.append("\n## Steps\n\n")
