@@ -271,7 +271,54 @@ class BertPreTrainingHeads(nn.Module):
         self.seq_relationship = Linear(config.hidden_size, 2)
 
 
-class BertForPreTraining(PretrainedModel):
+class ClsSepReading:
+    """How the bidirectional encoders (BERT, ELECTRA) read a text: ``[CLS] text [SEP]``.
+
+    The shared :meth:`PretrainedModel.embed` asks these for its windows; :meth:`_fill_mask_ids` builds the
+    input of ``fill_mask`` with the mask id for each literal ``[MASK]``.  Needs ``self.config``
+    (``max_position_embeddings``, ``num_hidden_layers``), ``self.tokenizer`` and ``self.model_type``.
+    """
+
+    def _need_tokenizer(self):
+        if self.tokenizer is None:
+            raise LmforgeError(f"this {self.model_type} model has no tokenizer attached; "
+                               "load it with lmforge.load(MODEL_DIR)")
+        return self.tokenizer
+
+    def embed_window(self) -> int:
+        """Text tokens per window: the positions less ``[CLS]`` and ``[SEP]``."""
+        return self.config.max_position_embeddings - 2
+
+    def embed_specials(self) -> tuple[list[int], list[int]]:
+        tok = self._need_tokenizer()
+        return [tok.cls_id], [tok.sep_id]
+
+    def layer_names(self) -> list[str]:
+        return ["emb"] + [f"layer{i + 1}" for i in range(self.config.num_hidden_layers)]
+
+    def _fill_mask_ids(self, text: str, top_k: int) -> list[int]:
+        """``[CLS] text [SEP]`` with the mask id for each literal ``[MASK]``; one-line errors for bad input."""
+        tok = self._need_tokenizer()
+        pieces = text.split("[MASK]")
+        if len(pieces) < 2:
+            raise DataError("fill-mask needs at least one [MASK] in the text, e.g. \"my dog is [MASK] .\"")
+        if top_k < 1:
+            raise LmforgeError(f"top_k must be >= 1, got {top_k}")
+        ids: list[int] = [tok.cls_id]
+        for i, piece in enumerate(pieces):
+            if i:
+                ids.append(tok.mask_id)
+            if piece.strip():
+                ids.extend(tok.encode(piece))
+        ids.append(tok.sep_id)
+        if len(ids) > self.config.max_position_embeddings:
+            raise DataError(
+                f"text is {len(ids)} tokens long; this model reads at most {self.config.max_position_embeddings}"
+            )
+        return ids
+
+
+class BertForPreTraining(ClsSepReading, PretrainedModel):
     """BERT with the masked-LM and next-sentence heads.
 
     Args:
@@ -375,26 +422,9 @@ class BertForPreTraining(PretrainedModel):
         """The tanh-pooled ``[CLS]`` vector, (B, C)."""
         return self.bert.pooler(self.bert(input_ids, attention_mask, token_type_ids))
 
-    # -- embed (TransferBody) and fill-mask --------------------------------------------------------
-    def _need_tokenizer(self):
-        if self.tokenizer is None:
-            raise LmforgeError("this BERT model has no tokenizer attached; load it with lmforge.load(MODEL_DIR)")
-        return self.tokenizer
-
+    # -- embed (the shared one, read as ClsSepReading says) and fill-mask ---------------------------
     def _device(self) -> torch.device:
         return self.bert.embeddings.word_embeddings.weight.device
-
-    # embed itself is the shared one (lmforge.models.base.PretrainedModel.embed); these say how BERT reads a text
-    def embed_window(self) -> int:
-        """Text tokens per window: the positions less ``[CLS]`` and ``[SEP]``."""
-        return self.config.max_position_embeddings - 2
-
-    def embed_specials(self) -> tuple[list[int], list[int]]:
-        tok = self._need_tokenizer()
-        return [tok.cls_id], [tok.sep_id]
-
-    def layer_names(self) -> list[str]:
-        return ["emb"] + [f"layer{i + 1}" for i in range(self.config.num_hidden_layers)]
 
     @torch.no_grad()
     def fill_mask(self, text: str, top_k: int = 5) -> list[list[tuple[str, float]]]:
@@ -407,22 +437,7 @@ class BertForPreTraining(PretrainedModel):
             For each ``[MASK]`` (left to right), ``top_k`` pairs (token, probability), most likely first.
         """
         tok = self._need_tokenizer()
-        pieces = text.split("[MASK]")
-        if len(pieces) < 2:
-            raise DataError("fill-mask needs at least one [MASK] in the text, e.g. \"my dog is [MASK] .\"")
-        if top_k < 1:
-            raise LmforgeError(f"top_k must be >= 1, got {top_k}")
-        ids: list[int] = [tok.cls_id]
-        for i, piece in enumerate(pieces):
-            if i:
-                ids.append(tok.mask_id)
-            if piece.strip():
-                ids.extend(tok.encode(piece))
-        ids.append(tok.sep_id)
-        if len(ids) > self.config.max_position_embeddings:
-            raise DataError(
-                f"text is {len(ids)} tokens long; this model reads at most {self.config.max_position_embeddings}"
-            )
+        ids = self._fill_mask_ids(text, top_k)
         was_training = self.training
         self.eval()
         try:

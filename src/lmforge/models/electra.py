@@ -53,11 +53,11 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..data.bert import RECIPE_FIELDS
-from ..errors import ConfigError, DataError, LmforgeError
+from ..errors import ConfigError
 from ..nn.cpu_ops import Linear, linear
 from ..nn.transformer import TransformerBlock, document_mask, init_weights, padding_mask
 from .base import ModelOutput, PretrainedModel
-from .bert import SUPPORTED_ACTS, BertEmbeddings
+from .bert import SUPPORTED_ACTS, BertEmbeddings, ClsSepReading
 
 logger = logging.getLogger(__name__)
 
@@ -283,7 +283,7 @@ class ElectraGenerator(nn.Module):
         return self.generator_lm_head(self.generator_predictions(h))
 
 
-class ElectraForPreTraining(PretrainedModel):
+class ElectraForPreTraining(ClsSepReading, PretrainedModel):
     """ELECTRA's discriminator (the body) and generator, pretrained jointly by replaced token detection.
 
     Args:
@@ -396,34 +396,8 @@ class ElectraForPreTraining(PretrainedModel):
         return [bottom, *self.electra.encoder.layer]
 
     # -- embed (TransferBody) and fill-mask (the generator) ------------------------------------------
-    def _need_tokenizer(self):
-        if self.tokenizer is None:
-            raise LmforgeError("this ELECTRA model has no tokenizer attached; load it with lmforge.load(MODEL_DIR)")
-        return self.tokenizer
-
     def _device(self) -> torch.device:
         return self.electra.embeddings.word_embeddings.weight.device
-
-    def _pad(self, rows: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
-        T = max(len(r) for r in rows)
-        ids = torch.full((len(rows), T), pad_id, dtype=torch.long)
-        mask = torch.zeros((len(rows), T), dtype=torch.long)
-        for i, r in enumerate(rows):
-            ids[i, : len(r)] = torch.tensor(r, dtype=torch.long)
-            mask[i, : len(r)] = 1
-        return ids.to(self._device()), mask.to(self._device())
-
-    # embed itself is the shared one (lmforge.models.base.PretrainedModel.embed), read from the discriminator
-    def embed_window(self) -> int:
-        """Text tokens per window: the positions less ``[CLS]`` and ``[SEP]``."""
-        return self.config.max_position_embeddings - 2
-
-    def embed_specials(self) -> tuple[list[int], list[int]]:
-        tok = self._need_tokenizer()
-        return [tok.cls_id], [tok.sep_id]
-
-    def layer_names(self) -> list[str]:
-        return ["emb"] + [f"layer{i + 1}" for i in range(self.config.num_hidden_layers)]
 
     @torch.no_grad()
     def fill_mask(self, text: str, top_k: int = 5) -> list[list[tuple[str, float]]]:
@@ -436,22 +410,7 @@ class ElectraForPreTraining(PretrainedModel):
             For each ``[MASK]`` (left to right), ``top_k`` pairs (token, probability), most likely first.
         """
         tok = self._need_tokenizer()
-        pieces = text.split("[MASK]")
-        if len(pieces) < 2:
-            raise DataError("fill-mask needs at least one [MASK] in the text, e.g. \"my dog is [MASK] .\"")
-        if top_k < 1:
-            raise LmforgeError(f"top_k must be >= 1, got {top_k}")
-        ids: list[int] = [tok.cls_id]
-        for i, piece in enumerate(pieces):
-            if i:
-                ids.append(tok.mask_id)
-            if piece.strip():
-                ids.extend(tok.encode(piece))
-        ids.append(tok.sep_id)
-        if len(ids) > self.config.max_position_embeddings:
-            raise DataError(
-                f"text is {len(ids)} tokens long; this model reads at most {self.config.max_position_embeddings}"
-            )
+        ids = self._fill_mask_ids(text, top_k)
         with self.evaluating():
             input_ids = torch.tensor([ids], dtype=torch.long, device=self._device())
             where = (input_ids[0] == tok.mask_id).nonzero().squeeze(1)  # (M,)
