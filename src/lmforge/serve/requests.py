@@ -13,9 +13,8 @@ import dataclasses
 from pydantic import BaseModel, Field
 
 from ..errors import LmforgeError
+from ..utils import SEED_MAX  # the one seed range of every lmforge command and route
 
-#: seeds go to ``torch.Generator.manual_seed``; lmforge takes the non-negative 64-bit range every RNG accepts
-SEED_MAX = 2**63 - 1
 #: a bound for counts (tokens, top-k) far above any cap a server applies, so only the cap's message is seen
 COUNT_MAX = 2**31 - 1
 #: layer indices (negative counts from the top)
