@@ -53,6 +53,9 @@ def _mode_from_env() -> str:
 _ONEDNN_MODE = _mode_from_env()
 _ONEDNN_LINEAR = _ONEDNN_OP if _ONEDNN_MODE != "off" else None
 _ROUTES: dict[str, bool] = {}  # question -> oneDNN or not, this process's answers (auto mode)
+# auto takes oneDNN's private operator only where it measured this much faster than the public call: a
+# measurement on a shared machine is noisy, and a near tie is not worth leaving the public API for
+ONEDNN_MARGIN = 1.2
 _CPU_AMX = bool(getattr(torch.cpu, "_is_amx_tile_supported", lambda: False)())
 # bf16 attention on a CPU without AMX: up to this many scores (B * heads * T * T_total; 64 MB in fp32) the
 # plain form (bf16 matmuls, fp32 softmax) beats SDPA in fp32 (docs/gpt.md, speed); above it, SDPA's flash
@@ -102,7 +105,8 @@ def _prefer_onednn(question: str, fast: Callable[[], object], plain: Callable[[]
     hit = _ROUTES.get(question)
     if hit is None:
         with torch.random.fork_rng(devices=[]):  # timing draws no random number a run would see
-            hit = autotune.choose(question, {"onednn": fast, "torch": plain}, default="torch", reps=4) == "onednn"
+            hit = autotune.choose(question, {"onednn": fast, "torch": plain}, default="torch", reps=4,
+                                  margin=ONEDNN_MARGIN) == "onednn"
         _ROUTES[question] = hit
     return hit
 
