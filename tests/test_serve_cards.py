@@ -194,6 +194,7 @@ def test_word2vec_run_and_export_cards(gpt_dir, wordpiece_shards, bpe_shards, tm
     text, meta = _front(run)
     metrics = json.loads((run / "metrics.json").read_text())
     assert meta["pipeline_tag"] == "text-classification" and meta["lmforge"]["task"] == "classify"
+    assert "\n# run: classify with a " in text  # titled by the folder's name, not its staging name
     assert meta["lmforge"]["corpus"]["sha256"] == shard_facts(bpe_shards)["sha256"]
     assert f"| accuracy | {metrics['accuracy']:.4g} |" in text and "| n_train | 8 |" in text
     scalars = read_scalars(run)  # finetune --log tensorboard: a loss per epoch (per lr tried) and the test metrics

@@ -19,6 +19,7 @@ import hashlib
 import json
 import logging
 import math
+import re
 from pathlib import Path
 from typing import Any
 
@@ -230,6 +231,13 @@ def _curve_section(folder: Path, events: list[dict]) -> tuple[str, dict[str, Any
 
 
 # -- the three kinds of card --------------------------------------------------------------------------------
+def _display_name(folder: Path) -> str:
+    """The folder's name as the user gave it: a card written in a staging folder (``.NAME.tmp-XXXX``,
+    renamed to NAME when complete) is titled NAME."""
+    m = re.fullmatch(r"\.(.+)\.tmp-[^.]+", folder.name)
+    return m.group(1) if m else folder.name
+
+
 def _model_card(folder: Path, corpus: dict[str, Any] | None, hf: dict[str, Any] | None = None) -> str:
     config = _json_or_none(folder / "config.json") or {}
     family = config.get("model_type", "?")
@@ -253,9 +261,9 @@ def _model_card(folder: Path, corpus: dict[str, Any] | None, hf: dict[str, Any] 
         meta["tags"] = ["lmforge", family, hf["model_type"]]
         meta["lmforge"]["kind"] = "export"
     parts = [_front_matter(meta)]
-    title = f"# {folder.name}: a {name} model pretrained with lmforge"
+    title = f"# {_display_name(folder)}: a {name} model pretrained with lmforge"
     if hf is not None:
-        title = f"# {folder.name}: an lmforge {name} model in HF transformers format"
+        title = f"# {_display_name(folder)}: an lmforge {name} model in HF transformers format"
     parts.append(title + "\n")
     intro = f"{name} with {_fmt(params)} parameters" if params else name
     intro += f", pretrained from scratch by `lmforge pretrain {family}`." if family in PIPELINE else "."
@@ -355,7 +363,8 @@ def _run_card(folder: Path) -> str:
             "corpus": corpus,
         },
     }
-    parts = [_front_matter(meta), f"# {folder.name}: {task} with a {FAMILY_NAMES.get(family, family)} body ({mode})\n"]
+    body_name = FAMILY_NAMES.get(family, family)
+    parts = [_front_matter(meta), f"# {_display_name(folder)}: {task} with a {body_name} body ({mode})\n"]
     parts.append(
         f"A transfer run written by `lmforge finetune --task {task} --mode {mode}`, on the model folder "
         f"`{base}`. This card was written by lmforge from the run's files.\n"
