@@ -262,10 +262,11 @@ class Linear(nn.Linear):
         return linear(x, self.weight, self.bias)
 
 
-def matmul_t(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+def matmul_t(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
     """``a @ b.T`` for 2-D tensors; fp32 or bf16 on CPU through oneDNN where it measures faster.
 
-    No autograd (the caller computes its own gradients).  Fallback: ``a @ b.t()``.
+    No autograd (the caller computes its own gradients).  ``out``: a contiguous tensor of the result's
+    shape and dtype to write into (the public route writes there directly).  Fallback: ``a @ b.t()``.
     """
     if (
         _ONEDNN_LINEAR is not None
@@ -279,8 +280,9 @@ def matmul_t(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
         question = _question(f"matmul_t:{str(a.dtype)[6:]}", f"{_rows_bucket(a.shape[0])}x{a.shape[1]}x{b.shape[0]}:"
                                                               f"{layout}")
         if _prefer_onednn(question, lambda: _ONEDNN_OP(a, b, None, "none", [], ""), lambda: a @ b.t()):
-            return _ONEDNN_OP(a, b, None, "none", [], "")
-    return a @ b.t()
+            y = _ONEDNN_OP(a, b, None, "none", [], "")
+            return y if out is None else out.copy_(y)
+    return a @ b.t() if out is None else torch.mm(a, b.t(), out=out)
 
 
 class _Dropout(torch.autograd.Function):

@@ -110,7 +110,10 @@ class _LinearCrossEntropy(torch.autograd.Function):
             lse = torch.empty(xb.shape[0], 1, dtype=torch.float32, device=x.device)  # log-sum-exp per row
             target_score = torch.empty_like(lse)
             for i in range(0, xb.shape[0], chunk_rows):  # a cache-sized chunk: all its passes stay in cache
-                zc = matmul_t(xb[i : i + chunk_rows], weight)  # (c, V) logits, in the matmul dtype
+                # (c, V) logits in the matmul dtype; in fp32 with gradients they are made in the gradient buffer
+                # itself and become the gradient there (no copy of the chunk)
+                in_place = need_grad and x.dtype == torch.float32
+                zc = matmul_t(xb[i : i + chunk_rows], weight, out=p[i : i + chunk_rows] if in_place else None)
                 tc = tb[i : i + chunk_rows]
                 zf = zc  # the softmax is always fp32: a bf16 chunk goes through a reused fp32 buffer
                 if zc.dtype != torch.float32:
@@ -128,7 +131,8 @@ class _LinearCrossEntropy(torch.autograd.Function):
                             sm.index_fill_(0, ignored, 0.0)
                     else:  # no data-dependent shape (a host sync) on a GPU
                         sm.masked_fill_(~vb[i : i + chunk_rows, None], 0.0)
-                    p[i : i + chunk_rows] = sm
+                    if not in_place:
+                        p[i : i + chunk_rows] = sm
             loss_sum += ((lse - target_score).squeeze(1) * vb).sum()
             if need_grad:
                 grad_x[b : b + block_rows] = matmul_t(p, w_t)  # (r, C) = p @ W
