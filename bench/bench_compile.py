@@ -5,8 +5,9 @@
 
 Two copies of the model from the same weights: one eager, one through ``torch.compile`` (inductor), each
 trained with the Trainer's optimizer on the same batches.  Reported: the seconds until the compiled
-copy's first step is done (the compilation), then the median of alternating steps of the two, and the
-number of steps after which compiling has paid for itself (infinite where it never does).
+copy's first step is done (the compilation; inductor keeps a cache in /tmp/torchinductor_$USER, so a
+second run of the same shapes compiles faster: ``--fresh`` compiles with an empty one), then the median
+of alternating steps of the two, and the number of steps after which compiling has paid for itself.
 """
 
 from __future__ import annotations
@@ -50,9 +51,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--steps", type=int, default=8, help="timed alternating steps after the first")
     ap.add_argument("--dropout", type=float, default=0.1)
     ap.add_argument("--device", default="cpu")
+    ap.add_argument("--fresh", action="store_true", help="compile with an empty inductor cache (a first run's cost)")
     ap.add_argument("--record", default=None, metavar="FILE", help="write the figures as a JSON run record")
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
+    if args.fresh:  # read when inductor is first used, below
+        import tempfile
+
+        os.environ["TORCHINDUCTOR_CACHE_DIR"] = tempfile.mkdtemp(prefix="inductor-")
     from lmforge.nn import cpu_ops
     from lmforge.provenance import describe_machine, provenance
     from lmforge.train.compute import make_optimizer
@@ -97,9 +103,9 @@ def main(argv: list[str] | None = None) -> int:
     gain = med["eager"] - med["compiled"]
     cost = first["compiled"] - first["eager"]
     breakeven = cost / gain if gain > 0 else float("inf")
+    pays = f"pays for itself after {breakeven:.0f} steps" if breakeven != float("inf") else "never pays for itself"
     print(f"median step: eager {med['eager'] * 1e3:.1f} ms, compiled {med['compiled'] * 1e3:.1f} ms "
-          f"(compiled speed {med['eager'] / med['compiled']:.2f}x); compiling pays for itself after "
-          f"{breakeven:.0f} steps" if breakeven != float("inf") else "; compiling never pays for itself")
+          f"(compiled speed {med['eager'] / med['compiled']:.2f}x); compiling {pays}")
     print(f"load average {os.getloadavg()[0]:.2f} at the end")
     if args.record:
         import json

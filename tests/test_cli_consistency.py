@@ -115,7 +115,7 @@ def test_precision_is_printed_and_saved_with_the_run(toy_family, bpe_shards, tmp
     monkeypatch.setattr(P, "CPUINFO_PATH", str(info))
     common = ["pretrain", toy_family, "--data", bpe_shards, "--set", "max_steps=2", "eval_batches=1"]
     rc, _, err = run_cli(capsys, *common, "--out", tmp_path / "auto")  # the toy is narrow: fp32 wins there
-    assert rc == 0 and "precision fp32 (auto: the model's width 32 is below 128" in err
+    assert rc == 0 and "precision fp32 (auto: the model's width 32 is below 64" in err
     assert json.loads((tmp_path / "auto" / "train_config.json").read_text())["precision"] == "fp32"
     rc, _, err = run_cli(capsys, *common, "--out", tmp_path / "bf16", "--precision", "bf16")
     assert rc == 0 and "precision bf16 (asked for)" in err

@@ -44,7 +44,7 @@ BF16_CPU_FLAGS = ("avx512_bf16", "amx_bf16")
 CPUINFO_PATH = "/proc/cpuinfo"
 # Below this typical matmul width bf16 autocast loses to fp32 on a CPU, native bf16 or not: the casts of
 # weights and activations cost more than the narrow matmuls save (measurements in docs/training.md).
-MIN_BF16_WIDTH = 128
+MIN_BF16_WIDTH = 64
 # bf16 is chosen where its measured step is at least this much faster: a near tie keeps fp32's precision.
 BF16_MARGIN = 1.1
 
