@@ -81,7 +81,7 @@ def render_page(records: list[dict]) -> str:
 
 def render_readme_block(records: list[dict]) -> str:
     rows = ["| result | figure | machine |", "|---|---|---|"]
-    for r in records:
+    for r in (r for r in records if r.get("readme", True)):  # "readme": false keeps a record to the results page
         page = r["reproduce"].replace("../", "docs/", 1)
         rows.append(f"| {r['headline']['what']} ([how]({page})) | {r['headline']['figure']} | {_machine(r['machine'])} |")
     return "\n".join([START, *rows, END])
