@@ -110,6 +110,19 @@ def test_a_wide_model_is_measured_once_and_the_answer_cached(native_bf16, monkey
     assert P.choose_precision("auto", cpu, nn.Linear(1024, 1024)).precision == "bf16"
 
 
+def test_a_transfer_run_takes_the_answer_measured_for_the_same_model(native_bf16, monkeypatch):
+    """No step and no batch size (TransferRun, benchmark curve): the answer pretraining measured for the model's
+    shape at any batch size; the line says the choice was made for the model."""
+    timings(monkeypatch, {"fp32": 1.0, "bf16": 2.0})
+    body = nn.Sequential(nn.Linear(128, 512), nn.Linear(512, 128))
+    cpu = torch.device("cpu")
+    assert P.resolve_precision("auto", cpu, body, step=lambda p: (lambda: None), tokens=2048) == "fp32"
+    autotune.forget()
+    choice = P.choose_precision("auto", cpu, body)  # what TransferRun asks
+    assert choice.precision == "fp32" and "measured on this CPU" in choice.reason
+    assert "fp32 (auto: chosen for this model on this CPU" in P.describe("auto", "fp32", cpu)
+
+
 def test_the_cache_can_be_turned_off(native_bf16, monkeypatch):
     monkeypatch.setenv(autotune.CACHE_ENV, "off")
     asked = timings(monkeypatch, {"fp32": 1.0, "bf16": 0.5})

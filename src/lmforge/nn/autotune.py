@@ -78,6 +78,14 @@ def lookup(question: str) -> dict | None:
     return entry if isinstance(entry, dict) and "choice" in entry else None
 
 
+def lookup_prefix(prefix: str) -> dict[str, dict]:
+    """Every cached entry on this machine whose question starts with ``prefix`` (question -> entry)."""
+    lookup(prefix)  # reads the file into this process's view
+    with _LOCK:
+        mine = _MEMORY.get(machine_key(), {})
+        return {q: e for q, e in mine.items() if q.startswith(prefix) and isinstance(e, dict) and "choice" in e}
+
+
 def remember(question: str, entry: dict) -> None:
     """Store ``entry`` (with its ``choice``) for ``question`` on this machine: in memory and in the file."""
     key = machine_key()
@@ -155,4 +163,5 @@ def _compiling() -> bool:
     return False
 
 
-__all__ = ["CACHE_ENV", "cache_path", "machine_key", "lookup", "remember", "forget", "best_times", "choose"]
+__all__ = ["CACHE_ENV", "cache_path", "machine_key", "lookup", "lookup_prefix", "remember", "forget", "best_times",
+           "choose"]

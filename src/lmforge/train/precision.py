@@ -186,6 +186,9 @@ def choose_precision(
                                        f"runs slower than fp32 on a CPU")
     question = shape_question(model, tokens)
     entry = autotune.lookup(question)
+    if entry is None and tokens is None:  # no batch to size the key (a transfer run): any batch size measured
+        found = autotune.lookup_prefix(question + ":n")
+        entry = found[max(found, key=lambda q: int(q.rsplit(":n", 1)[1]))] if found else None
     if entry is None and step is not None:
         candidates = {name: step(name) for name in ("fp32", "bf16")}
         autotune.choose(question, candidates, default="fp32", margin=BF16_MARGIN, reps=2, warmup=1)
@@ -217,8 +220,10 @@ def describe(requested: str, resolved: str, device: torch.device, reason: str = 
     """One line for the start of a run, e.g. ``precision bf16 (auto: measured on this CPU: ...; ...)``."""
     where = "this CPU" if device.type == "cpu" else f"{device}"
     if requested == "auto":
-        if not reason:
-            reason = f"{where} computes bf16 natively" if resolved == "bf16" else f"{where} has no native bf16"
+        if not reason and resolved == "bf16":
+            reason = f"{where} computes bf16 natively"
+        elif not reason:
+            reason = f"chosen for this model on {where}" if native_bf16(device) else f"{where} has no native bf16"
         force = "--precision fp32 forces fp32" if resolved == "bf16" else "--precision bf16 forces bf16"
         return f"precision {resolved} (auto: {reason}; {force}) on {device}"
     note = ""

@@ -31,7 +31,7 @@ from torch import nn
 from ..data.tasks import TaskData, check_labels, load_task
 from ..errors import LmforgeError
 from ..models.registry import get_family
-from ..train.precision import describe, resolve_device, resolve_precision
+from ..train.precision import choose_precision, describe, resolve_device
 from ..utils import atomic_write_text
 from .config import SUPPORTED, TransferConfig, check_supported
 from .folder import load_body
@@ -153,8 +153,8 @@ def learning_curve(
     shaped = {m: preset_body(body, m.split(":", 1)[1]) for m in modes if m.startswith("scratch:")}
     first = config(modes[0], usable[0], seeds[0])  # every run computes where and as precisely as the first
     device = resolve_device(first.device)
-    precision = resolve_precision(first.precision, device)
-    logger.info("%s", describe(first.precision, precision, device))
+    choice = choose_precision(first.precision, device, body)
+    logger.info("%s", describe(first.precision, choice.precision, device, choice.reason))
 
     # features: the body runs once over the whole pool and the test set; subsets select rows
     stores = {}
@@ -191,7 +191,7 @@ def learning_curve(
         "sizes": usable,
         "seeds": list(seeds),
         "modes": modes,
-        "precision": precision,
+        "precision": choice.precision,
         "n_test": len(test_d),
         "scored_on": test_d.source,
         "seconds": round(time.time() - t_start, 1),

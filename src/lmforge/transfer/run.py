@@ -104,7 +104,7 @@ class TransferRun(RunModel, RunFeatures):
         self.body = body
         self.device = resolve_device(cfg.device)
         # ``auto`` becomes the precision this device computes best; the run folder records the choice
-        self.cfg = cfg = dataclasses.replace(cfg, precision=resolve_precision(cfg.precision, self.device))
+        self.cfg = cfg = dataclasses.replace(cfg, precision=resolve_precision(cfg.precision, self.device, body))
         gpt = None
         self.task_token_ids: tuple[int, ...] = ()
         if get_family(self.family).task_tokens:
