@@ -111,6 +111,8 @@ def run_demo(
         raise LmforgeError(f"--out {folder} is a file; give a folder for the demo")
     folder.mkdir(parents=True, exist_ok=True)
     resolved = resolve_precision(precision, resolve_device(device))
+    if precision == "auto" and resolved == "bf16" and resolve_device(device).type == "cpu":
+        resolved = "precision auto (fp32 or bf16 for each model, as measured)"  # train/precision.py decides per model
     ctx = DemoContext(folder, plan, progress or no_progress, show_bars, device=device, precision=resolved,
                       precision_asked=precision, machine=machine_line(resolved))
     logger.info("the demo computes on %s", ctx.machine)
