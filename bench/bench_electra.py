@@ -70,18 +70,21 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
 
     from lmforge.models.bert import BertConfig, BertForPreTraining
-    from lmforge.models.electra import PRESETS, ElectraConfig, ElectraForPreTraining
+    from lmforge.models.electra import ElectraConfig, ElectraForPreTraining
+    from lmforge.models.recipes import PRESETS as ALL_PRESETS
+
+    PRESETS = ALL_PRESETS["electra"]
 
     if args.preset not in PRESETS:
         print(f"unknown preset {args.preset!r}; choose one of {', '.join(PRESETS)}", file=sys.stderr)
         return 2
     torch.set_num_threads(args.threads)
     dev, B, T = args.device, args.batch, args.seq
-    ecfg = ElectraConfig(**{**PRESETS[args.preset], "vocab_size": args.vocab, "max_seq_length": min(T, 512)})
+    ecfg = ElectraConfig(**{**PRESETS[args.preset], "vocab_size": args.vocab})
     shape = {k: getattr(ecfg, k) for k in ("hidden_size", "num_hidden_layers", "num_attention_heads",
                                            "intermediate_size", "hidden_dropout_prob",
                                            "attention_probs_dropout_prob")}
-    bcfg = BertConfig(vocab_size=args.vocab, next_sentence=False, max_seq_length=min(T, 512), **shape)
+    bcfg = BertConfig(vocab_size=args.vocab, next_sentence=False, **shape)
     torch.manual_seed(0)
     electra, bert = ElectraForPreTraining(ecfg).to(dev).train(), BertForPreTraining(bcfg).to(dev).train()
     opts = {name: torch.optim.AdamW(m.parameters(), lr=5e-4) for name, m in (("electra", electra), ("bert", bert))}
