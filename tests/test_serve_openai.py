@@ -18,14 +18,13 @@ import time
 from pathlib import Path
 
 import numpy as np
+import openai
 import pytest
 from test_transfer_families import tiny_bert, tiny_elmo, tiny_gpt, tiny_word2vec
 
 import lmforge
 from lmforge.cli import main
 from lmforge.models.vectors import encode
-
-openai = pytest.importorskip("openai")
 
 KEY = "test-key-0123456789"
 TEXTS = ["He got bit by Python.", "Python is my favorite programming language.", "the name of a snake"]
