@@ -75,7 +75,12 @@ def lookup(question: str) -> dict | None:
             if isinstance(stored, dict):
                 mine.update({q: e for q, e in stored.items() if q not in mine})
         entry = mine.get(question)
-    return entry if isinstance(entry, dict) and "choice" in entry else None
+    return entry if _answered(entry) else None
+
+
+def _answered(entry: object) -> bool:
+    """Whether a cached entry holds a measured answer (a dict with its ``choice``)."""
+    return isinstance(entry, dict) and "choice" in entry
 
 
 def lookup_prefix(prefix: str) -> dict[str, dict]:
@@ -83,7 +88,7 @@ def lookup_prefix(prefix: str) -> dict[str, dict]:
     lookup(prefix)  # reads the file into this process's view
     with _LOCK:
         mine = _MEMORY.get(machine_key(), {})
-        return {q: e for q, e in mine.items() if q.startswith(prefix) and isinstance(e, dict) and "choice" in e}
+        return {q: e for q, e in mine.items() if q.startswith(prefix) and _answered(e)}
 
 
 def remember(question: str, entry: dict) -> None:
