@@ -40,7 +40,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "src"))
 
-from lmforge.data.corpus import split_sentences  # noqa: E402
+from lmforge.data.sentences import split_sentences  # noqa: E402
 
 WORDNET_DIR = Path("/usr/share/wordnet")
 WORDNET_COPYRIGHT = Path("/usr/share/doc/wordnet-base/copyright")

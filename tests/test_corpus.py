@@ -7,15 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from lmforge.data.corpus import (
-    builtin_corpus_path,
-    detect_layout,
-    iter_documents,
-    read_lines,
-    split_sentences,
-    wordnet_examples_path,
-)
+from lmforge.data.corpus import builtin_corpus_path, detect_layout, iter_documents, wordnet_examples_path
+from lmforge.data.sentences import split_sentences
 from lmforge.data.sources import iter_corpus
+from lmforge.data.textfiles import read_lines
 from lmforge.errors import DataError
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -8,7 +8,8 @@ import pytest
 
 from lmforge.cli import main
 from lmforge.data import english
-from lmforge.data.corpus import read_lines, wordnet_examples_path
+from lmforge.data.corpus import wordnet_examples_path
+from lmforge.data.textfiles import read_lines
 
 
 def test_wic_sentences_are_found_as_word_runs_only():

@@ -3,18 +3,17 @@
 
 The test parses every module with ``ast`` and fails on a comparison (``==``, ``!=``, ``in``, ``not in``) with a
 string literal that is a task or family name.  Allowed: specs.py and registry.py, the per-family interop modules
-(they read HF's ``model_type`` of their own family), a few comparisons where the word means something else (a
-budget of ``tokens``), and the modules still to move, each at most as often as it does now (the count only goes
-down).
+(they read HF's ``model_type`` of their own family), and a few comparisons where the word means something else (a
+budget of ``tokens``).
 """
 
 from __future__ import annotations
 
 import ast
-from collections import Counter
 from pathlib import Path
 
 import lmforge
+from lmforge.cards import FAMILY_CARDS
 from lmforge.models import FAMILIES
 from lmforge.transfer.specs import SPECS
 
@@ -24,14 +23,6 @@ OWNERS = {"transfer/specs.py", "models/registry.py", "interop/bert.py", "interop
 # the same word with another meaning: a token budget, a pooling mode, an autotune cache entry
 OTHER_MEANING = {("train/budget.py", 'b.kind == "tokens"'), ("transfer/config.py", 'pool == "tokens"'),
                  ("transfer/encoding.py", 'self.pool == "tokens"'), ("nn/autotune.py", '"choice" in entry')}
-# still to move onto TaskSpec / the registry: at most this many comparisons each
-PENDING = {
-    "data/tasks.py": 2,  # the text loader reads text_pair for pair
-    "interop/runs.py": 8,  # export of a transfer run per family and task
-    "cards.py": 1,  # a model card's limitation of static vectors (layer 1: below the registry)
-}
-
-
 def _literals(node: ast.expr) -> set[str]:
     if isinstance(node, ast.Constant) and isinstance(node.value, str):
         return {node.value}
@@ -63,16 +54,12 @@ def test_the_scan_finds_a_name_comparison():
 
 
 def test_no_branch_compares_a_task_or_family_name_outside_its_owners():
-    counts: Counter[str] = Counter()
-    stray = []
-    for rel, line, source in name_comparisons():
-        if rel in OWNERS or (rel, source) in OTHER_MEANING:
-            continue
-        counts[rel] += 1
-        if rel not in PENDING:
-            stray.append(f"{rel}:{line}: {source}")
-    over = [f"{rel}: {n} comparisons, at most {PENDING[rel]}" for rel, n in counts.items()
-            if rel in PENDING and n > PENDING[rel]]
-    assert not stray and not over, (
-        "ask TaskSpec (transfer/specs.py) or the family registry (models/registry.py) instead:\n"
-        + "\n".join(stray + over))
+    stray = [f"{rel}:{line}: {source}" for rel, line, source in name_comparisons()
+             if rel not in OWNERS and (rel, source) not in OTHER_MEANING]
+    assert not stray, ("ask TaskSpec (transfer/specs.py) or the family registry (models/registry.py) instead:\n"
+                       + "\n".join(stray))
+
+
+def test_the_cards_family_table_follows_the_registry():
+    """cards.py sits below the registry and keeps its own table of what a card says per family."""
+    assert {name: card.label for name, card in FAMILY_CARDS.items()} == {f.name: f.label for f in FAMILIES.values()}

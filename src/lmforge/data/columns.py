@@ -21,8 +21,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from ..errors import DataError
-from .corpus import check_file
 from .formats import detect, is_dataset_folder, iter_records
+from .textfiles import check_file
 
 #: example field -> the flag that maps it (the CLI's names, for messages)
 FLAGS = {"text": "--text-column", "text_pair": "--text-pair-column", "label": "--label-column",

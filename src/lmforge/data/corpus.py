@@ -1,4 +1,7 @@
-"""Reading text: plain or compressed files, streamed line by line, split into documents of sentences.
+"""Reading text: plain or compressed files, streamed line by line, split into documents of sentences; and the
+built-in and packaged corpora.
+
+Files are read by :mod:`lmforge.data.textfiles`, sentences split by :mod:`lmforge.data.sentences`.
 
 Two layouts are understood (``layout="auto"`` sniffs the first lines of each file):
 
@@ -19,224 +22,18 @@ from __future__ import annotations
 
 import importlib.util
 import logging
-import re
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import DataError, MissingExtraError
 from ..utils import atomic_path
-from .compression import open_binary
+from .sentences import ends_sentence, join_wrapped, split_sentences
+from .textfiles import read_lines
 
 logger = logging.getLogger(__name__)
 
 LAYOUTS = ("auto", "lines", "paragraphs")
-ENCODING_ERRORS = ("strict", "replace")
-
-# --- sentence splitting -------------------------------------------------------------------------
-
-_CLOSERS = "\"'”’»)]}」』）》〉"
-_OPENERS = "\"'“‘«([{「『（《〈"
-# English: terminal punctuation, optional closing quotes/brackets, whitespace, then something that
-# can start a sentence (capital, digit, or an opening quote/bracket).
-_EN_BOUNDARY = re.compile(r"[.!?]+[" + re.escape(_CLOSERS) + r"]*(?=\s+[" + re.escape(_OPENERS) + r"]*[A-Z0-9])")
-# Chinese: 。！？；… (and fullwidth ！？) end a sentence whatever follows; closing quotes stay with it.
-_ZH_BOUNDARY = re.compile(r"(?:[。！？；!?]|…+|\.{3,})+[" + re.escape(_CLOSERS) + r"]*")
-_CJK = re.compile(r"[\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff\u3000-\u303f\uff00-\uffef]")
-_ABBREVIATIONS = frozenset(
-    "mr mrs ms dr prof sr jr st mt vs etc e.g i.e cf fig figs no nos vol vols ed eds al approx dept est inc "
-    "ltd co corp jan feb mar apr jun jul aug sep sept oct nov dec gen col lt sgt capt rev gov sen rep u.s "
-    "u.k a.m p.m ph.d".split()
-)
-_TERMINAL_END = re.compile(r"(?:[.!?。！？；…]|\.{3})[" + re.escape(_CLOSERS) + r"]*$")
-
-
-def _is_abbreviation(text: str, dot_pos: int) -> bool:
-    """True if the period at ``dot_pos`` ends an abbreviation or an initial ("Mr.", "e.g.", "J.")."""
-    start = dot_pos
-    while start > 0 and not text[start - 1].isspace() and text[start - 1] not in _OPENERS:
-        start -= 1
-    word = text[start:dot_pos].lower()
-    if not word:
-        return False
-    if len(word) == 1 and word.isalpha():  # an initial such as "J. R. R. Tolkien"
-        return True
-    return word in _ABBREVIATIONS
-
-
-def split_sentences(text: str) -> list[str]:
-    """Split a paragraph into sentences (English and Chinese punctuation, quotes kept with their sentence).
-
-    Args:
-        text: one paragraph (newlines are treated as spaces).
-    Returns:
-        The non-empty, stripped sentences in order.
-    """
-    text = " ".join(text.split())
-    if not text:
-        return []
-    cuts: set[int] = set()
-    for m in _EN_BOUNDARY.finditer(text):
-        first = m.group(0)[0]
-        if first == "." and len(m.group(0).rstrip(_CLOSERS)) == 1 and _is_abbreviation(text, m.start()):
-            continue
-        cuts.add(m.end())
-    if _CJK.search(text):
-        for m in _ZH_BOUNDARY.finditer(text):
-            # ASCII !? inside English text are handled above; here only count them next to CJK.
-            if m.group(0)[0] in "!?" and not (m.start() > 0 and _CJK.match(text[m.start() - 1])):
-                continue
-            if m.group(0).startswith("...") and not (m.start() > 0 and _CJK.match(text[m.start() - 1])):
-                continue
-            cuts.add(m.end())
-    out: list[str] = []
-    prev = 0
-    for c in sorted(cuts):
-        s = text[prev:c].strip()
-        if s:
-            out.append(s)
-        prev = c
-    s = text[prev:].strip()
-    if s:
-        out.append(s)
-    return out
-
-
-def _ends_sentence(line: str) -> bool:
-    return bool(_TERMINAL_END.search(line))
-
-
-def _join(a: str, b: str) -> str:
-    """Join two wrapped lines: no space between CJK characters, one space otherwise."""
-    if a and b and _CJK.match(a[-1]) and _CJK.match(b[0]):
-        return a + b
-    return f"{a} {b}"
-
-
-# --- reading files ------------------------------------------------------------------------------
-
-
-def check_file(path: str | Path) -> Path:
-    """Return ``path`` as a Path after checking it is an existing, readable, non-binary file.
-
-    Raises:
-        DataError: the path does not exist, is a directory, holds binary data (NUL bytes) or UTF-16 text,
-            or its suffix promises a compression it does not have.
-    """
-    p = Path(path)
-    if not p.exists():
-        raise DataError(f"file not found: {p}")
-    if p.is_dir():
-        raise DataError(f"{p} is a directory; pass it where directories are read (lmforge prepare, tokenizer train)")
-    if not p.is_file():
-        raise DataError(f"{p} is not a regular file")
-    head = read_head(p)
-    utf16 = _utf16_name(head)
-    if utf16:
-        raise DataError(f"{p} is {utf16} text, not UTF-8; convert it first, e.g. iconv -f {utf16.split()[0]} "
-                        f"-t UTF-8 {p} > {p.stem}.utf8{p.suffix}")
-    if b"\x00" in head:
-        raise DataError(f"{p} looks like a binary file (it contains NUL bytes); pass UTF-8 text (plain or compressed), "
-                        "JSONL, CSV or Parquet")
-    return p
-
-
-def read_head(p: Path, n: int = 8192) -> bytes:
-    """The first ``n`` bytes of ``p``, decompressed (DataError when it cannot be read)."""
-    try:
-        with open_binary(p) as (f, _):
-            return f.read(n)
-    except OSError as e:
-        raise DataError(f"cannot read {p}: {e}") from None
-
-
-def _utf16_name(head: bytes) -> str | None:
-    """"UTF-16 (little-endian, with BOM)" and the like when ``head`` is UTF-16/32 text, else None."""
-    for bom, name in ((b"\xff\xfe\x00\x00", "UTF-32 (little-endian, with BOM)"),
-                      (b"\x00\x00\xfe\xff", "UTF-32 (big-endian, with BOM)"),
-                      (b"\xff\xfe", "UTF-16 (little-endian, with BOM)"),
-                      (b"\xfe\xff", "UTF-16 (big-endian, with BOM)")):
-        if head.startswith(bom):
-            return name
-    n = len(head) // 2 * 2
-    if n >= 8:  # text of mostly ASCII characters: every other byte is NUL
-        even, odd = head[0:n:2].count(0), head[1:n:2].count(0)
-        if odd > 0.9 * n / 2 and even == 0:
-            return "UTF-16 (little-endian, no BOM)"
-        if even > 0.9 * n / 2 and odd == 0:
-            return "UTF-16 (big-endian, no BOM)"
-    return None
-
-
-#: the longest piece of a line handed on at once; a longer line is cut at white space into pieces
-MAX_LINE_BYTES = 1 << 20
-
-
-def _bounded_lines(f, limit: int = MAX_LINE_BYTES) -> Iterator[tuple[int, bytes]]:
-    """``(line number, bytes)`` of a binary file, a line longer than ``limit`` bytes coming in pieces.
-
-    A piece ends at the last white space (or, with none, at the last UTF-8 character boundary)
-    of ``limit`` bytes, so memory stays bounded however long a line is (one 50 MB line of a
-    dumped corpus) and no word or character is cut; each piece then reads as a line of its own.
-    """
-    lineno, carry = 1, b""
-    while True:
-        chunk = carry + f.readline(limit - len(carry))
-        if not chunk:
-            return
-        if chunk.endswith(b"\n") or len(chunk) < limit:  # a whole line (or the file's last)
-            yield lineno, chunk
-            lineno, carry = lineno + 1, b""
-            continue
-        cut = max(chunk.rfind(b" "), chunk.rfind(b"\t")) + 1
-        if cut <= 0:
-            cut = len(chunk)
-            while cut > 1 and (chunk[cut - 1] & 0xC0) == 0x80:  # back off over continuation bytes
-                cut -= 1
-            if chunk[cut - 1] >= 0xC0:  # and over the lead byte of the cut character
-                cut -= 1
-            cut = max(cut, 1)
-        yield lineno, chunk[:cut]
-        carry = chunk[cut:]
-
-
-def read_lines(path: str | Path, encoding_errors: str = "strict",
-               on_bytes: Callable[[int], None] | None = None) -> Iterator[str]:
-    """Stream the lines of a UTF-8 text file (plain or compressed), without their line endings.
-
-    Args:
-        path: the file (gzip, bzip2, xz and zstandard files are decompressed on the fly).
-        encoding_errors: ``"strict"`` (bytes that are not UTF-8 raise DataError naming file and line)
-            or ``"replace"`` (they become U+FFFD).
-        on_bytes: called every 4096 lines (and at the end) with the number of bytes of the stored
-            file read since the last call; the calls add up to the file's size.
-    Yields:
-        Each line as ``str`` (a leading BOM is dropped).
-    """
-    if encoding_errors not in ENCODING_ERRORS:
-        raise DataError(f"encoding_errors must be one of {ENCODING_ERRORS}, not {encoding_errors!r}")
-    p = check_file(path)
-    reported = 0
-    with open_binary(p) as (f, stored):
-        for lineno, raw in _bounded_lines(f):
-            if on_bytes is not None and lineno % 4096 == 0:
-                now = stored()
-                on_bytes(now - reported)
-                reported = now
-            if b"\x00" in raw:
-                raise DataError(f"{p} line {lineno}: NUL byte; this looks like a binary file, not text")
-            try:
-                line = raw.decode("utf-8", errors=encoding_errors)
-            except UnicodeDecodeError as e:
-                raise DataError(
-                    f"{p} line {lineno}: bytes that are not UTF-8 ({raw[e.start:e.start + 4]!r}); "
-                    "convert the file to UTF-8 or pass --encoding-errors replace"
-                ) from None
-            if lineno == 1 and line.startswith("\ufeff"):
-                line = line[1:]
-            yield line.rstrip("\r\n")
-    if on_bytes is not None and p.stat().st_size > reported:
-        on_bytes(p.stat().st_size - reported)
 
 
 @dataclass
@@ -263,7 +60,7 @@ def detect_layout(path: str | Path, encoding_errors: str = "strict", sample_line
         n += 1
         if len(split_sentences(s)) > 1:
             multi += 1
-        if not _ends_sentence(s):
+        if not ends_sentence(s):
             wrapped += 1
         if n >= sample_lines:
             break
@@ -338,8 +135,8 @@ def _paragraph_units(lines: Iterator[str], doc_per_paragraph: bool, join_lines: 
                 in_doc = False
                 yield None
             continue
-        para = _join(para, s) if para else s
-        if not join_lines or _ends_sentence(s):
+        para = join_wrapped(para, s) if para else s
+        if not join_lines or ends_sentence(s):
             in_doc = True
             yield para
             para = ""
@@ -373,8 +170,8 @@ def text_sentences(text: str, layout: str = "auto") -> list[str]:
     for line in text.splitlines():
         s = line.strip()
         if s:
-            para = _join(para, s) if para else s
-        if para and (not s or _ends_sentence(s)):
+            para = join_wrapped(para, s) if para else s
+        if para and (not s or ends_sentence(s)):
             out.extend(split_sentences(para))
             para = ""
     out.extend(split_sentences(para))

@@ -29,7 +29,8 @@ from collections.abc import Iterable
 from pathlib import Path
 
 from ..errors import DataError
-from .corpus import read_lines, wordnet_examples_path
+from .corpus import wordnet_examples_path
+from .textfiles import read_lines
 
 logger = logging.getLogger(__name__)
 

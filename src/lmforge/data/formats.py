@@ -25,7 +25,7 @@ from pathlib import Path
 
 from ..errors import DataError, require
 from .compression import open_binary, stripped_suffix
-from .corpus import _utf16_name, check_file, read_head
+from .textfiles import _utf16_name, check_file, read_head
 
 FORMATS = ("text", "jsonl", "json", "csv", "tsv", "parquet", "dataset")
 RECORD_FORMATS = FORMATS[1:]

@@ -11,8 +11,8 @@ import math
 from pathlib import Path
 
 from ..errors import DataError
-from .corpus import ENCODING_ERRORS
 from .formats import FORMATS
+from .textfiles import ENCODING_ERRORS
 
 FORMAT = "lmforge-shards"
 VERSION = 1

@@ -30,9 +30,10 @@ from pathlib import Path
 
 from ..errors import DataError
 from ..folders import MARKER
-from .corpus import ENCODING_ERRORS, LAYOUTS, RECORD_MODES, check_file, detect_layout, iter_units, unit_sentences
+from .corpus import LAYOUTS, RECORD_MODES, detect_layout, iter_units, unit_sentences
 from .formats import FORMATS, detect, is_dataset_folder, iter_records, open_dataset, record_fields
 from .formats import dataset_records as _dataset_records
+from .textfiles import ENCODING_ERRORS, check_file
 
 logger = logging.getLogger(__name__)
 

@@ -33,39 +33,51 @@ the ``lmforge finetune`` command that retrains the run in a form that maps; noth
 
 from __future__ import annotations
 
+import importlib
 import json
 import logging
 import shlex
+from collections.abc import Callable
 from pathlib import Path
+from typing import Protocol
 
 import torch
-from tokenizers import AddedToken, processors
-from tokenizers import Tokenizer as HFTokenizer
 
 from ..config import load_json, save_json
-from ..errors import CheckpointError, LmforgeError
-from ..tokenization import EOT
+from ..errors import LmforgeError
+from ..models.registry import FAMILIES, Family
 from ..transfer import load_run
 from ..transfer.config import saved_config
-from ..transfer.gpt_inputs import TASK_TOKENS
+from ..transfer.specs import SPECS
 from ..utils import atomic_write_text, save_safetensors
-from .bert import hf_config_dict as bert_config_dict
-from .bert import to_hf_state_dict as bert_state_dict
-from .gpt2 import hf_config_dict as gpt2_config_dict
-from .gpt2 import weight_map as gpt2_weight_map
 
 logger = logging.getLogger(__name__)
 
-#: (family, task) -> (HF architecture, pipeline task)
-HF_CLASSES = {
-    ("bert", "classify"): ("BertForSequenceClassification", "text-classification"),
-    ("bert", "pair"): ("BertForSequenceClassification", "text-classification"),
-    ("bert", "tokens"): ("BertForTokenClassification", "token-classification"),
-    ("bert", "qa"): ("BertForQuestionAnswering", "question-answering"),
-    ("gpt", "classify"): ("GPT2ForSequenceClassification", "text-classification"),
-    ("gpt", "pair"): ("GPT2ForSequenceClassification", "text-classification"),
-}
-BIAS_TOLERANCE = 1e-6  # largest |W Δβ - b| (relative to max |b|, 1) accepted when the bias moves into ln_f
+
+class RunExport(Protocol):
+    """What a family's run-export module (``Family.run_export``: :mod:`lmforge.interop.runs_bert`,
+    :mod:`lmforge.interop.runs_gpt2`) gives :func:`export_run`."""
+
+    #: ``TaskSpec.hf_head`` -> the HF class a run of that task exports to (a task not here does not export)
+    HEADS: dict[str, str]
+
+    def check(self, data: dict, arch: str, refuse: Callable[[str, str], LmforgeError]) -> None:
+        """Raise ``refuse(why, flags)`` when the run's read-out has no exact form in ``arch``."""
+
+    def weights(self, run, arch: str, W: torch.Tensor, b: torch.Tensor) -> tuple[dict, dict]:
+        """The HF state dict and ``config.json`` of the run with the folded head ``W`` (K, C), ``b`` (K,)."""
+
+    def write_tokenizer(self, run, out: Path, max_len: int) -> None:
+        """The tokenizer files of the HF folder ``out``."""
+
+
+def _exporter(family: Family) -> RunExport:
+    return importlib.import_module(family.run_export)  # type: ignore[arg-type,return-value]
+
+
+def _exporting() -> dict[str, Family]:
+    """The families whose runs export, in the registry's order."""
+    return {name: f for name, f in FAMILIES.items() if f.run_export}
 
 
 def is_run_folder(path: str | Path) -> bool:
@@ -93,6 +105,23 @@ def retrain_command(data: dict, run_dir: str | Path | None, flags: str) -> str:
             f"lmforge export-hf {retrained} OUT")
 
 
+def _hf_class(data: dict, task: str) -> tuple[RunExport, str, str]:
+    """(the family's run export, HF architecture, pipeline task) of the run; refuses a family or task without one."""
+    name = data.get("family")
+    family = FAMILIES.get(name) if isinstance(name, str) else None
+    exporting = _exporting()
+    if family is None or family.name not in exporting:
+        labels = [f.label for f in exporting.values()]
+        names = " and ".join([", ".join(labels[:-1]), labels[-1]] if len(labels) > 1 else labels)
+        raise LmforgeError(f"export-hf exports {names} runs to HF task classes; this is a {name} run")
+    exporter = _exporter(family)
+    spec = SPECS.get(task)
+    if spec is None or spec.hf_head not in exporter.HEADS:
+        tasks = ", ".join(t for t, s in SPECS.items() if s.hf_head in exporter.HEADS)
+        raise LmforgeError(f"export-hf maps {name} runs of --task {tasks} to HF classes, not --task {task}")
+    return exporter, exporter.HEADS[spec.hf_head], spec.hf_pipeline  # type: ignore[index,return-value]
+
+
 def check_exportable(data: dict, run_dir: str | Path | None = None) -> tuple[str, str]:
     """Refuse (one line, with the command that retrains the run in a form that exports) a run whose head
     has no exact HF counterpart.
@@ -104,17 +133,12 @@ def check_exportable(data: dict, run_dir: str | Path | None = None) -> tuple[str
         (HF architecture, pipeline task).
     """
     cfg = saved_config(data, "this run")
-    family, task = data.get("family"), cfg.task
+    exporter, arch, pipeline_task = _hf_class(data, cfg.task)
 
     def refuse(why: str, flags: str) -> LmforgeError:
         return LmforgeError(f"{why}; retrain it in a form that exports: "
                             f"{retrain_command(data, run_dir, flags)}")
 
-    if family not in ("bert", "gpt"):
-        raise LmforgeError(f"export-hf exports BERT and GPT runs to HF task classes; this is a {family} run")
-    if (family, task) not in HF_CLASSES:
-        tasks = ", ".join(t for f, t in HF_CLASSES if f == family)
-        raise LmforgeError(f"export-hf maps {family} runs of --task {tasks} to HF classes, not --task {task}")
     classifier = cfg.head_classifier
     if classifier not in ("linear", "logreg"):
         raise refuse(f"this run's {classifier} head has no HF counterpart (HF task classes end in one Linear)",
@@ -130,15 +154,8 @@ def check_exportable(data: dict, run_dir: str | Path | None = None) -> tuple[str
         # a run file cannot switch a flag off, so this one names the change rather than a command
         raise LmforgeError("this run adds the read-outs of both orders of each pair (--both-orders); HF classes "
                            "read one input: retrain without --both-orders to export it")
-    pool = data.get("pool")
-    if family == "bert" and task in ("classify", "pair") and pool != "pooler":
-        what = {"cls": "the raw top [CLS] (--pool cls)", "mean": "the mean of the token vectors (--pool mean)"}
-        raise refuse(f"this run reads {what.get(pool, f'--pool {pool}')}, but BertForSequenceClassification reads "
-                     "[CLS] through BERT's tanh pooler, so it cannot be exported exactly", "--pool pooler")
-    if family == "gpt" and pool != "last":
-        raise refuse(f"this run reads --pool {pool}; GPT2ForSequenceClassification reads the last token",
-                     "--pool last")
-    return HF_CLASSES[(family, task)]
+    exporter.check(data, arch, refuse)
+    return arch, pipeline_task
 
 
 @torch.no_grad()
@@ -150,78 +167,6 @@ def folded_linear(head) -> tuple[torch.Tensor, torch.Tensor]:
     std = head.feat_std[0].detach().double().cpu()
     W = W / std[None, :]
     return W, b - W @ mean
-
-
-def bias_into_ln_f(W: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    """``Δβ`` with ``W Δβ = b`` (least squares); raises when no such ``Δβ`` fits exactly."""
-    delta = torch.linalg.lstsq(W, b[:, None], driver="gelsd").solution[:, 0]
-    err = float((W @ delta - b).abs().max()) if b.numel() else 0.0
-    if err > BIAS_TOLERANCE * max(1.0, float(b.abs().max())):
-        raise LmforgeError(
-            f"this GPT run's head bias cannot move into ln_f exactly (residual {err:.2e}: its {W.shape[0]} "
-            f"label rows are not independent in {W.shape[1]} dimensions), and GPT2ForSequenceClassification's "
-            "score has no bias; it cannot be exported exactly"
-        )
-    return delta
-
-
-def _bert(run, arch: str, W: torch.Tensor, b: torch.Tensor) -> tuple[dict, dict]:
-    state = {k: v for k, v in bert_state_dict(run.body).items() if not k.startswith("cls.")}
-    if arch != "BertForSequenceClassification":  # these HF classes have no pooler
-        state = {k: v for k, v in state.items() if not k.startswith("bert.pooler.")}
-    name = "qa_outputs" if arch == "BertForQuestionAnswering" else "classifier"
-    state[f"{name}.weight"] = W.float().contiguous()
-    state[f"{name}.bias"] = b.float().contiguous()
-    config = bert_config_dict(run.body.config)
-    return state, config
-
-
-def _gpt(run, W: torch.Tensor, b: torch.Tensor) -> tuple[dict, dict]:
-    body = run.body
-    if not body.config.norm_first:
-        raise LmforgeError("this GPT run's body is post-LN (GPT-1 style); HF GPT-2 is pre-LN, so only pre-LN GPT "
-                           "runs export (to GPT2ForSequenceClassification)")
-    delta = bias_into_ln_f(W, b)
-    own = body.state_dict()
-    state = {}
-    for ours, (theirs, transpose) in gpt2_weight_map(body.config.n_layer).items():
-        t = own[ours].detach().float().cpu()
-        state[theirs] = t.t().contiguous() if transpose else t.contiguous()
-    state["transformer.ln_f.bias"] = (own["ln_f.bias"].detach().double().cpu() + delta).float()
-    state["score.weight"] = W.float().contiguous()
-    config = gpt2_config_dict(body.config)  # vocab_size counts the three task rows
-    config["pad_token_id"] = int(body.tokenizer.eot_id)
-    return state, config
-
-
-def _gpt_tokenizer(run, out: Path, max_len: int) -> None:
-    """The body's BPE with the task tokens added and every input framed as the run frames it."""
-    tok = run.body.tokenizer
-    hf = HFTokenizer.from_str(tok.backend.to_str())
-    hf.add_special_tokens([AddedToken(t, special=True) for t in TASK_TOKENS])
-    ids = tuple(hf.token_to_id(t) for t in TASK_TOKENS)
-    if ids != tuple(run.task_token_ids):
-        raise CheckpointError(f"the run's task tokens have ids {run.task_token_ids}, the tokenizer gave {ids}")
-    start, delim, extract = TASK_TOKENS
-    hf.post_processor = processors.Sequence([
-        processors.ByteLevel(trim_offsets=True),
-        processors.TemplateProcessing(
-            single=f"{start} $A {extract}",
-            pair=f"{start} $A {delim} $B {extract}",
-            special_tokens=list(zip(TASK_TOKENS, ids)),
-        ),
-    ])
-    atomic_write_text(out / "tokenizer.json", hf.to_str(pretty=True))
-    specials = {"bos_token": EOT, "eos_token": EOT, "unk_token": EOT, "pad_token": EOT}
-    config = {
-        "tokenizer_class": "PreTrainedTokenizerFast",  # reads tokenizer.json as it is (post-processor included)
-        "model_max_length": max_len,
-        "clean_up_tokenization_spaces": False,
-        "additional_special_tokens": list(TASK_TOKENS),
-        **specials,
-    }
-    atomic_write_text(out / "tokenizer_config.json", json.dumps(config, indent=2) + "\n")
-    atomic_write_text(out / "special_tokens_map.json", json.dumps(specials, indent=2) + "\n")
 
 
 def export_run(run_dir: str | Path, out_dir: str | Path) -> Path:
@@ -236,16 +181,15 @@ def export_run(run_dir: str | Path, out_dir: str | Path) -> Path:
         LmforgeError: the run's head has no exact HF counterpart (the message says what to retrain with).
     """
     src = Path(run_dir)
-    arch, pipeline_task = check_exportable(load_json(src / "config.json"), run_dir)
+    data = load_json(src / "config.json")
+    arch, pipeline_task = check_exportable(data, run_dir)
+    exporter = _exporter(FAMILIES[data["family"]])
     run = load_run(src)
     run.body.eval()
     W, b = folded_linear(run.model.head)
-    if run.family == "bert":
-        state, config = _bert(run, arch, W, b)
-    else:
-        state, config = _gpt(run, W, b)
+    state, config = exporter.weights(run, arch, W, b)
     config["architectures"] = [arch]
-    if run.cfg.task != "qa":
+    if SPECS[run.cfg.task].label_outputs:
         config["id2label"] = {str(i): lab for i, lab in enumerate(run.labels)}
         config["label2id"] = {lab: i for i, lab in enumerate(run.labels)}
         if arch.endswith("SequenceClassification"):
@@ -254,13 +198,7 @@ def export_run(run_dir: str | Path, out_dir: str | Path) -> Path:
     out.mkdir(parents=True, exist_ok=True)
     save_safetensors(state, out / "model.safetensors", metadata={"format": "pt"})
     save_json(config, out / "config.json")
-    if run.family == "bert":
-        run.body.tokenizer.save(out)
-        tc = load_json(out / "tokenizer_config.json")
-        tc["model_max_length"] = run.cfg.max_len
-        save_json(tc, out / "tokenizer_config.json")
-    else:
-        _gpt_tokenizer(run, out, run.cfg.max_len)
+    exporter.write_tokenizer(run, out, run.cfg.max_len)
     _card(out, src, run, arch, pipeline_task)
     logger.info("exported the %s %s run %s as %s", run.family, run.cfg.task, src, arch)
     return out
@@ -282,11 +220,11 @@ def _card(out: Path, src: Path, run, arch: str, pipeline_task: str) -> None:
         "it predicts what `lmforge predict` does on the run.",
         "",
     ]
-    if run.cfg.task != "qa":
+    if SPECS[run.cfg.task].label_outputs:
         lines += [f"Labels: {', '.join(run.labels)}", ""]
     if scores:
         lines += ["| metric | value |", "|---|---|"] + [f"| {k} | {v} |" for k, v in scores.items()] + [""]
     atomic_write_text(out / "README.md", "\n".join(lines))
 
 
-__all__ = ["HF_CLASSES", "check_exportable", "export_run", "folded_linear", "is_run_folder", "retrain_command"]
+__all__ = ["RunExport", "check_exportable", "export_run", "folded_linear", "is_run_folder", "retrain_command"]

@@ -22,7 +22,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from ..data.corpus import read_lines
+from ..data.textfiles import read_lines
 from ..errors import DataError, LmforgeError
 from .vectors import Progress, progress_updates, resolve_layer
 from .word2vec import word_index

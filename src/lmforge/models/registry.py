@@ -43,6 +43,8 @@ class Family:
         recipes: the module holding ``PRESETS``, ``DEFAULT_PRESET`` and ``TRAIN_DEFAULTS`` (keyed by family).
         data_recipe: ``module:Class`` of the config of its pretraining-data recipe (None = the sampler needs
             nothing beyond the model config).
+        run_export: the :mod:`lmforge.interop` module writing its transfer runs as HF task models
+            (``lmforge export-hf RUN``; see :class:`lmforge.interop.runs.RunExport`); None = its runs do not export.
     """
 
     name: str
@@ -63,6 +65,7 @@ class Family:
     aux_lm: bool = False
     mixes_layers: bool = False
     recipes: str = "lmforge.models.recipes"
+    run_export: str | None = None
 
     @property
     def input_format(self) -> str:
@@ -108,11 +111,13 @@ FAMILIES: dict[str, Family] = {
         "bert", "BERT", "lmforge.models.bert", "BertForPreTraining", "BertConfig", "wordpiece", trainer=True,
         hf_module="lmforge.interop.bert", hf_model_type="bert", fills_mask=True,
         transfer_modes=("frozen", "features", "finetune"), data_recipe="lmforge.data.bert:MaskedLMRecipe",
+        run_export="lmforge.interop.runs_bert",
     ),
     "gpt": Family(
         "gpt", "GPT", "lmforge.models.gpt", "GPTLMHeadModel", "GPTConfig", "bpe", trainer=True,
         hf_module="lmforge.interop.gpt2", hf_model_type="gpt2", generates=True,
         transfer_modes=("frozen", "features", "finetune"), task_tokens=True, aux_lm=True,
+        run_export="lmforge.interop.runs_gpt2",
     ),
     "elmo": Family(
         "elmo", "ELMo", "lmforge.models.elmo", "ElmoBiLM", "ElmoConfig", None, trainer=True,

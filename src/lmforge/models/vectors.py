@@ -25,7 +25,7 @@ from pathlib import Path
 import numpy as np
 from tqdm import tqdm
 
-from ..data.corpus import read_lines
+from ..data.textfiles import read_lines
 from ..errors import DataError, LmforgeError, require
 from ..utils import atomic_path
 

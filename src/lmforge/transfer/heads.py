@@ -27,7 +27,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from ..data.tasks import SENTENCE_TASKS
+from ..data.task_data import SENTENCE_TASKS
 from ..nn.scalar_mix import ScalarMix
 
 CLASSIFIERS = ("linear", "logreg", "mlp", "bilstm")

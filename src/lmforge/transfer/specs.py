@@ -2,7 +2,8 @@
 
 Everything that differs between ``classify``, ``pair``, ``tokens``, ``qa`` and ``choice`` lives here;
 the run, the fit loop and the features cache are the same for all of them.  Adding a task kind means
-adding one spec to :data:`SPECS` (and its file loader in :mod:`lmforge.data.tasks`).
+adding one spec to :data:`SPECS` (and its data side, a :class:`~lmforge.data.tasks.TaskKind`, to
+:data:`lmforge.data.tasks.KINDS`).
 
 A spec works on *encodings* (:class:`~lmforge.transfer.encoding.Encoding`): one per example, except
 that a QA context too long for one input is read as several windows and a multiple-choice question
@@ -17,7 +18,7 @@ from collections.abc import Sequence
 import torch
 import torch.nn.functional as F
 
-from ..data.tasks import ChoiceExample, QAExample, TaskData, TextExample, TokensExample, is_bio
+from ..data.task_data import ChoiceExample, QAExample, TaskData, TextExample, TokensExample, is_bio
 from ..errors import DataError
 from . import metrics as M
 from .encoding import Encoding
@@ -44,6 +45,11 @@ class TaskSpec:
         single_text: an example is one text (a sentence read-out of frozen features defaults to the mean).
         text_pair: an example is two texts (they can be read in both orders).
         bilstm_head: a BiLSTM over the token vectors can be its head.
+        label_outputs: each output names one of the run's labels (a class or a tag), which an HF export writes as
+            ``id2label``.
+        hf_head: the kind of HF task class a run exports to (``lmforge export-hf``: ``BertFor`` + ``hf_head``...);
+            None = no HF class takes the run.
+        hf_pipeline: the ``transformers.pipeline`` task that reads that HF class.
     """
 
     name = ""
@@ -59,6 +65,9 @@ class TaskSpec:
     single_text = False
     text_pair = False
     bilstm_head = True
+    label_outputs = False
+    hf_head: str | None = None
+    hf_pipeline: str | None = None
 
     def num_outputs(self, labels: Sequence[str]) -> int:
         return self.num_outputs_fixed or len(labels)
@@ -97,6 +106,9 @@ class ClassifySpec(TaskSpec):
     sklearn = True
     classes = True
     stratify = True
+    label_outputs = True
+    hf_head = "SequenceClassification"
+    hf_pipeline = "text-classification"
 
     def __init__(self, name: str, pair_rows: bool = False):
         self.name = name
@@ -151,6 +163,9 @@ class TokensSpec(TaskSpec):
     answer_key = "tags"
     shown_as = "tags"
     file_suffix = "conll"
+    label_outputs = True
+    hf_head = "TokenClassification"
+    hf_pipeline = "token-classification"
 
     def main_metric(self, labels) -> str:
         return "entity_f1" if is_bio(labels) else "token_accuracy"
@@ -236,6 +251,8 @@ class QASpec(TaskSpec):
     shown_as = "answer"
     bilstm_head = False
     num_outputs_fixed = 2
+    hf_head = "QuestionAnswering"
+    hf_pipeline = "question-answering"
 
     def main_metric(self, labels) -> str:
         return "f1"
