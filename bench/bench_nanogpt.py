@@ -62,7 +62,7 @@ def main(argv: list[str] | None = None) -> int:
     from lmforge.models.gpt import GPTConfig, GPTLMHeadModel
     from lmforge.provenance import describe_machine, provenance
     from lmforge.train.compute import make_optimizer
-    from lmforge.train.trainer import param_groups
+    from lmforge.train.parameters import param_groups
 
     device = torch.device(args.device)
     if device.type == "cuda":

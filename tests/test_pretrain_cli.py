@@ -21,8 +21,8 @@ from lmforge.errors import ConfigError, DataError
 from lmforge.models import FAMILIES
 from lmforge.train import LRSchedule, TrainConfig, Trainer, parse_duration
 from lmforge.train.families import SETUPS
+from lmforge.train.parameters import param_groups
 from lmforge.train.pretrain import default_train_config, pretrain, run_configs
-from lmforge.train.trainer import param_groups
 
 
 # -- a fake family over the real shards and the real CausalWindowSampler -----------------------------------

@@ -6,7 +6,8 @@ import shutil
 import pytest
 
 from lmforge.errors import ConfigError, DataError
-from lmforge.tokenization import WORDPIECE_SPECIALS, Tokenizer, _drop_unusable_pieces, is_cjk
+from lmforge.tokenization import Tokenizer
+from lmforge.tokenizer_pipelines import WORDPIECE_SPECIALS, _drop_unusable_pieces, is_cjk
 
 SAMPLE = "He got bit by Python. The python is a large snake; Python the language runs scripts."
 

@@ -91,7 +91,7 @@ def main(argv: list[str] | None = None) -> int:
 def check_args(args) -> None:
     """What every command gets before its work starts: the numbers range-checked, the folders it reads put
     back where a replacement was cut short, and each output checked against every input."""
-    from .folders import recover_folder
+    from .folder_writing import recover_folder
     from .guards import check_numbers, check_paths, command_paths
 
     check_numbers(args)

@@ -38,76 +38,96 @@ def _coerce(value: Any, tp: Any, key: str) -> Any:
     origin = typing.get_origin(tp)
     args = typing.get_args(tp)
     if origin in (typing.Union, types.UnionType):
-        if value is None or (isinstance(value, str) and value.lower() in ("none", "null")):
-            if type(None) in args:
-                return None
-        errors = []
-        for a in args:
-            if a is type(None):
-                continue
-            try:
-                return _coerce(value, a, key)
-            except ConfigError as e:
-                errors.append(str(e))
-        raise ConfigError(errors[0] if errors else f"bad value {value!r} for '{key}'")
+        return _coerce_union(value, args, key)
     if origin in (list, tuple):
-        if isinstance(value, str):
-            s = value.strip()
-            if s.startswith("["):
-                try:
-                    value = json.loads(s)
-                except json.JSONDecodeError as e:
-                    raise ConfigError(f"bad list value {value!r} for '{key}': {e.msg}") from None
-            else:
-                value = [v for v in s.split(",") if v.strip()]
-        if not isinstance(value, (list, tuple)):
-            raise ConfigError(f"'{key}' expects a list, got {value!r}")
         inner = args[0] if args else Any
-        items = [_coerce(v, inner, key) for v in value]
+        items = [_coerce(v, inner, key) for v in _as_list(value, key)]
         return tuple(items) if origin is tuple else items
-    if tp is Any:
-        return value
-    if tp is bool:
-        if isinstance(value, bool):
-            return value
-        if isinstance(value, str) and value.lower() in ("true", "1", "yes", "on"):
-            return True
-        if isinstance(value, str) and value.lower() in ("false", "0", "no", "off"):
-            return False
-        if isinstance(value, int) and value in (0, 1):
-            return bool(value)
-        raise ConfigError(f"'{key}' expects true/false, got {value!r}")
-    if tp is int:
-        if isinstance(value, bool):
-            raise ConfigError(f"'{key}' expects an integer, got {value!r}")
-        if isinstance(value, int):
-            return value
-        if isinstance(value, float) and value.is_integer():
-            return int(value)
-        if isinstance(value, str):
-            try:
-                f = float(value)
-            except ValueError:
-                raise ConfigError(f"'{key}' expects an integer, got {value!r}") from None
-            if f.is_integer():
-                return int(f)
-        raise ConfigError(f"'{key}' expects an integer, got {value!r}")
-    if tp is float:
-        if isinstance(value, bool):
-            raise ConfigError(f"'{key}' expects a number, got {value!r}")
-        try:
-            return float(value)
-        except (TypeError, ValueError):
-            raise ConfigError(f"'{key}' expects a number, got {value!r}") from None
-    if tp is str:
-        if isinstance(value, str):
-            return value
-        raise ConfigError(f"'{key}' expects a string, got {value!r}")
-    if typing.get_origin(tp) is typing.Literal:
+    if origin is typing.Literal:
         if value not in args:
             raise ConfigError(f"'{key}' must be one of {', '.join(map(str, args))}, got {value!r}")
         return value
+    scalar = _SCALARS.get(tp)
+    return value if scalar is None else scalar(value, key)  # Any and other types: as given
+
+
+def _coerce_union(value: Any, args: tuple[Any, ...], key: str) -> Any:
+    """``X | None`` and other unions: ``none``/``null`` for an optional field, else the first type that fits."""
+    if value is None or (isinstance(value, str) and value.lower() in ("none", "null")):
+        if type(None) in args:
+            return None
+    errors = []
+    for a in args:
+        if a is type(None):
+            continue
+        try:
+            return _coerce(value, a, key)
+        except ConfigError as e:
+            errors.append(str(e))
+    raise ConfigError(errors[0] if errors else f"bad value {value!r} for '{key}'")
+
+
+def _as_list(value: Any, key: str) -> list | tuple:
+    """A list from JSON (``[1, 2]``), a comma-separated string (``1,2``) or a list."""
+    if isinstance(value, str):
+        s = value.strip()
+        if s.startswith("["):
+            try:
+                value = json.loads(s)
+            except json.JSONDecodeError as e:
+                raise ConfigError(f"bad list value {value!r} for '{key}': {e.msg}") from None
+        else:
+            value = [v for v in s.split(",") if v.strip()]
+    if not isinstance(value, (list, tuple)):
+        raise ConfigError(f"'{key}' expects a list, got {value!r}")
     return value
+
+
+def _to_bool(value: Any, key: str) -> bool:
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, str) and value.lower() in ("true", "1", "yes", "on"):
+        return True
+    if isinstance(value, str) and value.lower() in ("false", "0", "no", "off"):
+        return False
+    if isinstance(value, int) and value in (0, 1):
+        return bool(value)
+    raise ConfigError(f"'{key}' expects true/false, got {value!r}")
+
+
+def _to_int(value: Any, key: str) -> int:
+    if isinstance(value, bool):
+        raise ConfigError(f"'{key}' expects an integer, got {value!r}")
+    if isinstance(value, int):
+        return value
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    if isinstance(value, str):
+        try:
+            f = float(value)
+        except ValueError:
+            raise ConfigError(f"'{key}' expects an integer, got {value!r}") from None
+        if f.is_integer():
+            return int(f)
+    raise ConfigError(f"'{key}' expects an integer, got {value!r}")
+
+
+def _to_float(value: Any, key: str) -> float:
+    if isinstance(value, bool):
+        raise ConfigError(f"'{key}' expects a number, got {value!r}")
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        raise ConfigError(f"'{key}' expects a number, got {value!r}") from None
+
+
+def _to_str(value: Any, key: str) -> str:
+    if isinstance(value, str):
+        return value
+    raise ConfigError(f"'{key}' expects a string, got {value!r}")
+
+
+_SCALARS = {bool: _to_bool, int: _to_int, float: _to_float, str: _to_str}
 
 
 def from_dict(cls: type[T], data: dict[str, Any], *, ignore: tuple[str, ...] = ()) -> T:
@@ -217,7 +237,7 @@ def load_config_file(path: str | Path) -> dict[str, Any]:
         raise ConfigError(f"config file not found: {p}")
     text = p.read_text(encoding="utf-8")
     if suffix == ".toml":
-        import tomllib
+        import tomllib  # the standard library's from Python 3.11 on; lmforge still runs on 3.10 without TOML
 
         try:
             data = tomllib.loads(text)

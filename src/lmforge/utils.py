@@ -171,7 +171,7 @@ def swap_into_place(new: str | Path, path: str | Path) -> None:
 
     Where the system can swap two paths in one step, it does (the old copy ends up at ``new``, then
     deleted).  Elsewhere the old folder is renamed to ``.NAME.old-*`` first; a kill before the second
-    rename leaves that copy, which ``lmforge.folders.recover_folder`` puts back on the next open.
+    rename leaves that copy, which ``lmforge.folder_writing.recover_folder`` puts back on the next open.
     """
     new, p = Path(new), Path(path)
     if not os.path.lexists(p):

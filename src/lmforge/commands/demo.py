@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 
 from ..demo import run_demo
-from ..folders import output_folder
+from ..folder_writing import output_folder
 from ._common import add_compute_args, add_json_arg, show
 
 

@@ -11,7 +11,7 @@ from ..data.tasks import TaskData, check_labels, load_task
 from ..errors import ConfigError, LmforgeError
 from ..evaluate import load_models
 from ..evaluate.wic import format_wic, wic_table
-from ..folders import check_model_folder
+from ..model_checks import check_model_folder
 from ..models import FAMILIES
 from ..train.pretrain import evaluate_lm
 from ..transfer import load_run

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 from ..data.tasks import load_task
-from ..folders import check_model_folder, output_folder, staged_folder
+from ..folder_writing import output_folder, staged_folder
+from ..model_checks import check_model_folder
 from ..train.tblog import EpochLog
 from ..transfer import run_transfer
 from ..transfer.holdout import hold_out

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from ..folders import output_folder, staged_folder
+from ..folder_writing import output_folder, staged_folder
 from ..interop import export_hf, import_hf
 from ..interop.hub_cache import resolve_hf_dir
 

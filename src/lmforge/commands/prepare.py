@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import argparse
 
+from ..folder_writing import output_folder
+from ..folders import write_marker
 from ._corpus import INPUTS_HELP, add_corpus_args
 
 EPILOG = """\
@@ -51,7 +53,6 @@ def run(args) -> int:
 
     from ..data.shards import prepare
     from ..errors import DataError
-    from ..folders import output_folder, write_marker
     from ._corpus import corpus_from_args
 
     if not 0 <= args.val_fraction < 1:

@@ -13,7 +13,8 @@ from pathlib import Path
 
 from ..config import FIELD_SYNONYMS, apply_overrides
 from ..errors import DataError, LmforgeError
-from ..folders import _KNOWN, _entries, folder_kind, output_folder
+from ..folder_writing import output_folder
+from ..folders import _KNOWN, _entries, folder_kind
 from ..models import FAMILIES, get_family
 from ..train.budget import run_plan
 from ..train.checkpoint import restore_model_config

@@ -55,7 +55,7 @@ def register(sub) -> None:
 def run_train(args) -> int:
     import sys
 
-    from ..folders import output_folder
+    from ..folder_writing import output_folder
     from ..tokenization import Tokenizer
     from ._corpus import corpus_from_args
 

@@ -40,7 +40,7 @@ import numpy as np
 import torch
 
 from ..errors import ConfigError, DataError, require
-from ..tokenization import is_cjk
+from ..tokenizer_pipelines import is_cjk
 
 logger = logging.getLogger(__name__)
 

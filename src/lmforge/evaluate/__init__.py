@@ -17,7 +17,7 @@ import torch
 
 from ..errors import LmforgeError
 from ..models.base import TokenLayers
-from ..tokenization import is_cjk
+from ..tokenizer_pipelines import is_cjk
 
 _WORD_CHAR = re.compile(r"\w")
 

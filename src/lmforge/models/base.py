@@ -20,7 +20,7 @@ from torch import nn
 
 from ..config import from_dict, load_json, save_json
 from ..errors import CheckpointError, LmforgeError
-from ..folders import check_finite, check_tokenizer_fits
+from ..model_checks import check_finite, check_tokenizer_fits
 from ..tokenization import Tokenizer
 from ..utils import load_safetensors, save_safetensors
 from . import vectors

@@ -23,12 +23,13 @@ import torch
 from torch import nn
 
 from ..config import apply_overrides, from_dict, to_dict
-from ..folders import pid_alive
+from ..folder_writing import pid_alive
 from ..models import get_family
 from .config import TrainConfig
+from .parameters import param_groups
 from .precision import autocast, resolve_device, resolve_precision
 from .pretrain import family_module, preset_config
-from .trainer import count_tokens, param_groups
+from .rows import count_tokens
 
 logger = logging.getLogger(__name__)
 

@@ -12,13 +12,16 @@ What a step does (``B`` = ``batch_size`` per process, ``W`` = world size, ``A`` 
 so the global batch of a step is the same set of rows whatever ``W`` and ``A`` are (DDP with 2x B
 rows equals one process with 2B rows), and the data cursor of a checkpoint is just the step.
 Validation rows use ``[seed, 1, eval_batch, row]``: the same rows at every evaluation.
+
+The pieces around the loop live beside it: the row seeding in :mod:`~lmforge.train.rows`, validation in
+:mod:`~lmforge.train.evaluation`, the checkpoint's contents in :mod:`~lmforge.train.run_state`, and
+``metrics.jsonl`` in :mod:`~lmforge.train.metrics_log`.
 """
 
 from __future__ import annotations
 
 import contextlib
 import dataclasses
-import json
 import logging
 import math
 import time
@@ -28,18 +31,18 @@ from typing import Any
 import numpy as np
 import torch
 from torch import nn
+from tqdm.auto import tqdm
+from tqdm.contrib.logging import logging_redirect_tqdm
 
-from ..config import to_dict
-from ..errors import CheckpointError, LmforgeError
-from ..utils import atomic_write_text, save_safetensors
+from ..errors import LmforgeError
+from ..utils import save_safetensors
 from . import checkpoint as ckpt
-from . import compute
+from . import compute, run_state
 from . import precision as prec
 from .config import TrainConfig, format_duration
 from .distributed import (
     DistEnv,
     all_gather_objects,
-    all_reduce_sum,
     any_rank,
     barrier,
     broadcast_flag,
@@ -47,18 +50,13 @@ from .distributed import (
     init_distributed,
     wrap_model,
 )
-from .schedule import make_scheduler, restore_scheduler, scheduler_state
+from .evaluation import evaluate
+from .metrics_log import Interval, MetricsLog, warn_if_over_budget
+from .parameters import LossOnly, param_groups, unused_parameters
+from .rows import count_tokens, first_row, row_rngs
+from .schedule import make_scheduler
 
 logger = logging.getLogger(__name__)
-
-METRICS_FILE = "metrics.jsonl"
-CURVES_FILE = "training_curves.png"
-
-# Parameters of these modules are never weight-decayed (their 1-D weights are scales, not maps).
-_NORM_TYPES: tuple[type[nn.Module], ...] = (nn.LayerNorm, nn.GroupNorm, nn.modules.batchnorm._BatchNorm)
-if hasattr(nn, "RMSNorm"):
-    _NORM_TYPES = (*_NORM_TYPES, nn.RMSNorm)
-
 
 @dataclasses.dataclass
 class TrainResult:
@@ -83,87 +81,14 @@ class TrainResult:
     out_dir: Path
 
 
-def param_groups(model: nn.Module, weight_decay: float) -> tuple[list[dict], list[str]]:
-    """AdamW parameter groups: decay for matrices, none for biases, norm weights and other 1-D tensors.
+@dataclasses.dataclass
+class _Done:
+    """The steps at which the loop last logged, evaluated and saved, and the last validation metrics."""
 
-    Embedding and Linear weights (2-D) are decayed and so are conv kernels, as nanoGPT does; the
-    1-D rule alone already spares biases and LayerNorm gains, and the explicit norm-module check
-    keeps any norm parameter out of decay whatever its shape.  Frozen parameters are left out.
-
-    Returns:
-        ``(groups, names)``: the two groups (decayed first) and the parameter names in optimizer
-        index order (the index used in the checkpoint's ``opt.<idx>.*`` keys).
-    """
-    norm_ids = {id(p) for m in model.modules() if isinstance(m, _NORM_TYPES) for p in m.parameters(recurse=False)}
-    decay: list[tuple[str, nn.Parameter]] = []
-    no_decay: list[tuple[str, nn.Parameter]] = []
-    for name, p in model.named_parameters():  # shared (tied) parameters appear once
-        if not p.requires_grad:
-            continue
-        (no_decay if p.ndim < 2 or id(p) in norm_ids else decay).append((name, p))
-    groups = [
-        {"params": [p for _, p in decay], "weight_decay": weight_decay},
-        {"params": [p for _, p in no_decay], "weight_decay": 0.0},
-    ]
-    return groups, [n for n, _ in decay] + [n for n, _ in no_decay]
-
-
-def count_tokens(batch: dict[str, Any]) -> int:
-    """Tokens in a batch: the attention mask's sum when there is one, else ``input_ids.numel()``."""
-    mask = batch.get("attention_mask")
-    if isinstance(mask, torch.Tensor):
-        return int(mask.sum())
-    ids = batch.get("input_ids")
-    if isinstance(ids, torch.Tensor):
-        return ids.numel()
-    for v in batch.values():  # e.g. ELMo character ids (B, T, max_chars): count positions
-        if isinstance(v, torch.Tensor) and v.ndim >= 2:
-            return v.shape[0] * v.shape[1]
-    return 0
-
-
-def _ppl(x: float) -> float:
-    return math.exp(x) if x < 700 else float("inf")
-
-
-def add_perplexities(metrics: dict[str, float]) -> dict[str, float]:
-    """Add ``<name>_ppl = exp(<name>_loss)`` for every ``*_loss`` key, and ``ppl = exp(loss)``.
-
-    ``ppl`` is left out when the model reports two or more ``*_loss`` parts: a loss that is a sum
-    of parts (BERT's MLM + NSP, ELMo's forward + backward NLL) has no perplexity of its own, and
-    the parts' perplexities (``mlm_ppl``, ``lm_ppl``) are the meaningful figures.
-    """
-    out = dict(metrics)
-    if "loss" in metrics and sum(k.endswith("_loss") for k in metrics) < 2:
-        out["ppl"] = _ppl(metrics["loss"])
-    for k, v in metrics.items():
-        if k.endswith("_loss"):
-            out[k[: -len("_loss")] + "_ppl"] = _ppl(v)
-    return out
-
-
-class _LossOnly(nn.Module):
-    """``model(**batch).loss`` as the whole forward output.
-
-    DDP (with ``find_unused_parameters``) walks the autograd graph from every tensor a forward returns;
-    logits that the loss does not use (BERT's NSP head when ``next_sentence=false``) would make their
-    parameters look used and the gradient reduction would wait for them forever.  Returning only the
-    loss avoids that, and the trainer needs nothing else from a training forward.
-    """
-
-    def __init__(self, model: nn.Module):
-        super().__init__()
-        self.model = model
-
-    def forward(self, **batch: Any) -> torch.Tensor:
-        loss = getattr(self.model(**batch), "loss", None)
-        if loss is None:
-            raise LmforgeError("the model returned no loss: does the sampler produce labels?")
-        return loss
-
-
-def _row_seed_seq(seed: int, *path: int) -> np.random.Generator:
-    return np.random.default_rng([seed, *path])
+    log: int = -1
+    eval: int = -1
+    save: int = -1
+    val: dict[str, float] | None = None
 
 
 class Trainer:
@@ -212,20 +137,7 @@ class Trainer:
         self.config = config = dataclasses.replace(config, precision=choice.precision)
         self._log(logging.INFO, "%s", self.precision_line)
         self.scaler = prec.grad_scaler(self.device, choice.precision)  # fp16 on CUDA only
-        unused = self._unused_parameters() if self.env.distributed else []
-        if unused:
-            self._log(
-                logging.INFO,
-                "%d parameter(s) get no gradient from the loss (%s%s): DDP will look for unused parameters",
-                len(unused),
-                ", ".join(unused[:3]),
-                ", ..." if len(unused) > 3 else "",
-            )
-        self.ddp_model = wrap_model(
-            _LossOnly(self.model), self.env, find_unused_parameters=any_rank(bool(unused), self.env)
-        )
-        if config.compile:
-            self.ddp_model = compute.compile_model(self.ddp_model)
+        self.ddp_model = self._wrap_model()
         groups, self.param_names = param_groups(self.model, config.weight_decay)
         if not self.param_names:
             raise LmforgeError("the model has no trainable parameters")
@@ -236,9 +148,9 @@ class Trainer:
         self.step = 0
         self.tokens_seen = 0
         self.elapsed_before = 0.0  # training seconds of earlier (resumed) runs
-        self.history: list[dict[str, Any]] = []  # every event written to metrics.jsonl (rank 0)
-        self._pending_tokens = 0  # this process's tokens not yet summed over ranks
-        self._tps_tokens = 0  # this process's tokens since the throughput clock was last reset
+        self.metrics = MetricsLog(self.out_dir, self.is_main, config.log == "tensorboard")
+        self.history: list[dict[str, Any]] = self.metrics.history  # every event written to metrics.jsonl
+        self.interval = Interval(self.device)  # loss, steps and tokens since the last train event
 
     # -- small helpers ---------------------------------------------------------------------------
     @property
@@ -256,10 +168,14 @@ class Trainer:
     def _to_device(self, batch: dict[str, Any]) -> dict[str, Any]:
         return compute.to_device(batch, self.device)
 
+    def _rngs(self, split: str, outer: int, first: int) -> list[np.random.Generator]:
+        """One generator per row of this process: ``[seed, 0|1, step|eval_batch, global_row]``."""
+        return row_rngs(self.config.seed, split, outer, first, self.config.batch_size)
+
     def _choose_precision(self, requested: str) -> prec.PrecisionChoice:
         """``--precision`` for this model on this device; ``auto`` may time a few steps of both (rank 0's
         choice holds for every rank)."""
-        first_rows = self.env.rank * self.config.batch_size
+        first_rows = first_row(0, self.config.batch_size, self.env)
 
         def batch() -> dict[str, Any]:
             return self._to_device(self.sampler.batch(self._rngs("train", 0, first_rows), "train"))
@@ -276,55 +192,34 @@ class Trainer:
                 choice = prec.PrecisionChoice("bf16" if bf16 else "fp32", "as measured by rank 0")
         return choice
 
-    def _rngs(self, split: str, outer: int, first_row: int) -> list[np.random.Generator]:
-        """One generator per row of this process: ``[seed, 0|1, step|eval_batch, global_row]``."""
-        tag = 0 if split == "train" else 1
-        b = self.config.batch_size
-        return [_row_seed_seq(self.config.seed, tag, outer, first_row + j) for j in range(b)]
+    def _wrap_model(self) -> nn.Module:
+        """The training forward: the loss alone, in DDP under torchrun, compiled with ``compile``."""
+        def first_batch() -> dict[str, Any]:  # this rank's first training micro-batch
+            rngs = self._rngs("train", 0, first_row(0, self.config.batch_size, self.env))
+            return self._to_device(self.sampler.batch(rngs, "train"))
 
-    def _write_event(self, event: dict[str, Any]) -> None:
-        self.history.append(event)
-        if not self.is_main:
-            return
-        self.out_dir.mkdir(parents=True, exist_ok=True)
-        with open(self.out_dir / METRICS_FILE, "a", encoding="utf-8") as f:
-            f.write(json.dumps(event) + "\n")
-        if self.config.log == "tensorboard":  # the same event as TensorBoard scalars, beside metrics.jsonl
-            from .tblog import log_event
+        unused = unused_parameters(self.model, first_batch, self._autocast, self.device) if self.env.distributed else []
+        if unused:
+            self._log(
+                logging.INFO,
+                "%d parameter(s) get no gradient from the loss (%s%s): DDP will look for unused parameters",
+                len(unused),
+                ", ".join(unused[:3]),
+                ", ..." if len(unused) > 3 else "",
+            )
+        ddp_model = wrap_model(LossOnly(self.model), self.env, find_unused_parameters=any_rank(bool(unused), self.env))
+        return compute.compile_model(ddp_model) if self.config.compile else ddp_model
 
-            log_event(self.out_dir, event)
-
-    def _flush_tokens(self) -> None:
-        t = torch.tensor([float(self._pending_tokens)], dtype=torch.float64, device=self.device)
-        self.tokens_seen += int(all_reduce_sum(t, self.env).item())
-        self._pending_tokens = 0
-
-    def _unused_parameters(self) -> list[str]:
-        """Names of trainable parameters that one probe forward/backward leaves without a gradient.
-
-        Runs on this rank's first training micro-batch under a forked RNG, then clears the gradients,
-        so the training run itself is unchanged.
-        """
-        devices = [self.device] if self.device.type == "cuda" else []
-        with torch.random.fork_rng(devices=devices):
-            batch = self.sampler.batch(self._rngs("train", 0, self.env.rank * self.config.batch_size), "train")
-            with self._autocast():
-                out = self.model(**self._to_device(batch))
-            if getattr(out, "loss", None) is None:
-                raise LmforgeError("the model returned no loss: does the sampler produce labels?")
-            out.loss.backward()
-        names = [n for n, p in self.model.named_parameters() if p.requires_grad and p.grad is None]
-        self.model.zero_grad(set_to_none=True)
-        return names
+    def _elapsed(self) -> float:
+        return self.elapsed_before + (time.monotonic() - self._t_start)
 
     # -- one optimizer step ----------------------------------------------------------------------
     def _step_batches(self, step: int) -> list[tuple[dict[str, Any], int]]:
         """The micro-batches of optimizer step ``step`` on the device, each with its token count."""
-        cfg, env = self.config, self.env
+        cfg = self.config
         out = []
         for m in range(cfg.grad_accum):
-            first_row = m * cfg.batch_size * env.world_size + env.rank * cfg.batch_size
-            batch = self.sampler.batch(self._rngs("train", step, first_row), "train")
+            batch = self.sampler.batch(self._rngs("train", step, first_row(m, cfg.batch_size, self.env)), "train")
             out.append((self._to_device(batch), count_tokens(batch)))
         return out
 
@@ -342,8 +237,7 @@ class Trainer:
         self.optimizer.zero_grad(set_to_none=True)
         loss_sum = torch.zeros((), dtype=torch.float32, device=self.device)
         for m, (batch, n_tokens) in enumerate(batches):
-            self._pending_tokens += n_tokens
-            self._tps_tokens += n_tokens
+            self.interval.add_tokens(n_tokens)
             # Gradients are all-reduced only on the last micro-batch of the step.
             sync = env.distributed and m < accum - 1
             with self.ddp_model.no_sync() if sync else contextlib.nullcontext():
@@ -368,44 +262,10 @@ class Trainer:
             self._prefetched = (self.step + 1, self._step_batches(self.step + 1))
         return loss_sum / accum, grad_norm
 
-    # -- evaluation ------------------------------------------------------------------------------
-    @torch.no_grad()
     def evaluate(self, split: str = "val") -> dict[str, float]:
-        """Mean ``loss`` and model metrics over ``eval_batches`` fixed global batches of ``split`` (all ranks).
-
-        Each eval batch holds ``batch_size * grad_accum * world_size`` rows, seeded
-        ``[seed, 1, eval_batch, global_row]``; micro-batch means are averaged (equal weights).
-
-        Returns:
-            ``{"loss", "ppl", <metric>, <name>_ppl for each <name>_loss}`` as floats.
-        """
-        cfg, env = self.config, self.env
-        was_training = self.model.training
-        self.model.eval()
-        sums: dict[str, torch.Tensor] = {}
-        # Evaluation must not move the training RNG, or eval_every would change the training run.
-        devices = [self.device] if self.device.type == "cuda" else []
-        with torch.random.fork_rng(devices=devices):
-            for b in range(cfg.eval_batches):
-                # An eval batch has the rows of a global training batch, split over ranks and micro-batches
-                # the same way, so validation sees the same rows however the global batch is divided.
-                for m in range(cfg.grad_accum):
-                    first_row = m * cfg.batch_size * env.world_size + env.rank * cfg.batch_size
-                    batch = self.sampler.batch(self._rngs("val", b, first_row), split)
-                    with self._autocast():
-                        out = self.model(**self._to_device(batch))
-                    if out.loss is None:
-                        raise LmforgeError("the model returned no validation loss: does the sampler produce labels?")
-                    values = {"loss": out.loss, **(getattr(out, "metrics", None) or {})}
-                    for k, v in values.items():
-                        v = torch.as_tensor(v, device=self.device).detach().float().reshape(())
-                        sums[k] = sums[k] + v if k in sums else v
-        self.model.train(was_training)
-        keys = sorted(sums)
-        total = all_reduce_sum(torch.stack([sums[k] for k in keys]).double(), self.env)
-        n = cfg.eval_batches * cfg.grad_accum * env.world_size
-        means = {k: float(total[i].item()) / n for i, k in enumerate(keys)}
-        return add_perplexities(means)
+        """Mean ``loss`` and model metrics over ``eval_batches`` fixed global batches of ``split`` (all ranks);
+        see :func:`lmforge.train.evaluation.evaluate`."""
+        return evaluate(self.model, self.sampler, self.config, self.env, self.device, split)
 
     # -- checkpoints -----------------------------------------------------------------------------
     def save_model(self) -> None:
@@ -417,93 +277,25 @@ class Trainer:
         else:
             save_safetensors(self.model.state_dict(), self.out_dir / "model.safetensors")
 
-    def _nonfinite_parameter(self) -> str | None:
-        """The name of the first parameter holding NaN or infinity (over all ranks), or ``None``."""
-        bad = None
-        for name, p in self.model.named_parameters():
-            if p.is_floating_point() and not bool(torch.isfinite(p.detach()).all()):
-                bad = name
-                break
-        return bad if any_rank(bad is not None, self.env) else None
-
-    @torch.no_grad()
-    def _loss_is_finite(self) -> bool:
-        """Whether the current weights give a finite loss on the next step's first micro-batch (all ranks).
-
-        Weights can be finite yet already unusable (attention scores that overflow): such a state
-        must not become the checkpoint a ``--resume`` starts from.  One forward in eval mode, on a
-        forked RNG, so the training run itself is unchanged.
-        """
-        was_training = self.model.training
-        self.model.eval()
-        devices = [self.device] if self.device.type == "cuda" else []
-        with torch.random.fork_rng(devices=devices):
-            batch = self.sampler.batch(self._rngs("train", self.step, self.env.rank * self.config.batch_size), "train")
-            with self._autocast():
-                loss = getattr(self.model(**self._to_device(batch)), "loss", None)
-        self.model.train(was_training)
-        ok = loss is None or bool(torch.isfinite(loss.detach().float()).all())
-        return not any_rank(not ok, self.env)
-
     def _diverged(self, what: str) -> LmforgeError:
-        """The error for a run whose loss or weights became non-finite: how to resume with a lower lr."""
-        lower = f"{self.config.lr / 10:g}"
-        state = ckpt.find_state_dir(self.out_dir)
-        if state is not None:
-            try:
-                saved = int(json.loads((state / "state.json").read_text(encoding="utf-8"))["step"])
-            except (OSError, ValueError, KeyError, TypeError):
-                saved = None
-            at = f" (step {saved})" if saved is not None else ""
-            how = (f"the last finite checkpoint{at} in {self.out_dir} is kept: continue from it with a lower "
-                   f"learning rate by adding --resume --set lr={lower} to the same command")
-        else:
-            how = f"no checkpoint was saved yet: start again with a lower learning rate, e.g. --set lr={lower}"
-        return LmforgeError(
-            f"{what} at step {self.step}; nothing non-finite was saved; {how} "
-            f"(or raise warmup_steps, keep grad_clip on)"
-        )
+        return run_state.diverged_error(what, self.step, self.config.lr, self.out_dir)
 
     def save_checkpoint(self) -> None:
         """Write ``training_state/`` atomically, then the model folder.  Collective: call on every rank.
 
         Non-finite weights are never written: a NaN or infinity in any parameter, or weights whose
         loss on the next batch is not finite, raise a one-line error instead, and the previous
-        (finite) checkpoint stays in place.  The training state also
-        records the model config, so a kill after the first state but before the model folder's
-        ``config.json`` still leaves a folder that ``--resume`` continues.
+        (finite) checkpoint stays in place (:mod:`lmforge.train.run_state` says what the state holds).
         """
-        bad = self._nonfinite_parameter()
+        bad = run_state.nonfinite_parameter(self.model, self.env)
         if bad is not None:
             raise self._diverged(f"the weights became non-finite ({bad} holds NaN or infinity)")
-        if not self._loss_is_finite():
+        if not run_state.loss_is_finite(self.model, self.sampler, self.config, self.env, self.device, self.step):
             raise self._diverged("the weights give a non-finite loss")
-        self._flush_tokens()
+        self.tokens_seen += self.interval.take_tokens(self.env)
         rngs = all_gather_objects(ckpt.rng_states(), self.env)
         if self.is_main:
-            opt_tensors, opt_meta = ckpt.flatten_optimizer(self.optimizer.state_dict())
-            rng_tensors = {f"rng.{kind}.{r}": t for r, st in enumerate(rngs) for kind, t in st.items()}
-            state = {
-                "step": self.step,
-                "tokens_seen": self.tokens_seen,
-                "elapsed": self._elapsed(),
-                "world_size": self.env.world_size,
-                "seed": self.config.seed,
-                "scheduler": scheduler_state(self.scheduler),
-                "optimizer": opt_meta,
-                "param_names": self.param_names,
-                "train_config": to_dict(self.config),
-            }
-            if self.scaler is not None:
-                state["grad_scaler"] = self.scaler.state_dict()
-            model_config = getattr(self.model, "config", None)
-            if dataclasses.is_dataclass(model_config) and getattr(self.model, "model_type", None):
-                state["model_config"] = {"model_type": self.model.model_type, **to_dict(model_config)}
-            files = {
-                "model.safetensors": self.model.state_dict(),
-                "optimizer.safetensors": opt_tensors,
-                "rng.safetensors": rng_tensors,
-            }
+            files, state = run_state.state_files(self, rngs, self._elapsed())
             ckpt.write_state_dir(self.out_dir, files, state)
             self.save_model()
             logger.debug("checkpoint at step %d written to %s", self.step, self.out_dir / ckpt.STATE_DIR)
@@ -515,65 +307,8 @@ class Trainer:
         Hyperparameters come from the *current* config (so ``--set lr=...`` on resume takes effect
         from there); with an unchanged config the run is bit-identical to an uninterrupted one.
         """
-        path, state, files = ckpt.read_state_dir(self.out_dir)
-        where = f"the training state in {path}"
-        if state.get("param_names") != self.param_names:
-            raise CheckpointError(f"{where} was saved for a different model (its parameters differ from this config's)")
-        try:
-            self.model.load_state_dict(files["model.safetensors"])
-            opt = ckpt.unflatten_optimizer(files["optimizer.safetensors"], state["optimizer"])
-            self.optimizer.load_state_dict(opt)
-        except (KeyError, ValueError, RuntimeError) as e:
-            msg = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-            raise CheckpointError(f"{where} does not fit this model: {msg}") from None
-        cfg = self.config
-        for group, wd in zip(self.optimizer.param_groups, (cfg.weight_decay, 0.0)):
-            group.update(betas=(cfg.beta1, cfg.beta2), eps=cfg.eps, weight_decay=wd, initial_lr=cfg.lr)
-        if self.scaler is not None and "grad_scaler" in state:
-            self.scaler.load_state_dict(state["grad_scaler"])
-        n_groups = len(self.optimizer.param_groups)
-        restore_scheduler(self.scheduler, {**state["scheduler"], "base_lrs": [cfg.lr] * n_groups})
-        self.step = int(state["step"])
-        self.tokens_seen = int(state["tokens_seen"])
-        self.elapsed_before = float(state.get("elapsed", 0.0))
-        rng = files["rng.safetensors"]
-        keys = {kind: f"rng.{kind}.{self.env.rank}" for kind in ("cpu", "cuda")}
-        mine = {kind: rng[key] for kind, key in keys.items() if key in rng}
-        if int(state.get("world_size", 1)) == self.env.world_size and "cpu" in mine:
-            ckpt.set_rng_states(mine)
-        else:
-            self._log(
-                logging.WARNING,
-                "checkpoint was written by %s process(es), this run has %d: dropout RNG reseeded, "
-                "the data order is unchanged",
-                state.get("world_size"),
-                self.env.world_size,
-            )
-            self._seed_dropout(self.step)
+        path = run_state.restore(self)
         self._log(logging.INFO, "resumed from %s at step %d (%d tokens seen)", path, self.step, self.tokens_seen)
-
-    def _seed_dropout(self, step: int) -> None:
-        seed = int(np.random.SeedSequence([self.config.seed, 2, step, self.env.rank]).generate_state(1)[0])
-        torch.manual_seed(seed)
-
-    def _truncate_metrics(self) -> None:
-        """On resume, drop events a killed run logged after its last checkpoint (they are redone)."""
-        path = self.out_dir / METRICS_FILE
-        if not self.is_main or not path.is_file():
-            return
-        kept = []
-        for line in path.read_text(encoding="utf-8").splitlines():
-            try:
-                event = json.loads(line)
-            except json.JSONDecodeError:
-                continue  # a line cut by the kill
-            if event.get("step", 0) <= self.step:
-                kept.append(line)
-                self.history.append(event)
-        atomic_write_text(path, "".join(x + "\n" for x in kept))
-
-    def _elapsed(self) -> float:
-        return self.elapsed_before + (time.monotonic() - self._t_start)
 
     # -- the loop --------------------------------------------------------------------------------
     def train(self, resume: bool = False) -> TrainResult:
@@ -584,70 +319,92 @@ class Trainer:
         Returns:
             A :class:`TrainResult` with the final validation metrics.
         """
-        from tqdm.auto import tqdm
-
-        cfg, env = self.config, self.env
         self._t_start = time.monotonic()
+        self._begin(resume)
+        bar = self._progress_bar()
+        self.model.train()
+        self.interval.restart()
+        self._last_train_loss = float("nan")
+        with contextlib.ExitStack() as stack:
+            if not bar.disable:  # log lines are written above the bar instead of through it
+                stack.enter_context(logging_redirect_tqdm(loggers=[logging.getLogger("lmforge")]))
+            stack.callback(bar.close)
+            stop_reason, done = self._run_steps(bar)
+        val = self._finish(stop_reason, done)
+        return TrainResult(
+            step=self.step,
+            tokens_seen=self.tokens_seen,
+            stop_reason=stop_reason,
+            val=val,
+            train_loss=self._last_train_loss,
+            elapsed=self._elapsed(),
+            out_dir=self.out_dir,
+        )
+
+    def _begin(self, resume: bool) -> None:
+        """Load the training state to resume from, or start the metrics afresh with dropout seeded for step 0."""
         if resume:
             self.load_checkpoint()
-            self._truncate_metrics()
+            self.metrics.truncate_after(self.step)
         else:
-            self._seed_dropout(0)
-            if self.is_main:
-                (self.out_dir / METRICS_FILE).unlink(missing_ok=True)
-        if self.step >= cfg.max_steps:
-            self._log(logging.INFO, "already at step %d >= max_steps %d: nothing to train", self.step, cfg.max_steps)
+            run_state.seed_dropout(self.config.seed, 0, self.env.rank)
+            self.metrics.start_fresh()
+        if self.step >= self.config.max_steps:
+            self._log(logging.INFO, "already at step %d >= max_steps %d: nothing to train", self.step,
+                      self.config.max_steps)
 
+    def _progress_bar(self) -> Any:
+        """The tqdm bar of the run (rank 0; shown when asked, or on a terminal); the bar shows the loss."""
         if not self.is_main or self.progress is False:
             disable: bool | None = True
         else:
             disable = False if self.progress else None  # None: tqdm shows it only on a terminal
         bar = tqdm(
-            total=cfg.max_steps, initial=self.step, desc="train", unit="step", dynamic_ncols=True, disable=disable
+            total=self.config.max_steps, initial=self.step, desc="train", unit="step", dynamic_ncols=True,
+            disable=disable,
         )
         self._train_log_level = logging.DEBUG if not bar.disable else logging.INFO  # the bar shows the loss
-        self.model.train()
-        stop_reason = "max_steps"
-        self._interval_loss = torch.zeros((), dtype=torch.float64, device=self.device)
-        self._interval_steps = 0
-        self._interval_t, self._tps_tokens = time.monotonic(), 0
-        self._last_train_loss = float("nan")
-        last_log = last_eval = last_save = -1
-        val: dict[str, float] | None = None
-        with contextlib.ExitStack() as stack:
-            if not bar.disable:  # log lines are written above the bar instead of through it
-                from tqdm.contrib.logging import logging_redirect_tqdm
+        return bar
 
-                stack.enter_context(logging_redirect_tqdm(loggers=[logging.getLogger("lmforge")]))
-            stack.callback(bar.close)
-            while self.step < cfg.max_steps:
-                loss, grad_norm = self._train_step()
-                self.step += 1
-                bar.update(1)
-                self._interval_loss += loss.double()
-                self._interval_steps += 1
-                if self.step % cfg.log_every == 0 or self.step == cfg.max_steps:
-                    self._log_train(grad_norm, bar)
-                    last_log = self.step
-                if cfg.eval_every and self.step % cfg.eval_every == 0:
-                    val = self._eval_and_log()
-                    last_eval = self.step
-                if cfg.save_every and self.step % cfg.save_every == 0:
-                    self.save_checkpoint()
-                    last_save = self.step
-                if self.step in (last_eval, last_save):  # time spent there is not training throughput
-                    self._interval_t, self._tps_tokens = time.monotonic(), 0
-                if cfg.max_time is not None:
-                    out_of_time = broadcast_flag(time.monotonic() - self._t_start >= cfg.max_time, env)
-                    if out_of_time and self.step < cfg.max_steps:
-                        stop_reason = "max_time"
-                        break
+    def _run_steps(self, bar: Any) -> tuple[str, _Done]:
+        """Step until ``max_steps`` or the time budget; returns why it stopped and what it last did."""
+        cfg, done = self.config, _Done()
+        while self.step < cfg.max_steps:
+            loss, grad_norm = self._train_step()
+            self.step += 1
+            bar.update(1)
+            self.interval.add_step(loss)
+            self._due_events(grad_norm, bar, done)
+            if cfg.max_time is not None:
+                out_of_time = broadcast_flag(time.monotonic() - self._t_start >= cfg.max_time, self.env)
+                if out_of_time and self.step < cfg.max_steps:
+                    return "max_time", done
+        return "max_steps", done
 
-        if last_log != self.step and self._interval_steps:
+    def _due_events(self, grad_norm: torch.Tensor | None, bar: Any, done: _Done) -> None:
+        """Log, evaluate and checkpoint where this step is due for them."""
+        cfg = self.config
+        if self.step % cfg.log_every == 0 or self.step == cfg.max_steps:
+            self._log_train(grad_norm, bar)
+            done.log = self.step
+        if cfg.eval_every and self.step % cfg.eval_every == 0:
+            done.val = self._eval_and_log()
+            done.eval = self.step
+        if cfg.save_every and self.step % cfg.save_every == 0:
+            self.save_checkpoint()
+            done.save = self.step
+        if self.step in (done.eval, done.save):  # time spent there is not training throughput
+            self.interval.restart_clock()
+
+    def _finish(self, stop_reason: str, done: _Done) -> dict[str, float]:
+        """Log, evaluate and save the last step where the loop did not; returns the final validation metrics."""
+        cfg = self.config
+        if done.log != self.step and self.interval.steps:
             self._log_train(None, None)
-        if last_eval != self.step or val is None:
+        val = done.val
+        if done.eval != self.step or val is None:
             val = self._eval_and_log()
-        if last_save != self.step:
+        if done.save != self.step:
             self.save_checkpoint()
         if stop_reason == "max_time":
             self._log(
@@ -659,34 +416,16 @@ class Trainer:
                 cfg.max_steps,
                 self.out_dir,
             )
-        if self.is_main and self.config.log == "tensorboard":
-            from .tblog import close
+        self.metrics.finish(self.plot)
+        return val
 
-            close(self.out_dir)
-        if self.is_main and self.plot:
-            self._plot()
-        return TrainResult(
-            step=self.step,
-            tokens_seen=self.tokens_seen,
-            stop_reason=stop_reason,
-            val=val,
-            train_loss=self._last_train_loss,
-            elapsed=self._elapsed(),
-            out_dir=self.out_dir,
-        )
-
+    # -- what the loop logs ----------------------------------------------------------------------
     def _log_train(self, grad_norm: torch.Tensor | None, bar: Any) -> None:
         """Average the interval's loss over steps and ranks, count tokens/s, append a train event."""
-        cfg, env = self.config, self.env
-        counts = torch.tensor([self._pending_tokens, self._tps_tokens], dtype=torch.float64, device=self.device)
-        stats = all_reduce_sum(torch.cat([self._interval_loss.reshape(1), counts]), env)
-        loss = float(stats[0].item()) / (self._interval_steps * env.world_size)
+        loss, tokens, tps, dt = self.interval.close(self.env)
         if not math.isfinite(loss):
             raise self._diverged(f"the training loss became {loss}")
-        dt = max(time.monotonic() - self._interval_t, 1e-9)
-        tps = float(stats[2].item()) / dt  # over all ranks
-        self.tokens_seen += int(stats[1].item())
-        self._pending_tokens = 0
+        self.tokens_seen += tokens
         lr = self._step_lr
         event = {
             "step": self.step,
@@ -698,17 +437,16 @@ class Trainer:
             "tokens": self.tokens_seen,
             "elapsed": self._elapsed(),
         }
-        self._write_event(event)
+        self.metrics.write(event)
         if bar is not None:
             bar.set_postfix(loss=f"{loss:.4f}", tok_s=f"{tps:,.0f}", refresh=False)
         self._log(self._train_log_level, "step %d | loss %.4f | lr %.3g | %.0f tok/s", self.step, loss, lr, tps)
-        if cfg.max_time and self.is_main and not getattr(self, "_warned_budget", False):
+        if self.config.max_time and self.is_main and not getattr(self, "_warned_budget", False):
             self._warned_budget = True
-            self._warn_budget(dt / self._interval_steps)
+            seconds_left = self.config.max_time - (time.monotonic() - self._t_start)
+            warn_if_over_budget(self.config, self.step, seconds_left, dt / self.interval.steps)
         self._last_train_loss = loss
-        self._interval_loss.zero_()
-        self._interval_steps = 0
-        self._interval_t, self._tps_tokens = time.monotonic(), 0
+        self.interval.restart()
 
     def _eval_and_log(self) -> dict[str, float]:
         val = self.evaluate()
@@ -721,33 +459,9 @@ class Trainer:
             "tokens": self.tokens_seen,
             "elapsed": self._elapsed(),
         }
-        self._write_event(event)
+        self.metrics.write(event)
         self._log(logging.INFO, "step %d | val %s", self.step, " | ".join(f"{k} {v:.4g}" for k, v in val.items()))
         return val
-
-    def _warn_budget(self, sec_per_step: float) -> None:
-        cfg = self.config
-        left = cfg.max_time - (time.monotonic() - self._t_start)
-        fit = self.step + int(left / max(sec_per_step, 1e-9))
-        if fit < cfg.max_steps:
-            self._log(
-                logging.WARNING,
-                "at %.3g s/step the time budget of %s ends near step %d, before max_steps %d: the learning "
-                "rate will not have decayed (set max_steps or decay_steps near %d to fit the schedule)",
-                sec_per_step,
-                format_duration(cfg.max_time),
-                fit,
-                cfg.max_steps,
-                fit,
-            )
-
-    def _plot(self) -> None:
-        from .plots import plot_metrics
-
-        try:
-            plot_metrics(self.out_dir / METRICS_FILE, self.out_dir / CURVES_FILE)
-        except Exception as e:  # a plot must never cost a finished training run
-            logger.warning("could not draw %s: %s", CURVES_FILE, e)
 
     def close(self) -> None:
         """Leave the process group if this trainer joined it (call once at the very end)."""

@@ -12,6 +12,7 @@ Python's per-process string-hash randomisation does not enter.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 import re
@@ -70,30 +71,9 @@ class _GensimRateLog(logging.Handler):
             self.rates.append(float(m.group(1)))
 
 
-def run_pretraining(shards, tokenizer, config: Word2VecConfig, out_dir: str | Path):
-    """Train word2vec with gensim on the shards' train split and write the model folder.
-
-    Args:
-        shards: an opened :class:`lmforge.data.shards.Shards` (or its folder).
-        tokenizer: the shards' tokenizer; sentences are fed to gensim as its token strings.
-        config: the word2vec config (``vocab_size`` is replaced by the tokenizer's).
-        out_dir: the model folder to write (config.json, model.safetensors, vectors.txt, tokenizer,
-            training_summary.json).
-    Returns:
-        A :class:`lmforge.train.result.PretrainResult` whose ``val`` holds the training speed
-        (``words_per_sec`` as gensim reports it) and the share of the vocabulary that got a vector.
-    """
-    gensim_w2v = require("gensim.models.word2vec", "w2v")
-    if isinstance(shards, (str, Path)):
-        shards = Shards.open(shards)
-    shards.check_tokenizer(tokenizer)
-    config = dataclasses.replace(config, vocab_size=tokenizer.vocab_size)
-    if config.workers > 1:
-        logger.warning("word2vec with workers=%d is faster but not reproducible run to run", config.workers)
-    sentences = _ShardSentences(shards, tokenizer)
-    if len(sentences) == 0:
-        raise LmforgeError("the shards' train split has no sentences; prepare a larger corpus")
-
+@contextlib.contextmanager
+def _gensim_rates() -> Iterator[_GensimRateLog]:
+    """Collect gensim's training-speed reports (its INFO lines) without printing them."""
     gensim_logger = logging.getLogger("gensim.models.word2vec")
     rate_log = _GensimRateLog()
     old_level, old_propagate = gensim_logger.level, gensim_logger.propagate
@@ -101,6 +81,17 @@ def run_pretraining(shards, tokenizer, config: Word2VecConfig, out_dir: str | Pa
     gensim_logger.setLevel(logging.INFO)
     gensim_logger.propagate = False
     try:
+        yield rate_log
+    finally:
+        gensim_logger.removeHandler(rate_log)
+        gensim_logger.setLevel(old_level)
+        gensim_logger.propagate = old_propagate
+
+
+def _train_gensim(gensim_w2v, sentences: _ShardSentences, config: Word2VecConfig):
+    """gensim's Word2Vec (``gensim_w2v`` is ``gensim.models.word2vec``) trained on ``sentences``; returns it
+    with (effective words, raw words, seconds, effective words/s)."""
+    with _gensim_rates() as rate_log:
         w2v = gensim_w2v.Word2Vec(
             vector_size=config.vector_size,
             sg=1 if config.architecture == "skipgram" else 0,
@@ -127,16 +118,16 @@ def run_pretraining(shards, tokenizer, config: Word2VecConfig, out_dir: str | Pa
         t0 = time.perf_counter()
         effective, raw = w2v.train(sentences, total_examples=w2v.corpus_count, epochs=config.epochs)
         elapsed = time.perf_counter() - t0
-    finally:
-        gensim_logger.removeHandler(rate_log)
-        gensim_logger.setLevel(old_level)
-        gensim_logger.propagate = old_propagate
     # gensim's last report is the whole run's; fall back to our own timing if it logged none
     rate = rate_log.rates[-1] if rate_log.rates else effective / max(elapsed, 1e-9)
     logger.info(
         "word2vec: %d raw words (%d effective) in %.1fs, %.0f effective words/s (gensim)", raw, effective, elapsed, rate
     )
+    return w2v, effective, raw, elapsed, rate
 
+
+def _to_model(w2v, config: Word2VecConfig, tokenizer) -> tuple[Word2Vec, list[int]]:
+    """The lmforge model holding gensim's vectors at the tokenizer's ids, and the ids that got one."""
     model = Word2Vec(config)
     model.tokenizer = tokenizer
     weight = torch.zeros(config.vocab_size, config.vector_size)
@@ -150,6 +141,34 @@ def run_pretraining(shards, tokenizer, config: Word2VecConfig, out_dir: str | Pa
     with torch.no_grad():
         model.embeddings.weight.copy_(weight)
     model.eval()
+    return model, seen
+
+
+def run_pretraining(shards, tokenizer, config: Word2VecConfig, out_dir: str | Path):
+    """Train word2vec with gensim on the shards' train split and write the model folder.
+
+    Args:
+        shards: an opened :class:`lmforge.data.shards.Shards` (or its folder).
+        tokenizer: the shards' tokenizer; sentences are fed to gensim as its token strings.
+        config: the word2vec config (``vocab_size`` is replaced by the tokenizer's).
+        out_dir: the model folder to write (config.json, model.safetensors, vectors.txt, tokenizer,
+            training_summary.json).
+    Returns:
+        A :class:`lmforge.train.result.PretrainResult` whose ``val`` holds the training speed
+        (``words_per_sec`` as gensim reports it) and the share of the vocabulary that got a vector.
+    """
+    gensim_w2v = require("gensim.models.word2vec", "w2v")
+    if isinstance(shards, (str, Path)):
+        shards = Shards.open(shards)
+    shards.check_tokenizer(tokenizer)
+    config = dataclasses.replace(config, vocab_size=tokenizer.vocab_size)
+    if config.workers > 1:
+        logger.warning("word2vec with workers=%d is faster but not reproducible run to run", config.workers)
+    sentences = _ShardSentences(shards, tokenizer)
+    if len(sentences) == 0:
+        raise LmforgeError("the shards' train split has no sentences; prepare a larger corpus")
+    w2v, effective, raw, elapsed, rate = _train_gensim(gensim_w2v, sentences, config)
+    model, seen = _to_model(w2v, config, tokenizer)
 
     out = Path(out_dir)
     model.save_pretrained(out, tokenizer)

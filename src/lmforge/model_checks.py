@@ -1,0 +1,86 @@
+"""Whether the model in a folder can be read: finite weights, and the tokenizer it was built for."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from .config import load_json
+from .errors import LmforgeError
+from .tokenization import Tokenizer
+from .utils import load_safetensors
+
+
+def check_finite(tensors: dict, where: str | Path) -> None:
+    """Refuse weights holding NaN or infinity, naming the first such tensor."""
+    for name, t in tensors.items():
+        if isinstance(t, torch.Tensor) and t.is_floating_point() and not bool(torch.isfinite(t).all()):
+            raise LmforgeError(
+                f"{where} holds non-finite weights ({name} has NaN or infinity): the training diverged; resume "
+                f"from an earlier checkpoint with a lower learning rate, or retrain"
+            )
+
+
+def check_tokenizer_fits(config, tokenizer, where: str | Path, family=None) -> None:
+    """The tokenizer beside a model must be the one it was built for, or the model reads the wrong ids.
+
+    Checked: the vocabulary size; the tokenizer kind the family reads (``family.tokenizer_kind``: BERT
+    WordPiece with ``[CLS] [SEP] [PAD] [MASK]``, GPT byte-level BPE with ``<|endoftext|>``); and every
+    special id the config records (``pad_token_id``, ``bos_token_id``, ``eos_token_id``).
+
+    Args:
+        family: the model's :class:`lmforge.models.Family` (None: the kind is not checked).
+    """
+    fix = "it is not this model's tokenizer; put the model's own tokenizer files back"
+    vocab = getattr(config, "vocab_size", None)
+    if vocab is not None and tokenizer.vocab_size != vocab:
+        raise LmforgeError(
+            f"the tokenizer in {where} has {tokenizer.vocab_size} tokens but the model was built for {vocab}: "
+            f"it is not this model's tokenizer (was `tokenizer train --out` pointed at this folder?); put the "
+            f"model's own tokenizer back"
+        )
+    kind = getattr(family, "tokenizer_kind", None)
+    if kind is not None and tokenizer.kind != kind:
+        raise LmforgeError(f"the tokenizer in {where} is {tokenizer.kind}, but a {family.name} model reads {kind} "
+                           f"tokens: {fix}")
+    needed = {"wordpiece": ("cls_id", "sep_id", "pad_id", "mask_id"), "bpe": ("eot_id",)}.get(kind, ())
+    names = {"cls_id": "[CLS]", "sep_id": "[SEP]", "pad_id": "[PAD]", "mask_id": "[MASK]", "eot_id": "<|endoftext|>"}
+    missing = [names[a] for a in needed if getattr(tokenizer, a, None) is None]
+    if missing:
+        raise LmforgeError(f"the tokenizer in {where} has no {' '.join(missing)}, which a {family.name} model needs: "
+                           f"{fix}")
+    pairs = [
+        ("eos_token_id", getattr(tokenizer, "eot_id", None)),
+        ("bos_token_id", getattr(tokenizer, "eot_id", None)),
+        ("pad_token_id", getattr(tokenizer, "pad_id", None)),
+    ]
+    for field, tok_id in pairs:
+        want = getattr(config, field, None)
+        if want is not None and tok_id is not None and want != tok_id:
+            raise LmforgeError(
+                f"the tokenizer in {where} puts its special token at id {tok_id} but the model's {field} is "
+                f"{want}: {fix}"
+            )
+
+
+def check_model_folder(path: str | Path) -> None:
+    """Refuse a model folder whose weights are not finite or whose tokenizer does not fit its config.
+
+    For commands that read weights without :func:`lmforge.load` (which checks the same).  A folder
+    with no ``config.json`` or weights is left to the caller's own message.
+    """
+    p = Path(path)
+    weights = p / "model.safetensors"
+    if not (p / "config.json").is_file() or not weights.is_file():
+        return
+    check_finite(load_safetensors(weights), weights)
+    if (p / "tokenizer.json").is_file():
+        from .models import FAMILIES  # uphill (layer 2): the registry's family for the tokenizer kind
+
+        class _Config:  # the fields check_tokenizer_fits reads
+            def __init__(self, data: dict):
+                self.__dict__.update({k: v for k, v in data.items() if k.endswith("_id") or k == "vocab_size"})
+
+        data = load_json(p / "config.json")
+        check_tokenizer_fits(_Config(data), Tokenizer.load(p), p, FAMILIES.get(data.get("model_type")))
