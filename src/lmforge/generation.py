@@ -89,6 +89,80 @@ class StopStrings:
         return any(s in text for s in self.stops)
 
 
+class _Context:
+    """The growing sequence of a generation, fed to the model over a window of its ``n_positions``.
+
+    With a :class:`KVCache` each call runs only the positions the model has not seen yet; without one the
+    whole window is re-run.  When the window is full, its last ``n_positions // 2`` tokens are re-run as a
+    new prompt (learned positions cannot be shifted inside a cache).
+    """
+
+    def __init__(self, model, input_ids: torch.Tensor, attention_mask: torch.Tensor | None, use_cache: bool):
+        self.model = model
+        self.n_pos = model.config.n_positions
+        self.seq = input_ids  # (B, T)
+        mask = attention_mask.to(device=input_ids.device, dtype=torch.long) if attention_mask is not None else None
+        if mask is not None and bool(mask.all()):
+            mask = None  # no padding: positions are plain offsets and SDPA can use its causal kernel
+        self.mask = mask
+        self.start = 0  # first position of the current window
+        self.cache = KVCache(len(model.h)) if use_cache else None
+
+    def next_logits(self) -> torch.Tensor:
+        """(B, V) fp32 scores of the token after the sequence."""
+        if self.seq.shape[1] - self.start >= self.n_pos:  # window full: re-prefill the last n_pos // 2 tokens
+            if self.start == 0:  # said once per call, not at every new window
+                logger.info("generate: context reached n_positions=%d; continuing over a sliding window", self.n_pos)
+            self.start = self.seq.shape[1] - max(1, self.n_pos // 2)
+            if self.cache is not None:
+                self.cache = KVCache(len(self.model.h))
+        fed = self.cache.length if self.cache is not None else 0
+        x = self.seq[:, self.start + fed :]  # the positions the model has not seen yet
+        m = self.mask[:, self.start :] if self.mask is not None else None
+        if m is None:
+            pos = torch.arange(fed, fed + x.shape[1], device=x.device)  # (T,)
+        else:
+            pos = (m.cumsum(-1) - 1).clamp(min=0)[:, fed:]  # (B, T): left padding shifts the positions
+        h, _ = self.model.body(x, m, self.cache, pos)
+        return self.model.lm_head(h[:, -1]).float()  # (B, V)
+
+    def append(self, tok: torch.Tensor) -> None:
+        """Add the (B,) new tokens to the sequence (and its mask)."""
+        self.seq = torch.cat([self.seq, tok[:, None]], dim=1)  # (B, T+1)
+        if self.mask is not None:
+            self.mask = torch.cat([self.mask, torch.ones_like(self.mask[:, :1])], dim=1)
+
+
+class _StopRules:
+    """Which rows have stopped: after ``eos_token_id``, or once their text holds a stop string."""
+
+    def __init__(self, model, input_ids: torch.Tensor, eos_token_id: int | None, stop_strings: list[str] | None):
+        self.eos_token_id = eos_token_id
+        self.stopper = StopStrings(model.tokenizer, stop_strings) if stop_strings else None
+        self.done = torch.zeros(input_ids.shape[0], dtype=torch.bool, device=input_ids.device)  # (B,)
+        self.new_ids: list[list[int]] = [[] for _ in range(input_ids.shape[0])]  # each row's generated ids
+
+    def pad(self, tok: torch.Tensor) -> torch.Tensor:
+        """``tok`` with the rows that have stopped set to ``eos_token_id`` (unchanged without one)."""
+        if self.eos_token_id is None:
+            return tok
+        return torch.where(self.done, torch.full_like(tok, self.eos_token_id), tok)
+
+    def update(self, tok: torch.Tensor) -> bool:
+        """Take the (B,) new tokens into account; True when every row has stopped."""
+        finished = self.done.clone()
+        if self.eos_token_id is not None:
+            finished |= tok == self.eos_token_id
+        if self.stopper is not None:
+            for b, t in enumerate(tok.tolist()):
+                if not self.done[b]:
+                    self.new_ids[b].append(t)
+                    if self.stopper.hit(self.new_ids[b]):
+                        finished[b] = True
+        self.done = finished
+        return bool(self.done.all())
+
+
 @torch.no_grad()
 def generate(
     model,
@@ -107,11 +181,8 @@ def generate(
 ):
     """Continue each row of ``input_ids`` by up to ``max_new_tokens`` tokens.
 
-    With ``use_cache`` the prompt is run once and every new token then costs one position (the keys and
-    values of earlier positions come from a :class:`KVCache`); without it the whole context is re-run at
-    every step (same tokens and logits, slower).  When the context reaches the model's ``n_positions``,
-    generation goes on over a sliding window: the last ``n_positions // 2`` tokens are re-run as a new
-    prompt (learned positions cannot be shifted inside a cache), and this repeats whenever it fills up.
+    With the KV cache every new token costs one position; past the model's ``n_positions`` generation goes
+    on over a sliding window (see :class:`_Context`).
 
     Args:
         model: a GPT-like model (``body``, ``lm_head``, ``config.n_positions``, ``tokenizer``).
@@ -130,76 +201,39 @@ def generate(
         (B, T + n) ids (n <= max_new_tokens: generation ends early when every row has stopped); with
         ``output_logits`` the pair ``(ids, logits)`` with logits (B, n, V) fp32.
     """
-    if input_ids.dim() != 2 or input_ids.shape[1] == 0:
-        raise LmforgeError("generate needs a (batch, length) tensor of prompt ids with at least one token")
-    check_generation_args(max_new_tokens, temperature, top_k, top_p, seed)
-    n_pos = model.config.n_positions
-    B, T0 = input_ids.shape
-    device = input_ids.device
-    if T0 > n_pos:
-        raise LmforgeError(f"the prompt has {T0} tokens but the model reads at most {n_pos}; shorten the prompt")
+    _check_prompt(model, input_ids, max_new_tokens, temperature, top_k, top_p, seed)
     was_training = model.training
     model.eval()
-    generator = None
-    if seed is not None:
-        generator = torch.Generator(device=device)
-        generator.manual_seed(seed)
-    stopper = StopStrings(model.tokenizer, stop_strings) if stop_strings else None
-
-    seq = input_ids
-    mask = attention_mask.to(device=device, dtype=torch.long) if attention_mask is not None else None
-    if mask is not None and bool(mask.all()):
-        mask = None  # no padding: positions are plain offsets and SDPA can use its causal kernel
-    start = 0  # first position of the current window
-    cache = KVCache(len(model.h)) if use_cache else None
-    done = torch.zeros(B, dtype=torch.bool, device=device)
-    new_ids: list[list[int]] = [[] for _ in range(B)]
+    generator = torch.Generator(device=input_ids.device).manual_seed(seed) if seed is not None else None
+    stops = _StopRules(model, input_ids, eos_token_id, stop_strings)
+    ctx = _Context(model, input_ids, attention_mask, use_cache)
     all_logits = []
     for _ in range(max_new_tokens):
-        if seq.shape[1] - start >= n_pos:  # window full: re-prefill the last n_pos // 2 tokens
-            if start == 0:  # said once per call, not at every new window
-                logger.info("generate: context reached n_positions=%d; continuing over a sliding window", n_pos)
-            start = seq.shape[1] - max(1, n_pos // 2)
-            if cache is not None:
-                cache = KVCache(len(model.h))
-        fed = cache.length if cache is not None else 0
-        x = seq[:, start + fed :]  # the positions the model has not seen yet
-        m = mask[:, start:] if mask is not None else None
-        if m is None:
-            pos = torch.arange(fed, fed + x.shape[1], device=device)  # (T,)
-        else:
-            pos = (m.cumsum(-1) - 1).clamp(min=0)[:, fed:]  # (B, T): left padding shifts the positions
-        h, _ = model.body(x, m, cache, pos)
-        logits = model.lm_head(h[:, -1]).float()  # (B, V)
+        logits = ctx.next_logits()  # (B, V)
         if output_logits:
             all_logits.append(logits)
-        tok = next_token(logits, temperature, top_k, top_p, generator)  # (B,)
-        if eos_token_id is not None:
-            tok = torch.where(done, torch.full_like(tok, eos_token_id), tok)
-        seq = torch.cat([seq, tok[:, None]], dim=1)  # (B, T+1)
-        if mask is not None:
-            mask = torch.cat([mask, torch.ones_like(mask[:, :1])], dim=1)
+        tok = stops.pad(next_token(logits, temperature, top_k, top_p, generator))  # (B,)
+        ctx.append(tok)
         if streamer is not None:
             streamer(tok)
-        finished = done.clone()
-        if eos_token_id is not None:
-            finished |= tok == eos_token_id
-        if stopper is not None:
-            for b, t in enumerate(tok.tolist()):
-                if not done[b]:
-                    new_ids[b].append(t)
-                    if stopper.hit(new_ids[b]):
-                        finished[b] = True
-        done = finished
-        if bool(done.all()):
+        if stops.update(tok):
             break
     if was_training:
         model.train()
     if output_logits:
-        V = model.lm_head.weight.shape[0]
-        stacked = torch.stack(all_logits, dim=1) if all_logits else torch.zeros(B, 0, V, device=device)
-        return seq, stacked  # (B, n, V)
-    return seq
+        empty = torch.zeros(len(ctx.seq), 0, model.lm_head.weight.shape[0], device=ctx.seq.device)
+        return ctx.seq, torch.stack(all_logits, dim=1) if all_logits else empty  # (B, n, V)
+    return ctx.seq
+
+
+def _check_prompt(model, input_ids: torch.Tensor, max_new_tokens, temperature, top_k, top_p, seed) -> None:
+    """Refuse a prompt the model cannot read, or sampling settings that make no sense, in one line."""
+    if input_ids.dim() != 2 or input_ids.shape[1] == 0:
+        raise LmforgeError("generate needs a (batch, length) tensor of prompt ids with at least one token")
+    check_generation_args(max_new_tokens, temperature, top_k, top_p, seed)
+    n_pos, T0 = model.config.n_positions, input_ids.shape[1]
+    if T0 > n_pos:
+        raise LmforgeError(f"the prompt has {T0} tokens but the model reads at most {n_pos}; shorten the prompt")
 
 
 class TextStream:
@@ -318,40 +352,56 @@ def generate_text(
     Returns:
         The generated text (the concatenation of the pieces).
     """
-    tok = model.tokenizer
-    if tok is None:
-        raise LmforgeError("the model has no tokenizer files; generate needs tokenizer.json beside the model")
-    ids = tok.encode(prompt)
-    if not ids:
-        raise LmforgeError("the prompt is empty; give some text to continue")
-    device = next(model.parameters()).device
-    stream = TextStream(tok, stop)
-    pieces: list[str] = []
-
-    def step(token_id: int) -> None:
-        if on_token is not None:
-            on_token(token_id)
-        emit(stream.put(token_id))
-
-    def emit(piece: str) -> None:
-        if piece:
-            pieces.append(piece)
-            if on_text is not None:
-                on_text(piece)
-
+    ids = _prompt_ids(model, prompt)
+    sink = _TextSink(TextStream(model.tokenizer, stop), on_text, on_token)
     model.generate(
-        torch.tensor([ids], device=device),
+        torch.tensor([ids], device=next(model.parameters()).device),
         max_new_tokens=max_new_tokens,
         temperature=temperature,
         top_k=top_k,
         top_p=top_p,
         stop_strings=stop,
         seed=seed,
-        streamer=lambda new_ids: step(int(new_ids[0])),
+        streamer=lambda new_ids: sink.put(int(new_ids[0])),
         use_cache=use_cache,
     )
-    emit(stream.end())
-    return "".join(pieces)
+    return sink.end()
+
+
+def _prompt_ids(model, prompt: str) -> list[int]:
+    """The token ids of ``prompt`` (a one-line error for a model without a tokenizer or an empty prompt)."""
+    if model.tokenizer is None:
+        raise LmforgeError("the model has no tokenizer files; generate needs tokenizer.json beside the model")
+    ids = model.tokenizer.encode(prompt)
+    if not ids:
+        raise LmforgeError("the prompt is empty; give some text to continue")
+    return ids
+
+
+class _TextSink:
+    """Where the tokens of :func:`generate_text` go: each id to ``on_token``, then its safe text to ``on_text``,
+    and every piece into the result."""
+
+    def __init__(self, stream: TextStream, on_text: Callable[[str], None] | None,
+                 on_token: Callable[[int], None] | None):
+        self.stream, self.on_text, self.on_token = stream, on_text, on_token
+        self.pieces: list[str] = []
+
+    def put(self, token_id: int) -> None:
+        if self.on_token is not None:
+            self.on_token(token_id)
+        self._emit(self.stream.put(token_id))
+
+    def end(self) -> str:
+        """Flush the held-back text; the whole generated text."""
+        self._emit(self.stream.end())
+        return "".join(self.pieces)
+
+    def _emit(self, piece: str) -> None:
+        if piece:
+            self.pieces.append(piece)
+            if self.on_text is not None:
+                self.on_text(piece)
 
 
 __all__ = [

@@ -3,12 +3,15 @@ files, or a learning curve of a pretrained model against the same architecture t
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from ..data.task_files import write_task
 from ..transfer import learning_curve
 from ..transfer.benchmarks import BENCHMARKS, load_benchmark, write_domain_text
 from ..transfer.curve import curve_table, leads_text
 from ..transfer.specs import SPECS
 from ._common import add_compute_args, add_json_arg, compute_options, progress, show
+from ._groups import add_cache_dir_arg, add_curve_draw_args
 from .finetune import add_truncation_arg
 
 
@@ -23,7 +26,13 @@ def register(sub) -> None:
         "transfer mode against the same architecture trained from scratch, at several numbers of labels and seeds.",
     )
     verbs = p.add_subparsers(dest="verb", metavar="VERB", required=True)
+    _register_text(verbs)
+    _register_data(verbs)
+    _register_curve(verbs)
 
+
+def _register_text(verbs) -> None:
+    """``benchmark text NAME OUT``: the benchmark's unlabelled in-domain text."""
     t = verbs.add_parser("text", help="unlabelled in-domain text, none of it from the test partition")
     t.add_argument("name", choices=BENCHMARKS)
     t.add_argument("out", help="text file to write (one document per line, a blank line between documents)")
@@ -39,6 +48,10 @@ def register(sub) -> None:
         "left out (3.8M words; apt-get install fortunes dict-gcide)",
     )
     t.set_defaults(func=run_text, writes=("out",))
+
+
+def _register_data(verbs) -> None:
+    """``benchmark data NAME OUT``: a seeded training draw and the fixed test set as files."""
     d = verbs.add_parser("data", help="labelled files: a seeded training draw and the fixed test set")
     d.add_argument("name", choices=BENCHMARKS)
     d.add_argument("out", help="folder to write train and test files into")
@@ -46,6 +59,10 @@ def register(sub) -> None:
     d.add_argument("--n-test", type=int, default=1000)
     d.add_argument("--seed", type=int, default=0, help="draws the training set (the test set is the same for all)")
     d.set_defaults(func=run_data, writes=("out",))
+
+
+def _register_curve(verbs) -> None:
+    """``benchmark curve NAME MODEL_DIR --out DIR``: a learning curve on the benchmark."""
     c = verbs.add_parser(
         "curve",
         help="learning curve: each transfer mode vs the same architecture from scratch, by number of labels",
@@ -54,23 +71,17 @@ def register(sub) -> None:
         "curve.json (every run, its choices and validation score), curve.md (mean and spread per size and mode) "
         "and curve.png into --out.",
     )
-
     c.add_argument("name", choices=BENCHMARKS)
     c.add_argument("model_dir", help="pretrained model folder")
     c.add_argument("--out", required=True, help="folder for curve.json, curve.md and curve.png")
-    c.add_argument("--sizes", type=int, nargs="+", default=[100, 300, 1000], help="training-set sizes")
-    c.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
-    c.add_argument("--modes", nargs="+", default=None,
-                   help="subset of scratch frozen features finetune, and scratch:PRESET for the from-scratch "
-                   "baseline in another preset's shape, e.g. scratch:tiny (default: scratch and every mode the "
-                   "family has); the lead is reported over the strongest baseline")
+    add_curve_draw_args(c, sizes=[100, 300, 1000])
     c.add_argument("--n-test", type=int, default=1000, help="test examples (the start of the fixed test partition)")
     c.add_argument("--pool", type=int, default=10000,
                    help="labelled training-side examples the training sets are drawn from")
     c.add_argument("--max-len", type=int, default=128)
     add_truncation_arg(c)
     c.add_argument("--batch-size", type=int, default=32)
-    c.add_argument("--cache-dir", default=None, help="features mode: vector cache (default ~/.cache/lmforge/features)")
+    add_cache_dir_arg(c)
     c.add_argument("--no-refit", dest="refit", action="store_false",
                    help="keep each run's best validation epoch instead of refitting on all its examples")
     add_compute_args(c)
@@ -79,7 +90,6 @@ def register(sub) -> None:
 
 
 def run_text(args) -> int:
-
     docs = write_domain_text(args.name, args.out, with_general=args.with_general, with_debian=args.with_debian)
     parts = ["the built-in English corpus"] * args.with_general + ["Debian's fortunes and GCIDE"] * args.with_debian
     general = f" plus {' and '.join(parts)}" if parts else ""
@@ -88,8 +98,6 @@ def run_text(args) -> int:
 
 
 def run_data(args) -> int:
-    from pathlib import Path
-
     train, test = load_benchmark(args.name, args.n_train, args.n_test, args.seed)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -101,7 +109,6 @@ def run_data(args) -> int:
 
 
 def run_curve(args) -> int:
-
     train, test = load_benchmark(args.name, max(args.pool, max(args.sizes)), args.n_test, seed=0)
     compute = compute_options(args)
     with progress("learning curve", unit="run", quiet=getattr(args, "quiet", False),

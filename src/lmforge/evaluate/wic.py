@@ -116,8 +116,26 @@ def build_pairs(
     """
     if rows is None:
         rows = read_examples()
-    # (lemma, pos) -> synset -> unique sentences with the target found
-    groups: dict[tuple[str, str], dict[str, list[tuple[str, tuple[int, int]]]]] = defaultdict(dict)
+    groups = _group_examples(rows)
+    keys = sorted(groups)
+    order = np.random.default_rng(seed).permutation(len(keys))
+    pairs: list[WicPair] = []
+    for k in order:
+        drawn = _lemma_pairs(*keys[k], groups[keys[k]], per_lemma, seed)
+        pairs += drawn
+        if drawn and max_pairs is not None and len(pairs) >= max_pairs:
+            break
+    if not any(p.split == "dev" for p in pairs) or not any(p.split == "test" for p in pairs):
+        raise LmforgeError("too few WiC pairs for a dev and a test split; raise --max-pairs")
+    return pairs
+
+
+_Example = tuple[str, tuple[int, int]]  # a sentence and the span of its target word
+
+
+def _group_examples(rows: list[tuple[str, str, str, str]]) -> dict[tuple[str, str], dict[str, list[_Example]]]:
+    """(lemma, pos) -> synset -> its distinct sentences in which the target is found, with the target's span."""
+    groups: dict[tuple[str, str], dict[str, list[_Example]]] = defaultdict(dict)
     for synset, pos, lemma, sentence in rows:
         if not _LEMMA_OK.match(lemma):
             continue
@@ -127,37 +145,35 @@ def build_pairs(
         examples = groups[(lemma, pos)].setdefault(synset, [])
         if all(s != sentence for s, _ in examples):
             examples.append((sentence, span))
-    keys = sorted(groups)
-    order = np.random.default_rng(seed).permutation(len(keys))
-    pairs: list[WicPair] = []
-    for k in order:
-        lemma, pos = keys[k]
-        synsets = groups[(lemma, pos)]
-        names = sorted(synsets)
-        same = [(a, b) for s in names for i, a in enumerate(synsets[s]) for b in synsets[s][i + 1 :]]
-        diff = [
-            (a, b)
-            for i, s in enumerate(names)
-            for t in names[i + 1 :]
-            for a in synsets[s]
-            for b in synsets[t]
-            if a[0] != b[0]
-        ]
-        n = min(len(same), len(diff), per_lemma)
-        if n == 0:
-            continue
-        rng = np.random.default_rng([seed, zlib.crc32(f"{lemma}/{pos}".encode())])
-        split = _split_of(lemma)
-        for label, pool in ((True, same), (False, diff)):
-            for j in sorted(rng.choice(len(pool), size=n, replace=False).tolist()):
-                (s1, sp1), (s2, sp2) = pool[j]
-                if rng.random() < 0.5:  # which sentence comes first carries no information
-                    (s1, sp1), (s2, sp2) = (s2, sp2), (s1, sp1)
-                pairs.append(WicPair(lemma, pos, s1, sp1, s2, sp2, label, split))
-        if max_pairs is not None and len(pairs) >= max_pairs:
-            break
-    if not any(p.split == "dev" for p in pairs) or not any(p.split == "test" for p in pairs):
-        raise LmforgeError("too few WiC pairs for a dev and a test split; raise --max-pairs")
+    return groups
+
+
+def _lemma_pairs(lemma: str, pos: str, synsets: dict[str, list[_Example]], per_lemma: int, seed: int
+                 ) -> list[WicPair]:
+    """Up to ``per_lemma`` same-sense and as many different-sense pairs of one (lemma, pos), drawn with a seed of
+    their own (none when it cannot give both)."""
+    names = sorted(synsets)
+    same = [(a, b) for s in names for i, a in enumerate(synsets[s]) for b in synsets[s][i + 1 :]]
+    diff = [
+        (a, b)
+        for i, s in enumerate(names)
+        for t in names[i + 1 :]
+        for a in synsets[s]
+        for b in synsets[t]
+        if a[0] != b[0]
+    ]
+    n = min(len(same), len(diff), per_lemma)
+    if n == 0:
+        return []
+    rng = np.random.default_rng([seed, zlib.crc32(f"{lemma}/{pos}".encode())])
+    split = _split_of(lemma)
+    pairs = []
+    for label, pool in ((True, same), (False, diff)):
+        for j in sorted(rng.choice(len(pool), size=n, replace=False).tolist()):
+            (s1, sp1), (s2, sp2) = pool[j]
+            if rng.random() < 0.5:  # which sentence comes first carries no information
+                (s1, sp1), (s2, sp2) = (s2, sp2), (s1, sp1)
+            pairs.append(WicPair(lemma, pos, s1, sp1, s2, sp2, label, split))
     return pairs
 
 

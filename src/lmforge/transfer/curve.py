@@ -32,7 +32,8 @@ from ..data.tasks import TaskData, check_labels, load_task
 from ..errors import LmforgeError
 from ..models.registry import get_family
 from ..train.precision import choose_precision, describe, resolve_device
-from ..utils import atomic_write_text
+from ..utils import atomic_path, atomic_write_text
+from .batching import RowStore
 from .config import SUPPORTED, TransferConfig, check_supported
 from .folder import load_body
 from .run import TransferRun
@@ -139,68 +140,98 @@ def learning_curve(
     pool = train if isinstance(train, TaskData) else load_task(train, task)
     test_d = test if isinstance(test, TaskData) else load_task(test, task)
     check_labels(pool, test_d)
-    metric = main_metric(pool)
+    curve = _Curve(body, model_dir, task, family, pool, test_d, modes, min_steps,
+                   {k: v for k, v in options.items() if v is not None})  # unset: the mode's (or baseline's) default
     usable = _usable_sizes(sizes, len(pool))
-    options = {k: v for k, v in options.items() if v is not None}  # unset: the mode's (or baseline's) default
-
-    def config(mode: str, n: int, seed: int) -> TransferConfig:
-        real = "finetune" if is_scratch(mode) else mode
-        cfg = TransferConfig(task=task, mode=real, seed=seed, from_scratch=is_scratch(mode), **options)
-        return cfg if "epochs" in options else with_min_steps(cfg, family, n, min_steps)
-
-    for mode in modes:  # fail before any training when a mode does not fit the family
-        check_supported(family, config(mode, usable[0], seeds[0]))
-    shaped = {m: preset_body(body, m.split(":", 1)[1]) for m in modes if m.startswith("scratch:")}
-    first = config(modes[0], usable[0], seeds[0])  # every run computes where and as precisely as the first
-    device = resolve_device(first.device)
-    choice = choose_precision(first.precision, device, body)
-    logger.info("%s", describe(first.precision, choice.precision, device, choice.reason))
-
-    # features: the body runs once over the whole pool and the test set; subsets select rows
-    stores = {}
-    if "features" in modes:
-        frun = TransferRun(body, config("features", usable[0], seeds[0]), pool.labels, model_dir)
-        stores["pool"] = frun.features(pool)
-        stores["test"] = frun.features(test_d)
-
+    precision = curve.prepare(usable[0], seeds[0])
     runs = []
     t_start = time.time()
     for n in usable:
         for seed in seeds:
-            idx = np.random.default_rng(seed).choice(len(pool), size=n, replace=False).tolist()
-            sub = pool.subset(idx)
-            missing = set(pool.labels) - {ex.label for ex in sub.examples} if SPECS[task].classes else set()
-            if missing:
-                logger.info("n=%d seed=%d: the draw has no example of %s", n, seed, sorted(missing))
-            for mode in modes:
-                # frozen GPT trains its task-token rows, so every trained mode gets its own copy
-                b = body if mode == "features" else _copy_body(shaped.get(mode, body))
-                run = TransferRun(b, config(mode, n, seed), pool.labels, model_dir)
-                part = (stores["pool"].subset(idx), stores["test"]) if mode == "features" else (None, None)
-                rec = _run_record(run, sub, test_d, part, metric, mode, n, seed)
-                runs.append(rec)
-                line = f"n={n} seed={seed} {mode}: {metric} {rec['score']:.4f} ({rec['seconds']:.1f}s)"
-                logger.info(line)
-                if progress is not None:
-                    progress(line)
-    result = {
-        "task": task,
-        "metric": metric,
-        "family": family,
-        "model_dir": str(model_dir) if model_dir else None,
-        "sizes": usable,
-        "seeds": list(seeds),
-        "modes": modes,
-        "precision": choice.precision,
-        "n_test": len(test_d),
-        "scored_on": test_d.source,
-        "seconds": round(time.time() - t_start, 1),
-        "runs": runs,
-        "summary": _summary(runs, modes, usable),
-    }
+            runs += curve.run_draw(n, seed, progress)
+    result = curve.result(usable, seeds, precision, runs, round(time.time() - t_start, 1))
     if out_dir is not None:
         write_curve(result, out_dir)
     return result
+
+
+class _Curve:
+    """What every run of one curve shares: the body, the data, the modes and how each run is configured."""
+
+    def __init__(self, body: nn.Module, model_dir, task: str, family: str, pool: TaskData, test: TaskData,
+                 modes: list[str], min_steps: int, options: dict):
+        self.body, self.model_dir, self.task, self.family = body, model_dir, task, family
+        self.pool, self.test, self.modes = pool, test, modes
+        self.min_steps, self.options = min_steps, options
+        self.metric = main_metric(pool)
+        self.shaped: dict[str, nn.Module] = {}  # scratch:PRESET -> its randomly initialised body
+        self.stores: dict[str, RowStore] = {}  # features: the vectors of the pool and of the test set
+
+    def config(self, mode: str, n: int, seed: int) -> TransferConfig:
+        """The run config of ``mode`` on ``n`` examples drawn with ``seed``."""
+        real = "finetune" if is_scratch(mode) else mode
+        cfg = TransferConfig(task=self.task, mode=real, seed=seed, from_scratch=is_scratch(mode), **self.options)
+        return cfg if "epochs" in self.options else with_min_steps(cfg, self.family, n, self.min_steps)
+
+    def prepare(self, n: int, seed: int) -> str:
+        """Check every mode, build the preset-shaped baselines and the features stores; return the precision
+        every run computes in (where and as precisely as the first run of the curve)."""
+        for mode in self.modes:  # fail before any training when a mode does not fit the family
+            check_supported(self.family, self.config(mode, n, seed))
+        self.shaped = {m: preset_body(self.body, m.split(":", 1)[1]) for m in self.modes if m.startswith("scratch:")}
+        first = self.config(self.modes[0], n, seed)
+        device = resolve_device(first.device)
+        choice = choose_precision(first.precision, device, self.body)
+        logger.info("%s", describe(first.precision, choice.precision, device, choice.reason))
+        if "features" in self.modes:  # the body runs once over the whole pool and the test set; subsets select rows
+            frun = TransferRun(self.body, self.config("features", n, seed), self.pool.labels, self.model_dir)
+            self.stores = {"pool": frun.features(self.pool), "test": frun.features(self.test)}
+        return choice.precision
+
+    def draw(self, n: int, seed: int) -> tuple[list[int], TaskData]:
+        """The indices and the examples of the training set of size ``n`` drawn with ``seed`` (shared by every mode)."""
+        idx = np.random.default_rng(seed).choice(len(self.pool), size=n, replace=False).tolist()
+        sub = self.pool.subset(idx)
+        missing = set(self.pool.labels) - {ex.label for ex in sub.examples} if SPECS[self.task].classes else set()
+        if missing:
+            logger.info("n=%d seed=%d: the draw has no example of %s", n, seed, sorted(missing))
+        return idx, sub
+
+    def run_draw(self, n: int, seed: int, progress: Callable[[str], None] | None) -> list[dict]:
+        """Train and score every mode on one draw; one record per mode."""
+        idx, sub = self.draw(n, seed)
+        records = []
+        for mode in self.modes:
+            # frozen GPT trains its task-token rows, so every trained mode gets its own copy
+            b = self.body if mode == "features" else _copy_body(self.shaped.get(mode, self.body))
+            run = TransferRun(b, self.config(mode, n, seed), self.pool.labels, self.model_dir)
+            part = (self.stores["pool"].subset(idx), self.stores["test"]) if mode == "features" else (None, None)
+            rec = _run_record(run, sub, self.test, part, self.metric, mode, n, seed)
+            records.append(rec)
+            line = f"n={n} seed={seed} {mode}: {self.metric} {rec['score']:.4f} ({rec['seconds']:.1f}s)"
+            logger.info(line)
+            if progress is not None:
+                progress(line)
+        return records
+
+    def result(self, usable: list[int], seeds: Sequence[int], precision: str, runs: list[dict], seconds: float
+               ) -> dict:
+        """The curve's record: its setting, every run and the summary per mode and size."""
+        return {
+            "task": self.task,
+            "metric": self.metric,
+            "family": self.family,
+            "model_dir": str(self.model_dir) if self.model_dir else None,
+            "sizes": usable,
+            "seeds": list(seeds),
+            "modes": self.modes,
+            "precision": precision,
+            "n_test": len(self.test),
+            "scored_on": self.test.source,
+            "seconds": seconds,
+            "runs": runs,
+            "summary": _summary(runs, self.modes, usable),
+        }
 
 
 def _curve_modes(family: str | None, modes: Sequence[str] | None) -> list[str]:
@@ -338,7 +369,13 @@ def write_curve(result: dict, out_dir: str | Path) -> Path:
     if leads:
         md += "\n" + leads
     atomic_write_text(out / "curve.md", md)
-    import matplotlib
+    _plot_curve(result, out / "curve.png")
+    return out
+
+
+def _plot_curve(result: dict, path: Path) -> None:
+    """Mean ± std of each mode against the training-set size (log x axis), as a PNG at ``path``."""
+    import matplotlib  # optional and slow to import: only a curve that is written needs it
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -358,9 +395,6 @@ def write_curve(result: dict, out_dir: str | Path) -> Path:
     ax.grid(alpha=0.3)
     ax.legend()
     fig.tight_layout()
-    from ..utils import atomic_path
-
-    with atomic_path(out / "curve.png") as tmp:
+    with atomic_path(path) as tmp:
         fig.savefig(tmp, format="png", dpi=120)
     plt.close(fig)
-    return out

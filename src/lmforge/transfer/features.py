@@ -20,10 +20,12 @@ import hashlib
 import json
 import logging
 import time
+import warnings
 from pathlib import Path
 
 import numpy as np
 import torch
+from threadpoolctl import threadpool_limits
 
 from ..errors import CheckpointError
 from ..utils import load_safetensors, save_safetensors
@@ -68,7 +70,8 @@ def load_or_compute(path: Path, owners: torch.Tensor, compute, meta: dict[str, s
 
 
 def _folds(y: np.ndarray, groups: np.ndarray, n_folds: int, seed: int, grouped: bool):
-    from sklearn.model_selection import GroupKFold, StratifiedKFold
+    """The cross-validation folds: grouped by example, else stratified by class (None when a class is too rare)."""
+    from sklearn.model_selection import GroupKFold, StratifiedKFold  # slow to import: see fit_logreg
 
     if grouped:
         n = min(n_folds, len(np.unique(groups)))
@@ -88,7 +91,7 @@ def _cv_scores(X: np.ndarray, y: np.ndarray, folds, grid: np.ndarray, scorer) ->
     solution (the regularisation path, as ``LogisticRegressionCV`` walks it): the problem is convex, so
     the warm start changes only how many iterations a fit takes.
     """
-    from sklearn.linear_model import LogisticRegression
+    from sklearn.linear_model import LogisticRegression  # slow to import: see fit_logreg
     from sklearn.preprocessing import StandardScaler
 
     scores = np.zeros(len(grid))
@@ -127,42 +130,18 @@ def fit_logreg(
         ``{"layer", "C", "cv_accuracy", "mean" (D,), "scale" (D,), "coef" (K', D), "intercept" (K',),
         "classes", "per_layer"}``; with two classes ``coef`` has one row (the second class's logit).
     """
-    import warnings
-
-    from sklearn.exceptions import ConvergenceWarning
-    from sklearn.linear_model import LogisticRegression
-    from sklearn.metrics import accuracy_score, f1_score, make_scorer
-    from sklearn.preprocessing import StandardScaler
-    from threadpoolctl import threadpool_limits
+    from sklearn.exceptions import ConvergenceWarning  # slow to import: only a features fit loads scikit-learn
 
     classes = np.unique(y)
-    if score_classes is not None:
-        scorer = make_scorer(f1_score, labels=list(score_classes), average="micro", zero_division=0)
-    else:
-        scorer = make_scorer(accuracy_score)
     folds = _folds(y, groups, n_folds, seed, grouped) if len(classes) > 1 else None
     grid = np.sort(C_GRID_LARGE if len(y) > LARGE_ROWS else C_GRID)
-    per_layer: dict[int, tuple[float, float]] = {}
     with warnings.catch_warnings(), threadpool_limits(limits=1):
         warnings.simplefilter("ignore", ConvergenceWarning)
         if folds is not None:
-            for layer, X in X_by_layer.items():
-                scores = _cv_scores(X, y, folds, grid, scorer)
-                best = int(np.argmax(np.round(scores, 9)))  # the first of equal scores: the strongest regularisation
-                per_layer[layer] = (float(scores[best]), float(grid[best]))
-            # the best mean CV score; ties go to the higher layer
-            layer = max(per_layer, key=lambda k: (round(per_layer[k][0], 9), k))
-            cv_acc, C = per_layer[layer]
+            layer, cv_acc, C, per_layer = _choose_layer_and_c(X_by_layer, y, folds, grid, _scorer(score_classes))
         else:  # one class, or too few examples of a class to cross-validate: a moderate default
-            layer, cv_acc, C = max(X_by_layer), float("nan"), 1e-2
-        scaler = StandardScaler().fit(X_by_layer[layer])
-        clf = LogisticRegression(C=C, max_iter=2000)
-        if len(classes) > 1:
-            clf.fit(scaler.transform(X_by_layer[layer]), y)
-    if len(classes) > 1:
-        coef, intercept = clf.coef_, clf.intercept_
-    else:
-        coef, intercept = np.zeros((1, X_by_layer[layer].shape[1])), np.zeros(1)
+            layer, cv_acc, C, per_layer = max(X_by_layer), float("nan"), 1e-2, {}
+        scaler, coef, intercept = _final_fit(X_by_layer[layer], y, C, classes)
     return {
         "layer": int(layer),
         "C": float(C),
@@ -174,6 +153,42 @@ def fit_logreg(
         "classes": classes,
         "per_layer": {int(k): round(v[0], 4) for k, v in per_layer.items()},
     }
+
+
+def _scorer(score_classes: list[int] | None):
+    """Accuracy, or the micro F1 over ``score_classes`` (see :func:`fit_logreg`), as a scikit-learn scorer."""
+    from sklearn.metrics import accuracy_score, f1_score, make_scorer  # slow to import: see fit_logreg
+
+    if score_classes is not None:
+        return make_scorer(f1_score, labels=list(score_classes), average="micro", zero_division=0)
+    return make_scorer(accuracy_score)
+
+
+def _choose_layer_and_c(X_by_layer: dict[int, np.ndarray], y: np.ndarray, folds, grid: np.ndarray, scorer
+                        ) -> tuple[int, float, float, dict[int, tuple[float, float]]]:
+    """``(layer, its CV score, its C, {layer: (CV score, C)})``: per layer the ``C`` of the best mean CV score
+    (of equal scores, the strongest regularisation), then the layer of the best score (ties: the higher layer)."""
+    per_layer: dict[int, tuple[float, float]] = {}
+    for layer, X in X_by_layer.items():
+        scores = _cv_scores(X, y, folds, grid, scorer)
+        best = int(np.argmax(np.round(scores, 9)))  # the first of equal scores: the strongest regularisation
+        per_layer[layer] = (float(scores[best]), float(grid[best]))
+    layer = max(per_layer, key=lambda k: (round(per_layer[k][0], 9), k))
+    cv_acc, C = per_layer[layer]
+    return layer, cv_acc, C, per_layer
+
+
+def _final_fit(X: np.ndarray, y: np.ndarray, C: float, classes: np.ndarray):
+    """``(scaler, coef, intercept)`` of the logistic regression at ``C`` on all of ``X`` standardised (with one
+    class: zero weights)."""
+    from sklearn.linear_model import LogisticRegression  # slow to import: see fit_logreg
+    from sklearn.preprocessing import StandardScaler
+
+    scaler = StandardScaler().fit(X)
+    if len(classes) < 2:
+        return scaler, np.zeros((1, X.shape[1])), np.zeros(1)
+    clf = LogisticRegression(C=C, max_iter=2000).fit(scaler.transform(X), y)
+    return scaler, clf.coef_, clf.intercept_
 
 
 @torch.no_grad()

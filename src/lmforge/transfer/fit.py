@@ -77,6 +77,77 @@ def _epoch_line(rec: dict, lr: float, last_epoch: int, metric: str, refit: bool)
     ) + (f", aux LM loss {rec['aux_lm_loss']:.4f}" if "aux_lm_loss" in rec else "")
 
 
+class _Optimization:
+    """AdamW over the run's parameter groups at peak ``lr``, under the linear warm-up / linear decay schedule
+    that spans the recipe's epochs (through the fp16 gradient scaler on CUDA)."""
+
+    def __init__(self, run, plan, lr: float):
+        cfg, recipe = run.cfg, run.recipe
+        groups = run.param_groups(lr)
+        self.params = [p for g in groups for p in g["params"]]
+        self.opt = torch.optim.AdamW(groups, lr=lr, weight_decay=cfg.weight_decay)
+        self.scaler = grad_scaler(run.device, cfg.precision)  # fp16 on CUDA only
+        total = math.ceil(len(plan.units) / cfg.batch_size) * recipe.epochs
+        self.schedule = LRSchedule(int(recipe.warmup * total), total, kind="linear", min_lr_ratio=0.0)
+        self.base = [g["lr"] for g in self.opt.param_groups]
+        self.steps = 0
+
+    @property
+    def warm(self) -> bool:
+        """True once the warm-up is over."""
+        return self.steps >= self.schedule.warmup_steps
+
+    def step(self, loss: torch.Tensor) -> None:
+        """One optimizer step on ``loss`` at the schedule's learning rates."""
+        factor = self.schedule(self.steps)
+        for g, b in zip(self.opt.param_groups, self.base):
+            g["lr"] = b * factor
+        _optimizer_step(loss, self.opt, self.scaler, self.params)
+        self.steps += 1
+
+
+def _train_epoch(run, plan, optim: _Optimization, order: np.ndarray, epoch: int) -> dict:
+    """One pass over the training units in ``order``; the epoch's record with its mean losses."""
+    run.train_mode()
+    ep_loss, ep_lm, ep_n = 0.0, 0.0, 0
+    for k in range(0, len(order), run.cfg.batch_size):
+        b_units = [plan.units[u] for u in order[k : k + run.cfg.batch_size].tolist()]
+        loss, task_loss, lm_loss = _batch_losses(run, plan, b_units)
+        optim.step(loss)
+        # the task's loss and the auxiliary LM loss are reported apart (their weighted sum is what trains)
+        ep_loss += float(task_loss.detach()) * len(b_units)
+        ep_lm += float(lm_loss.detach()) * len(b_units) if lm_loss is not None else 0.0
+        ep_n += len(b_units)
+    rec = {"epoch": epoch, "train_loss": round(ep_loss / max(1, ep_n), 5)}
+    if run.recipe.lm_weight > 0:
+        rec["aux_lm_loss"] = round(ep_lm / max(1, ep_n), 5)
+    return rec
+
+
+class _Selection:
+    """The best state on validation (the best metric; of equal metrics, the lower loss) and the epochs of
+    progress that patience counts from."""
+
+    def __init__(self):
+        self.best = {"score": -math.inf, "loss": math.inf, "epoch": 0, "state": None}
+        self.least_loss, self.progress_epoch = math.inf, 0
+        self.least_loss_any, self.least_loss_epoch = math.inf, 0
+
+    def update(self, run, epoch: int, score: float, vloss: float) -> None:
+        """Take the validation ``score`` and loss of ``epoch`` into account (keeping the run's state if best)."""
+        if score > self.best["score"] or (score == self.best["score"] and vloss < self.best["loss"]):
+            self.best = {"score": score, "loss": vloss, "epoch": epoch, "state": run.trainable_state()}
+            self.progress_epoch = epoch
+        if vloss < self.least_loss * (1 - LOSS_PROGRESS):
+            self.least_loss, self.progress_epoch = vloss, epoch
+        if vloss < self.least_loss_any:
+            self.least_loss_any, self.least_loss_epoch = vloss, epoch
+
+    def out_of_patience(self, epoch: int, warm_epoch: int | None, patience: int) -> bool:
+        """True when ``patience`` epochs have passed without progress, counted once the warm-up is over."""
+        return warm_epoch is not None and epoch - max(self.progress_epoch, warm_epoch) >= patience
+
+
 def train_trial(
     run, plan, lr: float, progress: Callable[[str], None] | None = None, stop_epoch: int | None = None
 ) -> dict:
@@ -91,74 +162,38 @@ def train_trial(
             spans the recipe's epochs, so the first ``stop_epoch`` epochs see the rates the chosen trial saw.
     """
     cfg, recipe = run.cfg, run.recipe
-    groups = run.param_groups(lr)
-    params = [p for g in groups for p in g["params"]]
-    opt = torch.optim.AdamW(groups, lr=lr, weight_decay=cfg.weight_decay)
-    scaler = grad_scaler(run.device, cfg.precision)  # fp16 on CUDA only
-    steps_per_epoch = math.ceil(len(plan.units) / cfg.batch_size)
-    total = steps_per_epoch * recipe.epochs
-    schedule = LRSchedule(int(recipe.warmup * total), total, kind="linear", min_lr_ratio=0.0)
-    base = [g["lr"] for g in opt.param_groups]
+    optim = _Optimization(run, plan, lr)
     rng = np.random.default_rng(cfg.seed)
     torch.manual_seed(cfg.seed)  # dropout: every trial draws the same masks
-    best = {"score": -math.inf, "loss": math.inf, "epoch": 0, "state": None}
-    least_loss, progress_epoch = math.inf, 0
-    least_loss_any, least_loss_epoch = math.inf, 0
+    sel = _Selection()
     history: list[dict] = []
     warm_epoch = None
-    step = 0
     t0 = time.time()
     last_epoch = recipe.epochs if stop_epoch is None else min(stop_epoch, recipe.epochs)
     for epoch in range(1, last_epoch + 1):
-        run.train_mode()
-        order = rng.permutation(len(plan.units))
-        ep_loss, ep_lm, ep_n = 0.0, 0.0, 0
-        for k in range(0, len(order), cfg.batch_size):
-            b_units = [plan.units[u] for u in order[k : k + cfg.batch_size].tolist()]
-            loss, task_loss, lm_loss = _batch_losses(run, plan, b_units)
-            factor = schedule(step)
-            for g, b in zip(opt.param_groups, base):
-                g["lr"] = b * factor
-            _optimizer_step(loss, opt, scaler, params)
-            step += 1
-            # the task's loss and the auxiliary LM loss are reported apart (their weighted sum is what trains)
-            ep_loss += float(task_loss.detach()) * len(b_units)
-            ep_lm += float(lm_loss.detach()) * len(b_units) if lm_loss is not None else 0.0
-            ep_n += len(b_units)
-        rec = {"epoch": epoch, "train_loss": round(ep_loss / max(1, ep_n), 5)}
-        if recipe.lm_weight > 0:
-            rec["aux_lm_loss"] = round(ep_lm / max(1, ep_n), 5)
+        rec = _train_epoch(run, plan, optim, rng.permutation(len(plan.units)), epoch)
         if plan.val is not None:
             score, vloss = run.validate(plan.val_plan, plan.val)
             rec["val"], rec["val_loss"] = round(score, 5), round(vloss, 5)
-            if score > best["score"] or (score == best["score"] and vloss < best["loss"]):
-                best = {"score": score, "loss": vloss, "epoch": epoch, "state": run.trainable_state()}
-                progress_epoch = epoch
-            if vloss < least_loss * (1 - LOSS_PROGRESS):
-                least_loss, progress_epoch = vloss, epoch
-            if vloss < least_loss_any:
-                least_loss_any, least_loss_epoch = vloss, epoch
+            sel.update(run, epoch, score, vloss)
         history.append(rec)
         msg = _epoch_line(rec, lr, last_epoch, plan.metric, refit=stop_epoch is not None)
         logger.info(msg)
         if progress is not None:
             progress(msg)
         # patience counts from the end of the warm-up: a score flat at chance while the lr still rises says nothing
-        if warm_epoch is None and step >= schedule.warmup_steps:
+        if warm_epoch is None and optim.warm:
             warm_epoch = epoch
-        if (
-            plan.val is not None
-            and warm_epoch is not None
-            and epoch - max(progress_epoch, warm_epoch) >= recipe.patience
-        ):
-            logger.info(
-                "early stop after epoch %d: best val %s %.4f at epoch %d",
-                epoch,
-                plan.metric,
-                best["score"],
-                best["epoch"],
-            )
+        if plan.val is not None and sel.out_of_patience(epoch, warm_epoch, recipe.patience):
+            logger.info("early stop after epoch %d: best val %s %.4f at epoch %d", epoch, plan.metric,
+                        sel.best["score"], sel.best["epoch"])
             break
+    return _trial_facts(run, plan, lr, sel, history, optim.steps, t0)
+
+
+def _trial_facts(run, plan, lr: float, sel: _Selection, history: list[dict], steps: int, t0: float) -> dict:
+    """What :func:`train_trial` returns: what validation chose, the last losses, the history and the best state."""
+    best = sel.best
     if plan.val is None:  # nothing to choose on: the last state
         best = {"score": math.nan, "epoch": len(history), "state": run.trainable_state()}
     return {
@@ -166,9 +201,9 @@ def train_trial(
         "val_score": best["score"],
         "val_loss": best.get("loss", math.nan),
         "best_epoch": best["epoch"],
-        "least_loss_epoch": least_loss_epoch,
+        "least_loss_epoch": sel.least_loss_epoch,
         "epochs_run": len(history),
-        "steps": step,
+        "steps": steps,
         "train_loss": history[-1]["train_loss"] if history else None,
         "aux_lm_loss": history[-1].get("aux_lm_loss") if history else None,
         "history": history,

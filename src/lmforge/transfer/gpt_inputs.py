@@ -112,6 +112,21 @@ def _fit(a: list[int], b: list[int] | None, room: int) -> tuple[list[int], list[
     return a[:la], b[:lb]
 
 
+def _pad(seqs: list[list[list[int]]], tokenizer) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(ids, mask)`` (B, S, T): the sequences of each example right-padded with the tokenizer's ``eot_id``
+    (else its ``pad_id``, else 0)."""
+    S, T = len(seqs[0]), max(len(x) for s in seqs for x in s)
+    pad = getattr(tokenizer, "eot_id", None)
+    pad = pad if pad is not None else (getattr(tokenizer, "pad_id", None) or 0)
+    ids = torch.full((len(seqs), S, T), pad, dtype=torch.long)  # (B, S, T)
+    mask = torch.zeros(len(seqs), S, T, dtype=torch.long)
+    for i, s in enumerate(seqs):
+        for j, x in enumerate(s):
+            ids[i, j, : len(x)] = torch.tensor(x)
+            mask[i, j, : len(x)] = 1
+    return ids, mask
+
+
 class GPTForTask(nn.Module):
     """A pretrained GPT fine-tuned on a task the GPT-1 way.
 
@@ -171,47 +186,37 @@ class GPTForTask(nn.Module):
             raise LmforgeError(f"max_len {max_len} leaves no room for text between the task tokens")
         if not examples:
             raise LmforgeError("no examples to encode")
-        enc = tokenizer.encode
-        build = self.format.build
-        seqs: list[list[list[int]]] = []  # per example, its sequences
-        for ex in examples:
-            if self.task == "classification":
-                text = ex if isinstance(ex, str) else ex[0]
-                a, _ = _fit(enc(text), None, max_len - 2)
-                seqs.append([build(a)[0]])
-            elif self.task in ("entailment", "similarity"):
-                a, b = _fit(enc(ex[0]), enc(ex[1]), max_len - 3)
-                seqs.append([build(a, b)[0]] + ([build(b, a)[0]] if self.task == "similarity" else []))
-            else:
-                context, choices = ex
-                if isinstance(choices, str) or not choices:
-                    raise LmforgeError("a multiple-choice example is (context, [choice, ...]) with at least one choice")
-                row = []
-                room = max_len - 3
-                for choice in choices:
-                    c, ans = enc(context), enc(choice)
-                    if len(c) + len(ans) > room:  # the answer keeps up to half; the context keeps its end
-                        ans = ans[: max(room - len(c), max(1, room // 2))]
-                        keep = room - len(ans)
-                        c = c[len(c) - keep :] if keep > 0 else []
-                    row.append(build(c, ans)[0])
-                seqs.append(row)
+        seqs = [self._sequences(tokenizer.encode, ex, max_len) for ex in examples]  # per example, its sequences
         n_seq = {len(s) for s in seqs}
         if len(n_seq) != 1:
             raise LmforgeError(f"every multiple-choice example needs the same number of choices, got {sorted(n_seq)}")
-        S = n_seq.pop()
-        T = max(len(x) for s in seqs for x in s)
-        pad = getattr(tokenizer, "eot_id", None)
-        pad = pad if pad is not None else (getattr(tokenizer, "pad_id", None) or 0)
-        ids = torch.full((len(seqs), S, T), pad, dtype=torch.long)  # (B, S, T)
-        mask = torch.zeros(len(seqs), S, T, dtype=torch.long)
-        for i, s in enumerate(seqs):
-            for j, x in enumerate(s):
-                ids[i, j, : len(x)] = torch.tensor(x)
-                mask[i, j, : len(x)] = 1
+        ids, mask = _pad(seqs, tokenizer)  # (B, S, T)
         if self.task in ("classification", "entailment"):
             ids, mask = ids[:, 0], mask[:, 0]  # (B, T)
         return {"input_ids": ids, "attention_mask": mask}
+
+    def _sequences(self, enc, ex, max_len: int) -> list[list[int]]:
+        """The framed token sequences of one example (one; similarity: both orders; multiple choice: one a choice)."""
+        build = self.format.build
+        if self.task == "classification":
+            a, _ = _fit(enc(ex if isinstance(ex, str) else ex[0]), None, max_len - 2)
+            return [build(a)[0]]
+        if self.task in ("entailment", "similarity"):
+            a, b = _fit(enc(ex[0]), enc(ex[1]), max_len - 3)
+            return [build(a, b)[0]] + ([build(b, a)[0]] if self.task == "similarity" else [])
+        context, choices = ex
+        if isinstance(choices, str) or not choices:
+            raise LmforgeError("a multiple-choice example is (context, [choice, ...]) with at least one choice")
+        row = []
+        room = max_len - 3
+        for choice in choices:
+            c, ans = enc(context), enc(choice)
+            if len(c) + len(ans) > room:  # the answer keeps up to half; the context keeps its end
+                ans = ans[: max(room - len(c), max(1, room // 2))]
+                keep = room - len(ans)
+                c = c[len(c) - keep :] if keep > 0 else []
+            row.append(build(c, ans)[0])
+        return row
 
     # -- model ---------------------------------------------------------------------------------------
     def extract_states(

@@ -33,6 +33,7 @@ from ..errors import LmforgeError
 from ..models.registry import get_family
 from ..train.precision import resolve_device, resolve_precision
 from ..utils import seed_everything
+from . import gpt_inputs
 from .batching import RowStore, TransferModel
 from .building import RunModel, reinit_body
 from .config import TransferConfig, check_supported
@@ -84,6 +85,21 @@ def validation_split(data: TaskData, fraction: float, seed: int) -> tuple[list[i
 
 
 
+def _choices(out: dict, val_d: TaskData | None, n_train: int, refit_epochs: int | None) -> dict:
+    """What a fit chose on validation data (``out``: the facts of :func:`~lmforge.transfer.fit.fit_trials`)."""
+    choices = {
+        "val_examples": len(val_d) if val_d is not None else 0,
+        "best_epoch": out["best_epoch"],
+        "epochs_run": out["epochs_run"],
+        "lr": out["lr"],
+    }
+    if refit_epochs is not None:
+        choices["refit"] = {"examples": n_train, "epochs": refit_epochs}
+    if len(out["trials"]) > 1:
+        choices["lr_trials"] = out["trials"]
+    return choices
+
+
 class TransferRun(RunModel, RunFeatures):
     """One transfer setup: body, config, labels, input format and head.
 
@@ -108,8 +124,6 @@ class TransferRun(RunModel, RunFeatures):
         gpt = None
         self.task_token_ids: tuple[int, ...] = ()
         if get_family(self.family).task_tokens:
-            from . import gpt_inputs
-
             gpt = gpt_inputs.transfer_format(body)
             self.task_token_ids = (gpt.start_id, gpt.delim_id, gpt.extract_id)
         self.fmt = InputFormat(
@@ -176,13 +190,35 @@ class TransferRun(RunModel, RunFeatures):
         if cfg.lr_grid and len(cfg.lr_grid) > 1 and cfg.val_fraction <= 0 and val is None:
             raise LmforgeError("--lr-grid chooses on a validation split: set --val-fraction above 0")
         fit_idx, val_idx = (list(range(len(train))), []) if val is not None else self._split(train)
-        fit_d = train.subset(fit_idx) if val_idx else train
-        val_d = val if val is not None else train.subset(val_idx) if val_idx else None
         full = None
         if cfg.mode == "features":
             full = store if store is not None else self.features(train)
         refit = cfg.refit and bool(val_idx)
         start = snapshot(self.model) if refit or len(cfg.lr_grid or []) > 1 else None
+        plan = self._train_plan(train, val, full, fit_idx, val_idx, metric)
+        out = fit_trials(self, plan, progress, start)
+        refit_epochs = self._refit(train, full, metric, out, start, progress) if refit else None
+        if getattr(self, "_row_hook", None) is not None:
+            self._row_hook.remove()
+            self._row_hook = None
+        self.model.eval()
+        self.choices = _choices(out, plan.val, len(train), refit_epochs)
+        return {
+            "train_loss": out["train_loss"],
+            "aux_lm_loss": out.get("aux_lm_loss"),
+            "history": out["history"],
+            "steps": out["steps"],
+            "train_seconds": round(time.time() - t0, 2),
+            "val_score": out["val_score"] if plan.val is not None else None,
+            "choices": self.choices,
+        }
+
+    def _train_plan(self, train: TaskData, val: TaskData | None, full: RowStore | None, fit_idx: list[int],
+                    val_idx: list[int], metric: str) -> FitPlan:
+        """The plan of a fit: the examples of ``train`` at ``fit_idx`` (their stored vectors from ``full``),
+        and the validation split: ``val`` when given, else the examples at ``val_idx`` (none when empty)."""
+        fit_d = train.subset(fit_idx) if val_idx else train
+        val_d = val if val is not None else train.subset(val_idx) if val_idx else None
         plan = self._fit_plan(fit_d, full.subset(fit_idx) if full is not None and val_idx else full, metric)
         if val_d is not None:
             plan.val = val_d
@@ -190,39 +226,20 @@ class TransferRun(RunModel, RunFeatures):
             if full is not None:
                 val_store = self.features(val) if val is not None else full.subset(val_idx)
             plan.val_plan = self._fit_plan(val_d, val_store, metric, standardize=False)
-        out = fit_trials(self, plan, progress, start)
-        if refit:  # the choices are made: train again on every example, up to the chosen epoch
-            self.model.load_state_dict(start)
-            refit_epochs = max(out["best_epoch"], out["least_loss_epoch"])
-            again = train_trial(self, self._fit_plan(train, full, metric), out["lr"], progress, refit_epochs)
-            self.load_trainable_state(again.pop("state"))
-            out["steps"] += again["steps"]
-            out["train_loss"], out["aux_lm_loss"] = again["train_loss"], again["aux_lm_loss"]
-            out["history"] = out["history"] + [dict(r, refit=True) for r in again["history"]]
-        if getattr(self, "_row_hook", None) is not None:
-            self._row_hook.remove()
-            self._row_hook = None
-        self.model.eval()
-        self.choices = {
-            "val_examples": len(val_d) if val_d is not None else 0,
-            "best_epoch": out["best_epoch"],
-            "epochs_run": out["epochs_run"],
-            "lr": out["lr"],
-        }
-        if refit:
-            self.choices["refit"] = {"examples": len(train), "epochs": refit_epochs}
-        if len(out["trials"]) > 1:
-            self.choices["lr_trials"] = out["trials"]
-        val_score = out["val_score"] if val_d is not None else None
-        return {
-            "train_loss": out["train_loss"],
-            "aux_lm_loss": out.get("aux_lm_loss"),
-            "history": out["history"],
-            "steps": out["steps"],
-            "train_seconds": round(time.time() - t0, 2),
-            "val_score": val_score,
-            "choices": self.choices,
-        }
+        return plan
+
+    def _refit(self, train: TaskData, full: RowStore | None, metric: str, out: dict, start: dict,
+               progress: Callable[[str], None] | None) -> int:
+        """The choices are made: train again from ``start`` on every example of ``train``, up to the chosen epoch
+        (the later of the best-metric and the least-loss epoch); fold its facts into ``out``; return that epoch."""
+        self.model.load_state_dict(start)
+        refit_epochs = max(out["best_epoch"], out["least_loss_epoch"])
+        again = train_trial(self, self._fit_plan(train, full, metric), out["lr"], progress, refit_epochs)
+        self.load_trainable_state(again.pop("state"))
+        out["steps"] += again["steps"]
+        out["train_loss"], out["aux_lm_loss"] = again["train_loss"], again["aux_lm_loss"]
+        out["history"] = out["history"] + [dict(r, refit=True) for r in again["history"]]
+        return refit_epochs
 
     def _split(self, train: TaskData) -> tuple[list[int], list[int]]:
         """(fit, val) indices of ``train``: the seeded validation split (none for too few examples)."""
