@@ -14,6 +14,8 @@ from pathlib import Path
 
 import lmforge
 from lmforge.cards import FAMILY_CARDS
+from lmforge.data.tasks import KINDS, TASKS
+from lmforge.interop.runs import family_export
 from lmforge.models import FAMILIES
 from lmforge.transfer.specs import SPECS
 
@@ -63,3 +65,15 @@ def test_no_branch_compares_a_task_or_family_name_outside_its_owners():
 def test_the_cards_family_table_follows_the_registry():
     """cards.py sits below the registry and keeps its own table of what a card says per family."""
     assert {name: card.label for name, card in FAMILY_CARDS.items()} == {f.name: f.label for f in FAMILIES.values()}
+
+
+def test_every_task_has_its_data_side_and_its_spec():
+    assert list(KINDS) == list(SPECS) == list(TASKS)
+
+
+def test_every_run_export_maps_heads_that_tasks_have():
+    heads = {spec.hf_head for spec in SPECS.values()} - {None}
+    exporting = [f for f in FAMILIES.values() if f.run_export]
+    assert [f.name for f in exporting] == ["bert", "gpt"]
+    for family in exporting:
+        assert set(family_export(family).HEADS) <= heads, family.name

@@ -27,6 +27,7 @@ from typing import Any
 from safetensors import safe_open
 
 from .config import load_json
+from .data.tasks import KINDS
 from .tokenization import Tokenizer
 from .tokenizer_pipelines import is_cjk
 from .utils import atomic_write_text
@@ -74,13 +75,6 @@ FAMILY_CARDS = {
         "ELECTRA", "feature-extraction",
         "contextual word vectors from the discriminator (`lmforge embed`), a body to fine-tune on the same tasks "
         "as BERT (`lmforge finetune`), and filling in masked words with its small generator (`lmforge fill-mask`)"),
-}
-TASK_PIPELINE = {
-    "classify": "text-classification",
-    "pair": "text-classification",
-    "tokens": "token-classification",
-    "qa": "question-answering",
-    "choice": "multiple-choice",
 }
 HF_ARCH = {"bert": "BertForPreTraining", "gpt2": "GPT2LMHeadModel", "electra": "ElectraForPreTraining"}
 SHARD_ARRAYS = ("tokens", "sentences", "documents")
@@ -408,7 +402,7 @@ def _run_card(folder: Path) -> str:
         "language": base_meta.get("language", ["en"]),
         "license": "other",
         "tags": ["lmforge", family, task, mode],
-        "pipeline_tag": TASK_PIPELINE.get(task, "text-classification"),
+        "pipeline_tag": KINDS[task].pipeline_tag if task in KINDS else "text-classification",
         "lmforge": {"kind": "run", "family": family, "task": task, "mode": mode, "base_model": str(base),
                     "corpus": corpus},
     }

@@ -92,10 +92,13 @@ class TaskKind:
         classes: a classifier over the training labels (at least two).
         seen: the labels or tags of a test split that the training data must know.
         tags: one tag per word (the tag set of two splits is their union).
+        pipeline_tag: what a model of the task does, as HF's pipeline tags name it (a run's model card, the
+            ``transformers.pipeline`` an HF export of the run is read by).
     """
 
     load: Callable
     from_fields: Callable
+    pipeline_tag: str
     takes_choices: bool = False
     classes: bool = False
     seen: Callable[[TaskData], set] | None = None
@@ -105,12 +108,14 @@ class TaskKind:
 # task -> its data side; the transfer side is lmforge.transfer.specs.TaskSpec
 KINDS: dict[str, TaskKind] = {
     "classify": TaskKind(lambda p, lab, cols: load_text_task(p, "classify", lab, cols), _text_example(False),
-                         classes=True, seen=_labels_seen),
+                         "text-classification", classes=True, seen=_labels_seen),
     "pair": TaskKind(lambda p, lab, cols: load_text_task(p, "pair", lab, cols, pair=True), _text_example(True),
-                     classes=True, seen=_labels_seen),
-    "tokens": TaskKind(lambda p, lab, cols: load_conll(p, lab, cols), _tokens_example, seen=_tags_seen, tags=True),
-    "qa": TaskKind(lambda p, lab, cols: load_squad(p, lab, cols), _qa_example),
-    "choice": TaskKind(lambda p, lab, cols: load_choices(p, lab, cols), _choice_example, takes_choices=True),
+                     "text-classification", classes=True, seen=_labels_seen),
+    "tokens": TaskKind(lambda p, lab, cols: load_conll(p, lab, cols), _tokens_example, "token-classification",
+                       seen=_tags_seen, tags=True),
+    "qa": TaskKind(lambda p, lab, cols: load_squad(p, lab, cols), _qa_example, "question-answering"),
+    "choice": TaskKind(lambda p, lab, cols: load_choices(p, lab, cols), _choice_example, "multiple-choice",
+                       takes_choices=True),
 }
 
 

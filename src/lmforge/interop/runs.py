@@ -44,6 +44,7 @@ from typing import Protocol
 import torch
 
 from ..config import load_json, save_json
+from ..data.tasks import KINDS
 from ..errors import LmforgeError
 from ..models.registry import FAMILIES, Family
 from ..transfer import load_run
@@ -71,7 +72,8 @@ class RunExport(Protocol):
         """The tokenizer files of the HF folder ``out``."""
 
 
-def _exporter(family: Family) -> RunExport:
+def family_export(family: Family) -> RunExport:
+    """The module that exports ``family``'s runs (its ``run_export``)."""
     return importlib.import_module(family.run_export)  # type: ignore[arg-type,return-value]
 
 
@@ -114,12 +116,12 @@ def _hf_class(data: dict, task: str) -> tuple[RunExport, str, str]:
         labels = [f.label for f in exporting.values()]
         names = " and ".join([", ".join(labels[:-1]), labels[-1]] if len(labels) > 1 else labels)
         raise LmforgeError(f"export-hf exports {names} runs to HF task classes; this is a {name} run")
-    exporter = _exporter(family)
+    exporter = family_export(family)
     spec = SPECS.get(task)
     if spec is None or spec.hf_head not in exporter.HEADS:
         tasks = ", ".join(t for t, s in SPECS.items() if s.hf_head in exporter.HEADS)
         raise LmforgeError(f"export-hf maps {name} runs of --task {tasks} to HF classes, not --task {task}")
-    return exporter, exporter.HEADS[spec.hf_head], spec.hf_pipeline  # type: ignore[index,return-value]
+    return exporter, exporter.HEADS[spec.hf_head], KINDS[task].pipeline_tag  # type: ignore[index]
 
 
 def check_exportable(data: dict, run_dir: str | Path | None = None) -> tuple[str, str]:
@@ -183,7 +185,7 @@ def export_run(run_dir: str | Path, out_dir: str | Path) -> Path:
     src = Path(run_dir)
     data = load_json(src / "config.json")
     arch, pipeline_task = check_exportable(data, run_dir)
-    exporter = _exporter(FAMILIES[data["family"]])
+    exporter = family_export(FAMILIES[data["family"]])
     run = load_run(src)
     run.body.eval()
     W, b = folded_linear(run.model.head)
@@ -227,4 +229,5 @@ def _card(out: Path, src: Path, run, arch: str, pipeline_task: str) -> None:
     atomic_write_text(out / "README.md", "\n".join(lines))
 
 
-__all__ = ["RunExport", "check_exportable", "export_run", "folded_linear", "is_run_folder", "retrain_command"]
+__all__ = ["RunExport", "check_exportable", "export_run", "family_export", "folded_linear", "is_run_folder",
+           "retrain_command"]

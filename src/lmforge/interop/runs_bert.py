@@ -2,8 +2,7 @@
 
 :mod:`lmforge.interop.runs` checks and folds the head and calls these (the :class:`~lmforge.interop.runs.RunExport`
 interface).  The body's weights map with :mod:`lmforge.interop.bert`; the head's Linear becomes ``classifier``
-(``qa_outputs`` for QA).  ``BertForSequenceClassification`` reads ``[CLS]`` through BERT's tanh pooler, which is
-exactly ``--pool pooler``; the token and QA classes have no pooler.
+(``qa_outputs`` for QA); the token and QA classes have no pooler.
 """
 
 from __future__ import annotations

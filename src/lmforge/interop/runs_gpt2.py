@@ -1,12 +1,7 @@
 """GPT's side of ``lmforge export-hf RUN``: a GPT transfer run as HF ``GPT2ForSequenceClassification``.
 
 :mod:`lmforge.interop.runs` checks and folds the head and calls these (the :class:`~lmforge.interop.runs.RunExport`
-interface).  The tokenizer gets the run's start / delimiter / extract tokens (ids V, V+1, V+2, rows of ``wte``) and
-a post-processor that frames every input as ``start text extract`` (pairs: ``start a delim b extract``), so the
-pipeline feeds the run's ids; ``<|endoftext|>`` is the pad token, and ``GPT2ForSequenceClassification`` reads the
-last non-pad token: the extract token.  Its ``score`` Linear has no bias, so the head's bias ``b`` moves into
-``ln_f``'s bias, whose output feeds only the score: ``Δβ`` solves ``W Δβ = b`` (least squares), exact when the
-``num_labels`` rows of ``W`` are independent.  Only pre-LN GPTs (GPT-2 style) map.
+interface); its docstring says how the task tokens, the pad token and the head's bias map.
 """
 
 from __future__ import annotations

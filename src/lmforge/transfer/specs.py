@@ -48,8 +48,8 @@ class TaskSpec:
         label_outputs: each output names one of the run's labels (a class or a tag), which an HF export writes as
             ``id2label``.
         hf_head: the kind of HF task class a run exports to (``lmforge export-hf``: ``BertFor`` + ``hf_head``...);
-            None = no HF class takes the run.
-        hf_pipeline: the ``transformers.pipeline`` task that reads that HF class.
+            None = no HF class takes the run.  The pipeline that reads it is the task's
+            :attr:`lmforge.data.tasks.TaskKind.pipeline_tag`.
     """
 
     name = ""
@@ -67,7 +67,6 @@ class TaskSpec:
     bilstm_head = True
     label_outputs = False
     hf_head: str | None = None
-    hf_pipeline: str | None = None
 
     def num_outputs(self, labels: Sequence[str]) -> int:
         return self.num_outputs_fixed or len(labels)
@@ -108,7 +107,6 @@ class ClassifySpec(TaskSpec):
     stratify = True
     label_outputs = True
     hf_head = "SequenceClassification"
-    hf_pipeline = "text-classification"
 
     def __init__(self, name: str, pair_rows: bool = False):
         self.name = name
@@ -165,7 +163,6 @@ class TokensSpec(TaskSpec):
     file_suffix = "conll"
     label_outputs = True
     hf_head = "TokenClassification"
-    hf_pipeline = "token-classification"
 
     def main_metric(self, labels) -> str:
         return "entity_f1" if is_bio(labels) else "token_accuracy"
@@ -252,7 +249,6 @@ class QASpec(TaskSpec):
     bilstm_head = False
     num_outputs_fixed = 2
     hf_head = "QuestionAnswering"
-    hf_pipeline = "question-answering"
 
     def main_metric(self, labels) -> str:
         return "f1"
