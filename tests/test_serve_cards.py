@@ -1,4 +1,4 @@
-"""Model cards (README.md in the HF format) for model folders, runs and HF exports, and ``--log tensorboard``."""
+"""Model cards (README.md in the HF format) for model folders, runs and HF exports, and ``--set log=tensorboard``."""
 
 from __future__ import annotations
 
@@ -185,8 +185,8 @@ def test_word2vec_run_and_export_cards(gpt_dir, wordpiece_shards, bpe_shards, tm
                 "16",
                 "--out",
                 str(run),
-                "--log",
-                "tensorboard",
+                "--set",
+                "log=tensorboard",
             ]
         )
         == 0
@@ -197,7 +197,7 @@ def test_word2vec_run_and_export_cards(gpt_dir, wordpiece_shards, bpe_shards, tm
     assert "\n# run: classify with a " in text  # titled by the folder's name, not its staging name
     assert meta["lmforge"]["corpus"]["sha256"] == shard_facts(bpe_shards)["sha256"]
     assert f"| accuracy | {metrics['accuracy']:.4g} |" in text and "| n_train | 8 |" in text
-    scalars = read_scalars(run)  # finetune --log tensorboard: a loss per epoch (per lr tried) and the test metrics
+    scalars = read_scalars(run)  # finetune --set log=tensorboard: a loss per epoch (per lr tried) and the test metrics
     losses = [tag for tag in scalars if tag.startswith("train/loss")]
     assert losses and all([s for s, _ in scalars[tag]] == [1, 2] for tag in losses)
     assert scalars["test/accuracy"][0][1] == pytest.approx(metrics["accuracy"])

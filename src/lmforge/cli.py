@@ -54,9 +54,23 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def parse_args(parser: argparse.ArgumentParser, argv: list[str] | None) -> argparse.Namespace:
+    """``parser.parse_args``, but a flag a command no longer takes is answered in one line saying what to write
+    instead (the command's ``removed_flags``), exit status 2 as for argparse's own errors."""
+    args, unknown = parser.parse_known_args(argv)
+    if unknown:
+        from .commands._common import removed_spelling
+
+        line = removed_spelling(getattr(args, "removed_flags", {}), unknown, sys.argv[1:] if argv is None else argv)
+        if line is not None:
+            raise SystemExit(_fail(args.command, line))
+        parser.parse_args(argv)  # argparse's own message for anything else it does not know
+    return args
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args = parse_args(parser, argv)
     if not getattr(args, "func", None):
         parser.print_help()
         return 1

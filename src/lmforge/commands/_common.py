@@ -5,7 +5,10 @@
 - :func:`add_json_arg` and :func:`show`: a short human summary by default, the full record as JSON with
   ``--json``.
 - :func:`refuse_flag_keys`: a ``--set`` key that a flag owns is refused, naming the flag (one way to say
-  each thing).
+  each thing); :func:`removed_flags` declares the flags a command no longer takes and what to write instead,
+  and :func:`removed_spelling` gives the one-line answer ``lmforge`` prints for them.
+- :func:`say`: a line on the way to the result (stdout, or stderr with ``--json`` so that stdout holds the JSON
+  alone).
 - :func:`progress`: a tqdm bar on a terminal, plain log lines when the output is piped.
 """
 
@@ -33,7 +36,8 @@ FLAG_KEYS = {
 }
 
 
-def _device_arg(text: str) -> str:
+def device_arg(text: str) -> str:
+    """argparse ``type`` of every ``--device``: cpu, cuda, cuda:N or auto, refused at parse time otherwise."""
     try:
         return check_device(text)
     except LmforgeError as e:
@@ -44,7 +48,7 @@ def add_compute_args(p: argparse.ArgumentParser) -> None:
     """``--device`` and ``--precision`` (default ``None``: the run config's, else ``auto``)."""
     g = p.add_argument_group("where and in which precision to compute")
     g.add_argument(
-        "--device", type=_device_arg, default=None, metavar="DEVICE",
+        "--device", type=device_arg, default=None, metavar="DEVICE",
         help="cpu, cuda, cuda:N or auto (default: auto = cuda when torch sees a GPU, else cpu)",
     )
     g.add_argument(
@@ -71,6 +75,11 @@ def add_json_arg(p: argparse.ArgumentParser) -> None:
                    help="print the full record as JSON instead of the short summary")
 
 
+def say(args: argparse.Namespace, text: str) -> None:
+    """A line on the way to the result: on stdout, or on stderr with ``--json`` (stdout holds the JSON alone)."""
+    print(text, file=sys.stderr if getattr(args, "json", False) else sys.stdout, flush=True)
+
+
 def add_set_arg(p: argparse.ArgumentParser, help: str) -> None:
     p.add_argument("--set", dest="overrides", nargs="+", action="extend", default=[], metavar="KEY=VALUE",
                    help=help)
@@ -86,6 +95,29 @@ def refuse_flag_keys(pairs: Sequence[str], owned: dict[str, str] | None = None) 
             flag = owned[key]
             example = flag if " " in flag or not value.strip() else f"{flag} {value.strip()}"
             raise LmforgeError(f"--set {key}=... is not a setting here; use {example}")
+
+
+def removed_flags(p: argparse.ArgumentParser, spellings: dict[str, str]) -> None:
+    """Flags ``p`` no longer takes, each with what to write instead (``{}`` there stands for the value given):
+    ``lmforge`` answers them in one line (:func:`removed_spelling`) instead of argparse's "unrecognized"."""
+    p.set_defaults(removed_flags=spellings)
+
+
+def removed_spelling(spellings: dict[str, str], unknown: Sequence[str], argv: Sequence[str]) -> str | None:
+    """The line for the first of ``unknown`` (argparse's leftover arguments) that is a removed flag, else ``None``.
+
+    The value shown in the advice is the one given after the flag in ``argv`` (``--log=x`` or ``--log x``)."""
+    argv = [str(a) for a in argv]
+    for token in unknown:
+        flag, eq, value = str(token).partition("=")
+        if flag not in spellings:
+            continue
+        if not eq and flag in argv:
+            i = argv.index(flag)
+            value = argv[i + 1] if i + 1 < len(argv) and not argv[i + 1].startswith("-") else ""
+        instead = spellings[flag].replace("{}", value or "VALUE")
+        return f"{flag} is not an option of this command; use {instead}"
+    return None
 
 
 # -- numbers a person reads ---------------------------------------------------------------------------------

@@ -3,7 +3,9 @@ held-out test split, the progress bar and the summary.
 
 Settings come, last one winning, from the TransferConfig defaults, a run file (``--config``: a finished
 run's ``config.json``, or a ``.toml`` / ``.json`` / ``.yaml`` file of transfer keys, flat or under
-``[transfer]``), ``--set KEY=VALUE`` (the keys without a flag of their own) and the flags.
+``[transfer]``), ``--set KEY=VALUE`` (the keys without a flag of their own) and the flags. One key is the
+command's, not the transfer's: ``log`` (``jsonl``, or ``tensorboard`` for event files in the run folder too), the
+same key ``lmforge pretrain`` takes.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from typing import Any
 from ..config import from_dict, load_config_file, parse_overrides
 from ..errors import ConfigError, LmforgeError
 from ..train.precision import resolve_device, upgrade_legacy_keys
+from ..train.tblog import LOG_CHOICES
 from ..transfer.config import TransferConfig
 from ._common import add_set_arg, fmt, pairs
 
@@ -32,7 +35,8 @@ def add_run_file_args(p: argparse.ArgumentParser) -> None:
         ".yaml file of TransferConfig keys (flat or under [transfer]); --set and the flags override it",
     )
     add_set_arg(p, "transfer keys without a flag of their own, e.g. --set dropout=0.2 warmup=0.1 weight_decay=0 "
-                   "head_hidden=256 cv_folds=3")
+                   "head_hidden=256 cv_folds=3; log=tensorboard also writes TensorBoard event files into --out (train "
+                   "loss per epoch, test metrics), as pretrain's --set log=tensorboard does")
 
 
 def _fields() -> set[str]:
@@ -53,8 +57,15 @@ def read_run_file(path: str | Path) -> dict[str, Any]:
     return upgrade_legacy_keys(dict(section))
 
 
-def transfer_settings(args: argparse.Namespace) -> tuple[str, str, dict[str, Any]]:
-    """``(task, mode, options)`` for :func:`run_transfer` from the run file, ``--set`` and the flags."""
+def _log_choice(value: Any) -> str:
+    if value not in LOG_CHOICES:
+        raise ConfigError(f"log must be {' or '.join(LOG_CHOICES)}, got {value!r}")
+    return value
+
+
+def transfer_settings(args: argparse.Namespace) -> tuple[str, str, dict[str, Any], str]:
+    """``(task, mode, options, log)``: ``options`` for :func:`run_transfer` from the run file, ``--set`` and the
+    flags, and how the command logs the run (``log``: jsonl or tensorboard)."""
     fields = _fields()
     flagged = {k for k in vars(args) if k in fields}
     merged: dict[str, Any] = read_run_file(args.config) if args.config else {}
@@ -63,6 +74,7 @@ def transfer_settings(args: argparse.Namespace) -> tuple[str, str, dict[str, Any
         if key in flagged:
             raise LmforgeError(f"--set {key}=... has a flag of its own here; use {_flag(key)}")
     merged.update(over)
+    log = _log_choice(merged.pop("log", "jsonl"))
     typed = from_dict(TransferConfig, {"task": merged.get("task", "classify"), **merged}) if merged else None
     options = {k: getattr(typed, k) for k in merged} if typed is not None else {}
     for key in flagged:
@@ -72,7 +84,7 @@ def transfer_settings(args: argparse.Namespace) -> tuple[str, str, dict[str, Any
     task, mode = options.pop("task", None), options.pop("mode", None)
     if task is None:
         raise LmforgeError("give --task (classify, pair, tokens, qa or choice), or a --config that names it")
-    return task, mode or "finetune", options
+    return task, mode or "finetune", options, log
 
 
 # -- the summary ----------------------------------------------------------------------------------------------
@@ -96,7 +108,7 @@ def _choices_line(choices: dict) -> str | None:
     return "chosen on the validation split: " + "; ".join(p for p in parts if p)
 
 
-def summary(record: dict, out: str, held_out: str | None) -> list[str]:
+def summary(record: dict, out: str, held_out: str | None, log: str = "jsonl") -> list[str]:
     """The lines a person reads after a finetune run."""
     scratch = ", from scratch" if record.get("from_scratch") else ""
     metrics = {k: v for k, v in record.items() if k not in _NOT_METRICS and not k.startswith("val_")}
@@ -122,4 +134,6 @@ def summary(record: dict, out: str, held_out: str | None) -> list[str]:
         lines.append(held_out)
     lines.append(f"wrote {out}/metrics.json, predictions.jsonl, config.json and the weights; repeat the run with "
                  f"--config {out}/config.json")
+    if log == "tensorboard":
+        lines.append(f"TensorBoard event files in {out}: tensorboard --logdir {out}")
     return lines

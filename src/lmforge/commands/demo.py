@@ -6,7 +6,7 @@ import argparse
 
 from ..demo import run_demo
 from ..folder_writing import output_folder
-from ._common import add_compute_args, add_json_arg, show
+from ._common import add_compute_args, add_json_arg, say, show
 
 
 def register(sub) -> None:
@@ -63,7 +63,7 @@ def run(args) -> int:
 
     def on_done(report):
         tag = "reused" if report.reused else f"built in {report.seconds:.1f}s"
-        print(f"  {report.summary}  [{tag}]", flush=True)
+        say(args, f"  {report.summary}  [{tag}]")
 
     # the demo logs one line per transfer run; the epoch-by-epoch lines of the parts it calls are too many
     chatty = [logging.getLogger(name) for name in ("lmforge.transfer", "lmforge.evaluate")]

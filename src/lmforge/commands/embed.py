@@ -7,6 +7,7 @@ from pathlib import Path
 from ..errors import LmforgeError
 from ..evaluate import load_models
 from ..evaluate.polysemy import format_polysemy, polysemy_table
+from ._common import add_json_arg, show
 
 
 def register(sub) -> None:
@@ -24,6 +25,7 @@ def register(sub) -> None:
     p.add_argument("--word", required=True, help="the word to compare (whole word, case-insensitive; found inside "
                    "unsegmented Chinese/Japanese text too, e.g. --word 苹果)")
     p.add_argument("--reference", choices=["minilm"], help="add the real all-MiniLM-L6-v2 as a reference row")
+    add_json_arg(p)
     p.set_defaults(func=run, reads=("items",))
 
 
@@ -41,7 +43,10 @@ def run(args) -> int:
         raise LmforgeError(f"give at least two sentences after the model folders (got {len(sentences)})")
     models = load_models(model_dirs, args.reference)
     rows = polysemy_table(models, sentences, args.word)
-    for k, s in enumerate(sentences, 1):
-        print(f"[{k}] {s}")
-    print(format_polysemy(rows, args.word, len(sentences)))
+    record = {"word": args.word, "sentences": sentences, "rows": [
+        {"model": r.model, "layer": r.layer, "mean": r.mean,
+         "cosines": [{"a": i + 1, "b": j + 1, "cosine": c} for (i, j), c in sorted(r.pairs.items())]}
+        for r in rows]}
+    lines = [f"[{k}] {s}" for k, s in enumerate(sentences, 1)]
+    show(args, record, [*lines, format_polysemy(rows, args.word, len(sentences))])
     return 0

@@ -9,6 +9,7 @@ from pathlib import Path
 
 from ..errors import LmforgeError
 from ..models import load
+from ._common import add_json_arg, show
 
 EPILOG = """\
 examples:
@@ -43,6 +44,7 @@ def register(sub) -> None:
                    help="mean or max over the text's tokens, or the [CLS] vector (BERT only); default mean")
     p.add_argument("--normalize", action="store_true", help="scale every vector to unit length")
     p.add_argument("--batch-size", type=int, default=32, metavar="N", help="texts per forward pass (default 32)")
+    add_json_arg(p)
     p.set_defaults(func=run, reads=("model_dir", "--file"), writes=("--out",))
 
 
@@ -66,9 +68,13 @@ def run(args) -> int:
     save_vectors(out, texts, vectors)
     n_layers = len(model.layer_names())
     layer = resolve_layer(args.layer, n_layers)
-    print(f"wrote {len(texts)} vectors of {vectors.shape[1]} floats to {out} ({model.model_type}, layer {layer} of "
-          f"0..{n_layers - 1}, {args.pool} pooling{', normalized' if args.normalize else ''}; "
-          f"{len(texts) / max(seconds, 1e-9):.1f} texts/s)")
+    record = {"out": str(out), "model": str(args.model_dir), "model_type": model.model_type, "texts": len(texts),
+              "dim": int(vectors.shape[1]), "layer": layer, "layers": n_layers, "pool": args.pool,
+              "normalize": args.normalize, "seconds": seconds, "texts_per_s": len(texts) / max(seconds, 1e-9)}
+    show(args, record, [
+        f"wrote {len(texts)} vectors of {vectors.shape[1]} floats to {out} ({model.model_type}, layer {layer} of "
+        f"0..{n_layers - 1}, {args.pool} pooling{', normalized' if args.normalize else ''}; "
+        f"{len(texts) / max(seconds, 1e-9):.1f} texts/s)"])
     return 0
 
 

@@ -10,7 +10,7 @@ from ..transfer import run_transfer
 from ..transfer.holdout import hold_out
 from ..transfer.specs import SPECS
 from ._columns import add_column_args
-from ._common import add_compute_args, add_json_arg, progress, show
+from ._common import add_compute_args, add_json_arg, progress, removed_flags, show
 from ._finetune import add_run_file_args, summary, transfer_settings
 
 
@@ -179,21 +179,15 @@ def register(sub) -> None:
     _add_head_args(p)
     p.add_argument("--cache-dir", default=None, help="features mode: vector cache (default ~/.cache/lmforge/features)")
     add_compute_args(p)
-    p.add_argument(
-        "--log",
-        choices=["jsonl", "tensorboard"],
-        default="jsonl",
-        help="tensorboard: also write TensorBoard event files into --out (train/loss per epoch, test metrics)",
-    )
     add_run_file_args(p)
     add_json_arg(p)
+    removed_flags(p, {"--log": "--set log={}", "--bf16": "--precision bf16"})  # as pretrain says them
     p.set_defaults(func=run, reads=("model_dir", "--train", "--test"), writes=("--out",))
     add_column_args(p)
 
 
 def run(args) -> int:
-
-    task, mode, options = transfer_settings(args)
+    task, mode, options, log = transfer_settings(args)
     train, test, split = args.train, args.test, None
     if test is None:  # one labelled file: a seeded, stratified part of it is the test set
         split = hold_out(load_task(args.train, task), args.test_fraction, options.get("seed") or 0)
@@ -203,10 +197,7 @@ def run(args) -> int:
     with output_folder(args.out, "run", args.overwrite, inputs=[args.model_dir], beside=True):
         check_model_folder(args.model_dir)
         with staged_folder(args.out, "run") as tmp:
-            tb = None
-            if args.log == "tensorboard":
-
-                tb = EpochLog(tmp)
+            tb = EpochLog(tmp) if log == "tensorboard" else None
             quiet = getattr(args, "quiet", False)
             with progress("finetune", quiet=quiet, quiet_loggers=("lmforge.transfer.fit",)) as bar:
                 def on_epoch(line: str) -> None:
@@ -221,5 +212,5 @@ def run(args) -> int:
     held_out = {"held_out_of": str(args.train), "fraction": split.fraction, "seed": split.seed,
                 "stratified": split.stratified} if split is not None else None
     record = {**metrics, "out": str(args.out), "test": held_out or str(args.test)}
-    show(args, record, lambda: summary(metrics, args.out, split.describe() if split is not None else None))
+    show(args, record, lambda: summary(metrics, args.out, split.describe() if split is not None else None, log))
     return 0

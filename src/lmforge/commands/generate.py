@@ -1,12 +1,15 @@
-"""``lmforge generate MODEL_DIR --prompt "..."``: continue a prompt with a GPT, streaming the text."""
+"""``lmforge generate MODEL_DIR --prompt "..."``: continue a prompt with a GPT, streaming the text (``--json``: the
+prompt, the new text and its token count as one JSON record once it is done)."""
 
 from __future__ import annotations
 
 import sys
+import time
 
 from ..errors import LmforgeError
 from ..generation import check_generation_args, generate_text
 from ..models import FAMILIES, get_family, load
+from ._common import add_json_arg, device_arg, fmt, show
 
 #: the most tokens one `lmforge generate` adds (more is capped, with a message)
 MAX_NEW_TOKENS = 4096
@@ -31,12 +34,14 @@ def register(sub) -> None:
     )
     p.add_argument("--seed", type=int, default=None, help="seed for sampling (same seed, same text)")
     p.add_argument("--no-cache", action="store_true", help="recompute the whole context every step (slow)")
-    p.add_argument("--device", default="auto", help="auto (CUDA when available), cpu, cuda or cuda:N")
+    p.add_argument("--device", type=device_arg, default="auto", metavar="DEVICE",
+                   help="cpu, cuda, cuda:N or auto (default: auto = cuda when torch sees a GPU, else cpu)")
+    add_json_arg(p)
     p.set_defaults(func=run, reads=("model_dir",))
 
 
 def run(args) -> int:
-    import torch
+    from ..train.precision import resolve_device  # imports torch: only when run
 
     check_generation_args(args.max_new_tokens, args.temperature, args.top_k, args.top_p, args.seed)
     max_new = args.max_new_tokens
@@ -50,19 +55,20 @@ def run(args) -> int:
         raise LmforgeError(f"{args.model_dir} holds a '{model.model_type}' model; generate needs a {makers}")
     if model.tokenizer is None:
         raise LmforgeError(f"{args.model_dir} has no tokenizer files; generate needs tokenizer.json beside the model")
-    device = args.device
-    if device == "auto":
-        device = "cuda" if torch.cuda.is_available() else "cpu"
-    model.to(device)
-    out = sys.stdout
-    out.write(args.prompt)
-    out.flush()
+    model.to(resolve_device(args.device))
+    stream = None if args.json else sys.stdout  # --json: one record at the end, nothing streamed
+    if stream is not None:
+        stream.write(args.prompt)
+        stream.flush()
 
-    def show(piece: str) -> None:
-        out.write(piece)
-        out.flush()
+    def on_text(piece: str) -> None:
+        if stream is not None:
+            stream.write(piece)
+            stream.flush()
 
-    generate_text(
+    tokens = []
+    start = time.perf_counter()
+    text = generate_text(
         model,
         args.prompt,
         max_new_tokens=max_new,
@@ -72,8 +78,18 @@ def run(args) -> int:
         stop=args.stop,
         seed=args.seed,
         use_cache=not args.no_cache,
-        on_text=show,
+        on_text=on_text,
+        on_token=tokens.append,
     )
-    out.write("\n")
-    out.flush()
+    seconds = time.perf_counter() - start
+    if stream is not None:
+        stream.write("\n")
+        stream.flush()
+    record = {"model": str(args.model_dir), "prompt": args.prompt, "text": text, "new_tokens": len(tokens),
+              "seconds": seconds, "temperature": args.temperature, "top_k": args.top_k, "top_p": args.top_p,
+              "seed": args.seed}
+    if args.json:
+        show(args, record, [])
+    elif not args.quiet:  # the text is the output; how long it took goes beside it, on stderr
+        print(f"({len(tokens)} new tokens in {fmt(seconds)} s)", file=sys.stderr)
     return 0

@@ -5,6 +5,7 @@ from __future__ import annotations
 from ..folder_writing import output_folder, staged_folder
 from ..interop import export_hf, import_hf
 from ..interop.hub_cache import resolve_hf_dir
+from ._common import add_json_arg, say, show
 
 
 def register(sub) -> None:
@@ -22,6 +23,7 @@ def register(sub) -> None:
                    "there is replaced once the new one is complete")
     p.add_argument("--overwrite", action="store_true",
                    help="replace a folder of another kind or holding other files (its old content is deleted)")
+    add_json_arg(p)
     p.set_defaults(func=run_export, reads=("model_dir",), writes=("out_dir",))
     q = sub.add_parser("import-hf", help="read an HF BERT/GPT-2/ELECTRA folder into an lmforge model folder")
     q.add_argument("hf_dir", help="HF folder with config.json and model.safetensors, or a model id (org/name) "
@@ -29,18 +31,24 @@ def register(sub) -> None:
     q.add_argument("model_dir", help="lmforge model folder to write (a new one: it appears complete or not at all)")
     q.add_argument("--overwrite", action="store_true",
                    help="replace an existing model folder or other folder (its old content is deleted)")
+    add_json_arg(q)
     q.set_defaults(func=run_import, reads=("hf_dir",), writes=("model_dir",))
 
 _REPLACE = "pass --overwrite to replace it (its old content is deleted)"
 
 
 def run_export(args) -> int:
+    from ..config import load_json
 
     with output_folder(args.out_dir, "export", args.overwrite, inputs=[args.model_dir], beside=True,
                        option="OUT_DIR", hint=_REPLACE) as out:
         with staged_folder(out, "export") as tmp:
             export_hf(args.model_dir, tmp)
-    print(f"wrote HF folder {out}")
+    config = load_json(out / "config.json")
+    classes = config.get("architectures") or []
+    record = {"out": str(out), "source": str(args.model_dir), "model_type": config.get("model_type"),
+              "architectures": classes}
+    show(args, record, [f"wrote HF folder {out}" + (f" ({', '.join(classes)})" if classes else "")])
     return 0
 
 
@@ -48,10 +56,13 @@ def run_import(args) -> int:
 
     hf_dir = resolve_hf_dir(args.hf_dir)  # a folder, or a model id found in the local HF cache
     if str(hf_dir) != args.hf_dir:
-        print(f"reading {args.hf_dir} from the HF cache: {hf_dir}")
+        say(args, f"reading {args.hf_dir} from the HF cache: {hf_dir}")
     with output_folder(args.model_dir, "model", args.overwrite, inputs=[hf_dir], existing="refuse", beside=True,
                        option="MODEL_DIR", hint=_REPLACE) as out:
         with staged_folder(out, "model") as tmp:
             model = import_hf(hf_dir, tmp)
-    print(f"imported {model.model_type} ({model.num_parameters() / 1e6:.1f}M parameters) into {args.model_dir}")
+    parameters = model.num_parameters()
+    record = {"model_dir": str(args.model_dir), "source": str(args.hf_dir), "hf_dir": str(hf_dir),
+              "model_type": model.model_type, "parameters": parameters}
+    show(args, record, [f"imported {model.model_type} ({parameters / 1e6:.1f}M parameters) into {args.model_dir}"])
     return 0

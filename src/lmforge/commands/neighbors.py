@@ -7,6 +7,7 @@ import sys
 
 from ..errors import LmforgeError
 from ..models import load
+from ._common import add_json_arg, show
 
 EPILOG = """\
 examples:
@@ -35,6 +36,7 @@ def register(sub) -> None:
     p.add_argument("--min-count", type=int, default=1, metavar="N",
                    help="contextual models: only words seen at least N times in --corpus (default 1)")
     p.add_argument("--batch-size", type=int, default=32, metavar="N", help="corpus texts per forward pass")
+    add_json_arg(p)
     p.set_defaults(func=run, reads=("model_dir", "--corpus"))
 
 
@@ -47,10 +49,11 @@ def run(args) -> int:
     if model.contextual and args.corpus is None:
         raise LmforgeError(f"{model.model_type} vectors depend on the sentence: give --corpus FILE (texts using "
                            f"'{args.word}'); each word's neighbours come from its mean vector over the corpus")
-    show = sys.stderr.isatty() and not args.quiet
+    bar = sys.stderr.isatty() and not args.quiet
     found = neighbors(model, args.word, args.top_k, args.corpus, layer=args.layer, min_count=args.min_count,
-                      batch_size=args.batch_size, progress=show)
+                      batch_size=args.batch_size, progress=bar)
+    record = {"model": str(args.model_dir), "model_type": model.model_type, "word": args.word,
+              "neighbors": [{"word": w, "cosine": score} for w, score in found]}
     width = max(len(w) for w, _ in found) if found else 0
-    for w, score in found:
-        print(f"{w:<{width}}  {score:.4f}")
+    show(args, record, [f"{w:<{width}}  {score:.4f}" for w, score in found])
     return 0

@@ -12,6 +12,7 @@ from ..data.tasks import TaskData, example_from_fields, load_task
 from ..errors import DataError
 from ..transfer import load_run
 from ..utils import atomic_write_text
+from ._common import show
 from ._predict import prediction_line, with_inputs
 
 
@@ -39,7 +40,8 @@ def register(sub) -> None:
     )
     p.add_argument("--out", default=None,
                    help="write the predictions (JSONL, each beside its input) here instead of printing them")
-    p.add_argument("--json", action="store_true", help="print one JSON record per example")
+    p.add_argument("--json", action="store_true",
+                   help="print one JSON record per example (with --out: one JSON record of what was written)")
     p.set_defaults(func=run, reads=("run_dir", "--file"), writes=("--out",))
 
 
@@ -65,7 +67,8 @@ def run(args) -> int:
     records = beside if args.file else preds  # --text: the record the server answers too
     if args.out:
         atomic_write_text(args.out, "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in beside))
-        print(f"wrote {len(preds)} predictions, each beside its input, to {args.out}")
+        show(args, {"out": str(args.out), "predictions": len(preds), "task": task},
+             [f"wrote {len(preds)} predictions, each beside its input, to {args.out}"])
     elif args.json:
         sys.stdout.write("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in records))
     else:

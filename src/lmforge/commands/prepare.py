@@ -6,6 +6,7 @@ import argparse
 
 from ..folder_writing import output_folder
 from ..folders import write_marker
+from ._common import add_json_arg, show
 from ._corpus import INPUTS_HELP, add_corpus_args
 
 EPILOG = """\
@@ -42,6 +43,7 @@ def register(sub) -> None:
                         "shards for `evaluate lm --split train` only: pretraining refuses shards without a val split")
     p.add_argument("--workers", type=int, default=None, metavar="N",
                    help="processes that split and encode the text (default: the cores this machine gives lmforge)")
+    add_json_arg(p)
     p.set_defaults(func=run, reads=("files", "--dataset", "--tokenizer"), writes=("--out",))
 
 
@@ -67,7 +69,7 @@ def run(args) -> int:
             meta = prepare(corpus, args.tokenizer, args.out, val_fraction=args.val_fraction, workers=args.workers,
                            progress=bar.update)
         write_marker(out, "shards")
-    print(format_summary(Path(args.out), meta))
+    show(args, {"out": str(args.out), **meta}, [format_summary(Path(args.out), meta)])
     if meta["splits"]["val"]["tokens"] == 0:
         print("note: no validation split (--val-fraction 0): these shards can be scored with `lmforge evaluate lm "
               "--split train` but not pretrained on", file=sys.stderr)

@@ -22,7 +22,7 @@ from ..train.config import TrainConfig, parse_duration
 from ..train.precision import resolve_device, resolve_precision
 from ..train.pretrain import check_init, default_train_config, pretrain
 from ._budget import check_budget_args, plan_for_cli
-from ._common import add_compute_args, add_json_arg, add_set_arg, fmt, refuse_flag_keys, show
+from ._common import add_compute_args, add_json_arg, add_set_arg, fmt, refuse_flag_keys, removed_flags, say, show
 from ._runconfig import model_config, model_from_choice, recipe_of, run_file_train, split_sets, train_config
 
 FAMILY_CHOICES = tuple(FAMILIES)
@@ -53,6 +53,10 @@ keys under [train] (or both as flat keys), and optionally preset = "tiny" as the
 Every run saves OUT/train_config.json in that form: pass it back as --config to repeat the run.
 --set overrides the file; --device and --precision override both.
 """
+
+
+# flags pretrain no longer takes, and the one way to say each
+REMOVED_FLAGS = {"--max-steps": "--set max_steps={}", "--log": "--set log={}", "--bf16": "--precision bf16"}
 
 
 def _key_names() -> str:
@@ -120,6 +124,7 @@ def register(sub) -> None:
                    help="run the training forward through torch.compile: a minute or more of compilation before "
                    "the first step, off by default (docs/training.md has the measurements); saved with the run")
     add_json_arg(p)
+    removed_flags(p, REMOVED_FLAGS)
     p.set_defaults(func=run, reads=("--data", "--init", "--tokenizer", "--plan", "--config"), writes=("--out",))
 
 
@@ -191,7 +196,7 @@ def run(args) -> int:
             restore_model_config(out)
         if planned:
             plan = plan_for_cli(args)
-            print(plan.describe(), flush=True)
+            say(args, plan.describe())
             result = run_plan(plan, args.data, args.out, tokenizer_dir=args.tokenizer)
         else:
             model_over, train_over, recipe_over = split_sets(overrides, args.family)

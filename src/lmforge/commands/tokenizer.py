@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 
+from ._common import add_json_arg, show
 from ._corpus import INPUTS_HELP, add_corpus_args
 
 EPILOG_TRAIN = """\
@@ -42,12 +43,14 @@ def register(sub) -> None:
                       help="keep case and accents (WordPiece lower-cases and strips accents by default)")
     case.add_argument("--lowercase", dest="lowercase", action="store_true", help="lower-case (default for WordPiece)")
     t.add_argument("--min-frequency", type=int, default=2, metavar="K", help="keep pieces seen K times (default 2)")
+    add_json_arg(t)
     t.set_defaults(func=run_train, reads=("files", "--dataset"), writes=("--out",))
 
     e = tsub.add_parser("encode", help="show how a tokenizer splits some text",
                         description="Print tokens, ids and character offsets of TEXT (no special tokens).")
     e.add_argument("--tokenizer", required=True, metavar="DIR", help="tokenizer folder")
     e.add_argument("text", nargs="+", help="text to encode")
+    add_json_arg(e)
     e.set_defaults(func=run_encode, reads=("--tokenizer",))
     p.set_defaults(func=lambda args: (p.print_help(), 1)[1])
 
@@ -66,9 +69,10 @@ def run_train(args) -> int:
             min_frequency=args.min_frequency, show_progress=sys.stderr.isatty(),
         )
         out = tok.save(out)
-    print(f"trained {tok.kind} tokenizer: final vocabulary size {tok.vocab_size} (asked for {args.vocab_size}), "
-          f"lowercase={tok.lowercase}, hash {tok.hash[:12]}")
-    print(f"saved to {out}")
+    record = {"out": str(out), "kind": tok.kind, "vocab_size": tok.vocab_size, "asked_vocab_size": args.vocab_size,
+              "lowercase": tok.lowercase, "hash": tok.hash}
+    show(args, record, [f"trained {tok.kind} tokenizer: final vocabulary size {tok.vocab_size} (asked for "
+                        f"{args.vocab_size}), lowercase={tok.lowercase}, hash {tok.hash[:12]}", f"saved to {out}"])
     return 0
 
 
@@ -78,7 +82,7 @@ def run_encode(args) -> int:
     tok = Tokenizer.load(args.tokenizer)
     text = " ".join(args.text)
     ids, tokens, offsets = tok.encode_with_offsets(text)
-    for i, t, (a, b) in zip(ids, tokens, offsets):
-        print(f"{i:>7}  {t!r:<20} {a}:{b} {text[a:b]!r}")
-    print(f"{len(ids)} tokens")
+    record = {"text": text, "ids": list(ids), "tokens": list(tokens), "offsets": [[a, b] for a, b in offsets]}
+    lines = [f"{i:>7}  {t!r:<20} {a}:{b} {text[a:b]!r}" for i, t, (a, b) in zip(ids, tokens, offsets)]
+    show(args, record, [*lines, f"{len(ids)} tokens"])
     return 0

@@ -1,4 +1,5 @@
-"""``--log tensorboard``: TensorBoard event files beside ``metrics.jsonl``, written as training goes.
+"""``--set log=tensorboard`` (pretrain and finetune): TensorBoard event files beside ``metrics.jsonl``, written as
+training goes.
 
 :func:`log_event` takes the events the Trainer appends to ``metrics.jsonl`` (``{"step", "split",
 "loss", "metrics", "lr", "tokens_per_s", ...}``) and writes them as scalars (``train/loss``,
