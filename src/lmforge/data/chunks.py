@@ -30,7 +30,7 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import LmforgeError
-from .corpus import unit_sentences
+from .corpus import SENTENCE, unit_sentences
 from .sentences import _CJK
 
 logger = logging.getLogger(__name__)
@@ -46,13 +46,17 @@ def default_workers() -> int:
 
 @dataclasses.dataclass
 class Chunk:
-    """Units of text of consecutive documents (see :func:`read_chunks`)."""
+    """Units of text of consecutive documents (see :func:`read_chunks`).
+
+    Only what changes rarely is stored beside the units (where the mode changes, where documents
+    end), so cutting a corpus into chunks costs one append per unit.
+    """
 
     units: list[str] = dataclasses.field(default_factory=list)
-    modes: list[int] = dataclasses.field(default_factory=list)  # how each unit splits into sentences
-    doc_index: list[int] = dataclasses.field(default_factory=list)  # the corpus-wide index of its document
-    starts_doc: list[bool] = dataclasses.field(default_factory=list)
-    ends_doc: list[bool] = dataclasses.field(default_factory=list)
+    modes: list[tuple[int, int]] = dataclasses.field(default_factory=list)  # (first unit, mode) at each change
+    doc_ends: list[int] = dataclasses.field(default_factory=list)  # the units that end their document, ascending
+    first_doc: int = 0  # the corpus-wide index of the first unit's document
+    continues: bool = False  # the first unit's document began in an earlier chunk
     chars: int = 0
     bytes_read: int = 0  # bytes of the stored inputs read for this chunk (progress)
 
@@ -81,21 +85,22 @@ def read_chunks(units: Iterable[tuple[int, str | None]], take_bytes: Callable[[]
     chunk = Chunk()
     doc = 0
     starting = True
+    last_mode = None
     for mode, unit in units:
         if unit is None:  # the document's last unit is still in ``chunk``: chunks are cut before a unit
-            chunk.ends_doc[-1] = True
+            chunk.doc_ends.append(len(chunk.units) - 1)
             doc += 1
             starting = True
             continue
         if chunk.chars >= chunk_chars:
             chunk.bytes_read = take_bytes()
             yield chunk
-            chunk = Chunk()
+            chunk = Chunk(first_doc=doc, continues=not starting)
+            last_mode = None
+        if mode != last_mode:
+            chunk.modes.append((len(chunk.units), mode))
+            last_mode = mode
         chunk.units.append(unit)
-        chunk.modes.append(mode)
-        chunk.doc_index.append(doc)
-        chunk.starts_doc.append(starting)
-        chunk.ends_doc.append(False)
         chunk.chars += len(unit)
         starting = False
     chunk.bytes_read += take_bytes()
@@ -103,30 +108,49 @@ def read_chunks(units: Iterable[tuple[int, str | None]], take_bytes: Callable[[]
         yield chunk
 
 
-def encode_chunk(chunk: Chunk, tokenizer, bpe_spacing: bool, dtype: np.dtype) -> Encoded:
-    """Split a chunk's units into sentences and encode them with a ``tokenizers.Tokenizer``.
+def chunk_sentences(chunk: Chunk, bpe_spacing: bool) -> tuple[list[str], np.ndarray, np.ndarray]:
+    """Split a chunk's units into sentences.
 
     ``bpe_spacing``: a sentence after the first of its document gets a leading space (unless it starts
     with a CJK character), so that byte-level BPE's stream decodes to the document's text.
+
+    Returns:
+        The sentences, and per sentence its document's index and whether it ends that document.
     """
+    n = len(chunk.units)
     sentences: list[str] = []
-    doc_index: list[int] = []
-    ends: list[bool] = []
-    for unit, mode, d, start, end in zip(chunk.units, chunk.modes, chunk.doc_index, chunk.starts_doc,
-                                         chunk.ends_doc):
-        sents = unit_sentences(unit, mode) or [""]  # "" has no tokens: its document end moves back
-        for i, s in enumerate(sents):
-            if bpe_spacing and s and (i > 0 or not start) and not _CJK.match(s[0]):
-                s = " " + s
-            sentences.append(s)
-        doc_index.extend([d] * len(sents))
-        ends.extend([False] * (len(sents) - 1) + [end])
+    per_unit = np.ones(n, dtype=np.int64)
+    for (a, mode), (b, _) in zip(chunk.modes, [*chunk.modes[1:], (n, None)]):
+        if mode == SENTENCE:  # a unit is a sentence: no Python step per unit
+            sentences.extend(chunk.units[a:b])
+            continue
+        for i in range(a, b):
+            sents = unit_sentences(chunk.units[i], mode) or [""]  # "" has no tokens: its document end moves back
+            sentences.extend(sents)
+            per_unit[i] = len(sents)
+    unit_ends = np.zeros(n, dtype=bool)
+    unit_ends[chunk.doc_ends] = True
+    unit_doc = chunk.first_doc + np.cumsum(unit_ends) - unit_ends  # documents ended before each unit
+    last = np.cumsum(per_unit) - 1  # each unit's last sentence
+    ends = np.zeros(len(sentences), dtype=bool)
+    ends[last[unit_ends]] = True
+    if bpe_spacing:
+        first = np.ones(len(sentences), dtype=bool)  # the first sentence of its document
+        first[1:] = ends[:-1]
+        first[0] = not chunk.continues
+        sentences = [s if f or not s or _CJK.match(s) else " " + s for s, f in zip(sentences, first.tolist())]
+    return sentences, np.repeat(unit_doc, per_unit), ends
+
+
+def encode_chunk(chunk: Chunk, tokenizer, bpe_spacing: bool, dtype: np.dtype) -> Encoded:
+    """Split a chunk's units into sentences (:func:`chunk_sentences`) and encode them with a
+    ``tokenizers.Tokenizer``, the ids flattened into one array of ``dtype``."""
+    sentences, doc_index, ends = chunk_sentences(chunk, bpe_spacing)
     encode = getattr(tokenizer, "encode_batch_fast", tokenizer.encode_batch)  # no offsets: they are not needed
     ids_of = [e.ids for e in encode(sentences, add_special_tokens=False)]
     lengths = np.fromiter(map(len, ids_of), dtype=np.int64, count=len(ids_of))
     ids = np.fromiter(itertools.chain.from_iterable(ids_of), dtype=dtype, count=int(lengths.sum()))
-    return Encoded(ids, lengths, np.asarray(doc_index, dtype=np.int64), np.asarray(ends, dtype=bool),
-                   chunk.bytes_read)
+    return Encoded(ids, lengths, doc_index, ends, chunk.bytes_read)
 
 
 # --- the pool -----------------------------------------------------------------------------------

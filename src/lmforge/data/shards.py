@@ -236,40 +236,11 @@ def prepare(
     tmp.mkdir()
     try:
         writers = {s: _SplitWriter(tmp, s, dtype, eot) for s in SPLITS}
-        read = _ByteCounter()
-        chunks = read_chunks(corpus.units(on_bytes=read.add), read.take, CHUNK_CHARS)
-        for enc in ChunkEncoder(tok.backend, workers, eot is not None, dtype).encode(chunks):
-            if len(enc.lengths):
-                _write_encoded(enc, writers, val_fraction)
-            if progress is not None:
-                progress(enc.bytes_read)
-        if writers["train"].doc_open or writers["val"].doc_open:
-            raise RuntimeError("internal error: a document was left open")
-        if writers["train"].n_tokens + writers["val"].n_tokens == 0:
-            raise DataError(f"the corpus is empty: no tokens in {corpus.describe()}")
-        if val_fraction > 0:
-            _balance_splits(writers, val_fraction)
-        for w in writers.values():
-            w.close()
-
+        _encode_into(writers, corpus, tok, workers, val_fraction, progress)
         tok_dir = tok.save(tmp / TOKENIZER_SUBDIR)
-
         if Tokenizer.load(tok_dir).hash != tok.hash:
             raise RuntimeError("internal error: the saved tokenizer does not reload to the same hash")
-        meta = {
-            "format": FORMAT,
-            "version": VERSION,
-            "tokenizer_hash": tok.hash,
-            "tokenizer_kind": tok.kind,
-            "vocab_size": tok.vocab_size,
-            "dtype": dtype.name,
-            "eot_id": eot,
-            "val_fraction": val_fraction,
-            "encoding_errors": corpus.options.encoding_errors,
-            "splits": {s: w.counts() for s, w in writers.items()},
-            "sources": [src.meta() for src in corpus.sources],
-        }
-
+        meta = _meta(tok, writers, val_fraction, corpus)
         atomic_write_text(tmp / "meta.json", json.dumps(meta, indent=2) + "\n")
         swap_into_place(tmp, out_dir)  # the old shards stay in place, or are put back, after a kill
     except BaseException:
@@ -277,6 +248,37 @@ def prepare(
         raise
     logger.debug("prepared %s: %s", out_dir, meta["splits"])
     return meta
+
+
+def _meta(tok: Tokenizer, writers: dict[str, _SplitWriter], val_fraction: float, corpus: Corpus) -> dict:
+    """What ``meta.json`` says of the shards (checked on read by :mod:`lmforge.data.shard_meta`)."""
+    return {
+        "format": FORMAT, "version": VERSION, "tokenizer_hash": tok.hash, "tokenizer_kind": tok.kind,
+        "vocab_size": tok.vocab_size, "dtype": writers["train"].dtype.name, "eot_id": writers["train"].eot_id,
+        "val_fraction": val_fraction, "encoding_errors": corpus.options.encoding_errors,
+        "splits": {s: w.counts() for s, w in writers.items()}, "sources": [src.meta() for src in corpus.sources],
+    }
+
+
+def _encode_into(writers: dict[str, _SplitWriter], corpus: Corpus, tok: Tokenizer, workers: int,
+                 val_fraction: float, progress: Callable[[int], None] | None) -> None:
+    """Read, encode and append the whole corpus to the split writers, balance the splits and close the files."""
+    read = _ByteCounter()
+    chunks = read_chunks(corpus.units(on_bytes=read.add), read.take, CHUNK_CHARS)
+    bpe = writers["train"].eot_id is not None
+    for enc in ChunkEncoder(tok.backend, workers, bpe, writers["train"].dtype).encode(chunks):
+        if len(enc.lengths):
+            _write_encoded(enc, writers, val_fraction)
+        if progress is not None:
+            progress(enc.bytes_read)
+    if writers["train"].doc_open or writers["val"].doc_open:
+        raise RuntimeError("internal error: a document was left open")
+    if writers["train"].n_tokens + writers["val"].n_tokens == 0:
+        raise DataError(f"the corpus is empty: no tokens in {corpus.describe()}")
+    if val_fraction > 0:
+        _balance_splits(writers, val_fraction)
+    for w in writers.values():
+        w.close()
 
 
 class _ByteCounter:
