@@ -11,6 +11,7 @@ import importlib
 import logging
 import re
 import sys
+from collections.abc import Sequence
 
 from . import __version__
 from .errors import LmforgeError
@@ -59,13 +60,28 @@ def parse_args(parser: argparse.ArgumentParser, argv: list[str] | None) -> argpa
     instead (the command's ``removed_flags``), exit status 2 as for argparse's own errors."""
     args, unknown = parser.parse_known_args(argv)
     if unknown:
-        from .commands._common import removed_spelling
-
         line = removed_spelling(getattr(args, "removed_flags", {}), unknown, sys.argv[1:] if argv is None else argv)
         if line is not None:
             raise SystemExit(_fail(args.command, line))
         parser.parse_args(argv)  # argparse's own message for anything else it does not know
     return args
+
+
+def removed_spelling(spellings: dict[str, str], unknown: Sequence[str], argv: Sequence[str]) -> str | None:
+    """The line for the first of ``unknown`` (argparse's leftover arguments) that is a removed flag, else ``None``.
+
+    The value shown in the advice is the one given after the flag in ``argv`` (``--log=x`` or ``--log x``)."""
+    argv = [str(a) for a in argv]
+    for token in unknown:
+        flag, eq, value = str(token).partition("=")
+        if flag not in spellings:
+            continue
+        if not eq and flag in argv:
+            i = argv.index(flag)
+            value = argv[i + 1] if i + 1 < len(argv) and not argv[i + 1].startswith("-") else ""
+        instead = spellings[flag].replace("{}", value or "VALUE")
+        return f"{flag} is not an option of this command; use {instead}"
+    return None
 
 
 def main(argv: list[str] | None = None) -> int:

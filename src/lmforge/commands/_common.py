@@ -5,8 +5,8 @@
 - :func:`add_json_arg` and :func:`show`: a short human summary by default, the full record as JSON with
   ``--json``.
 - :func:`refuse_flag_keys`: a ``--set`` key that a flag owns is refused, naming the flag (one way to say
-  each thing); :func:`removed_flags` declares the flags a command no longer takes and what to write instead,
-  and :func:`removed_spelling` gives the one-line answer ``lmforge`` prints for them.
+  each thing); :func:`removed_flags` declares the flags a command no longer takes and what to write instead
+  (``lmforge`` answers them in one line).
 - :func:`say`: a line on the way to the result (stdout, or stderr with ``--json`` so that stdout holds the JSON
   alone).
 - :func:`progress`: a tqdm bar on a terminal, plain log lines when the output is piped.
@@ -99,25 +99,8 @@ def refuse_flag_keys(pairs: Sequence[str], owned: dict[str, str] | None = None) 
 
 def removed_flags(p: argparse.ArgumentParser, spellings: dict[str, str]) -> None:
     """Flags ``p`` no longer takes, each with what to write instead (``{}`` there stands for the value given):
-    ``lmforge`` answers them in one line (:func:`removed_spelling`) instead of argparse's "unrecognized"."""
+    ``lmforge`` answers them in one line (``lmforge.cli.removed_spelling``) instead of argparse's "unrecognized"."""
     p.set_defaults(removed_flags=spellings)
-
-
-def removed_spelling(spellings: dict[str, str], unknown: Sequence[str], argv: Sequence[str]) -> str | None:
-    """The line for the first of ``unknown`` (argparse's leftover arguments) that is a removed flag, else ``None``.
-
-    The value shown in the advice is the one given after the flag in ``argv`` (``--log=x`` or ``--log x``)."""
-    argv = [str(a) for a in argv]
-    for token in unknown:
-        flag, eq, value = str(token).partition("=")
-        if flag not in spellings:
-            continue
-        if not eq and flag in argv:
-            i = argv.index(flag)
-            value = argv[i + 1] if i + 1 < len(argv) and not argv[i + 1].startswith("-") else ""
-        instead = spellings[flag].replace("{}", value or "VALUE")
-        return f"{flag} is not an option of this command; use {instead}"
-    return None
 
 
 # -- numbers a person reads ---------------------------------------------------------------------------------

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from ..config import load_json
 from ..folder_writing import output_folder, staged_folder
 from ..interop import export_hf, import_hf
 from ..interop.hub_cache import resolve_hf_dir
@@ -38,8 +39,6 @@ _REPLACE = "pass --overwrite to replace it (its old content is deleted)"
 
 
 def run_export(args) -> int:
-    from ..config import load_json
-
     with output_folder(args.out_dir, "export", args.overwrite, inputs=[args.model_dir], beside=True,
                        option="OUT_DIR", hint=_REPLACE) as out:
         with staged_folder(out, "export") as tmp:
