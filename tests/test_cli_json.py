@@ -216,3 +216,21 @@ def test_finetune_set_log_refuses_another_value_in_one_line(capsys, tmp_path, be
                                  tmp_path / "run", "--set", "log=wandb"])
     assert rc == 2 and len(err.strip().splitlines()) == 1 and "log must be jsonl or tensorboard" in err, err
     assert not (tmp_path / "run").exists()
+
+
+def test_demo_json_keeps_the_step_lines_off_stdout(capsys, tmp_path, monkeypatch):
+    """The demo's line per finished step is progress: on stdout beside the summary, on stderr with --json."""
+    from lmforge.commands import demo as demo_command
+    from lmforge.demo.run import DemoResult, StepReport
+
+    def fake_run_demo(out, on_done, **_):
+        step = StepReport("tokenizer", "tokenizer: 300 pieces", reused=False, seconds=0.5)
+        on_done(step)
+        return DemoResult(out=tmp_path, report=tmp_path / "report.md", steps=[step], results={}, elapsed=0.5,
+                          highlights=["headline"])
+
+    monkeypatch.setattr(demo_command, "run_demo", fake_run_demo)
+    human, record = _human_then_json(capsys, lambda n: ["demo", "--quick", "--out", tmp_path / f"demo{n}"])
+    assert "tokenizer: 300 pieces" in human and "headline" in human and "demo done in" in human
+    assert record["steps"] == [{"name": "tokenizer", "summary": "tokenizer: 300 pieces", "reused": False,
+                                "seconds": 0.5}]
