@@ -204,7 +204,7 @@ def test_the_next_steps_batches_are_built_before_it_starts(tmp_path):
     result = trainer.train()
     batches = [e[1] for e in log if e[0] == "batch"]
     # two micro-batches a step, each step once; the 4 is the final checkpoint's finiteness check, which
-    # scores the next step's first micro-batch (Trainer._loss_is_finite): no prefetch after the last step
+    # scores the next step's first micro-batch (run_state.loss_is_finite): no prefetch after the last step
     assert batches == [0, 0, 1, 1, 2, 2, 3, 3, 4]
     first_forward = [i for i, e in enumerate(log) if e[0] == "forward"]
     # step 1's batches are built after step 0's two forwards and before step 1's first forward
