@@ -15,7 +15,7 @@ from tokenizers import AddedToken, processors
 from tokenizers import Tokenizer as HFTokenizer
 
 from ..errors import CheckpointError, LmforgeError
-from ..tokenization import EOT
+from ..tokenizer_pipelines import EOT
 from ..transfer.gpt_inputs import TASK_TOKENS
 from ..utils import atomic_write_text
 from .gpt2 import hf_config_dict, weight_map
