@@ -94,6 +94,30 @@ class SelfAttention(nn.Module):
         y = y.transpose(1, 2).reshape(B, T, C)  # (B, T, C)
         return self.resid_dropout(self.proj(y))
 
+    def forward_at(self, x: torch.Tensor, xq: torch.Tensor, attn_mask: torch.Tensor | None = None) -> torch.Tensor:
+        """Bidirectional attention computed for some query positions only; keys and values from all of ``x``.
+
+        The rows of ``qkv`` split into the queries' (C -> C, on the ``Tq`` rows of ``xq``) and the keys' and
+        values' (C -> 2C, on every row of ``x``); each output row equals :meth:`forward`'s at that position.
+
+        Args:
+            x: (B, T, C) input of every position; xq: (B, Tq, C) the rows of ``x`` at the query positions.
+            attn_mask: boolean, broadcastable to (B, 1, Tq, T), True = may attend; or None.
+        Returns:
+            (B, Tq, C) output at the query positions.
+        """
+        B, T, C = x.shape
+        Tq = xq.shape[1]
+        w, b = self.qkv.weight, self.qkv.bias
+        q = linear(xq, w[:C], None if b is None else b[:C])  # (B, Tq, C)
+        k, v = linear(x, w[C:], None if b is None else b[C:]).split(C, dim=2)  # (B, T, C) each
+        q = q.view(B, Tq, self.num_heads, self.head_size).transpose(1, 2)  # (B, nh, Tq, hs)
+        k = k.view(B, T, self.num_heads, self.head_size).transpose(1, 2)  # (B, nh, T, hs)
+        v = v.view(B, T, self.num_heads, self.head_size).transpose(1, 2)  # (B, nh, T, hs)
+        y = attention(q, k, v, attn_mask=attn_mask, dropout_p=self.dropout if self.training else 0.0)
+        y = y.transpose(1, 2).reshape(B, Tq, C)  # (B, Tq, C)
+        return self.resid_dropout(self.proj(y))
+
 
 class MLP(nn.Module):
     def __init__(self, hidden_size: int, intermediate_size: int, dropout: float = 0.0, act: str = "gelu"):
@@ -145,6 +169,34 @@ class TransformerBlock(nn.Module):
             x = self.ln_attn(x + self.attn(x, attn_mask, causal, cache, layer_idx))
             x = self.ln_mlp(x + self.mlp(x))
         return x
+
+    def forward_at(self, x: torch.Tensor, index: torch.Tensor, attn_mask: torch.Tensor | None = None) -> torch.Tensor:
+        """The block's (bidirectional) output at some positions only: ``forward(x)`` gathered at ``index``.
+
+        Every position still gives its key and value; the queries, the attention output, the residuals and
+        the MLP run on the ``Tq`` chosen rows alone.  A top layer whose output is read at a few positions
+        (BERT's masked tokens) costs a fraction of a full layer this way.
+
+        Args:
+            x: (B, T, C) input; index: (B, Tq) positions to compute in each row (any order, repeats allowed).
+            attn_mask: boolean (B, 1, 1|T, T) mask, True = may attend; or None.
+        Returns:
+            (B, Tq, C), row ``j`` of batch row ``b`` being ``forward(x)[b, index[b, j]]``.
+        """
+        B, T, C = x.shape
+        flat = (index + torch.arange(B, device=index.device)[:, None] * T).reshape(-1)  # (B * Tq,)
+
+        def pick(t: torch.Tensor) -> torch.Tensor:  # (B, T, C) -> (B, Tq, C)
+            return t.reshape(B * T, C).index_select(0, flat).view(B, -1, C)
+
+        if attn_mask is not None and attn_mask.shape[-2] != 1:  # a mask per query: keep the chosen rows
+            attn_mask = attn_mask.gather(2, index[:, None, :, None].expand(-1, attn_mask.shape[1], -1, T))
+        if self.norm_first:
+            h = self.ln_attn(x)
+            x = pick(x) + self.attn.forward_at(h, pick(h), attn_mask)
+            return x + self.mlp(self.ln_mlp(x))
+        x = self.ln_attn(pick(x) + self.attn.forward_at(x, pick(x), attn_mask))
+        return self.ln_mlp(x + self.mlp(x))
 
 
 def padding_mask(attention_mask: torch.Tensor | None) -> torch.Tensor | None:
