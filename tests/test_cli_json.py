@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import json
+from pathlib import Path
 
 import pytest
 from test_transfer_families import rows, tiny_bert, tiny_gpt
@@ -13,7 +14,7 @@ from test_transfer_families import rows, tiny_bert, tiny_gpt
 from lmforge.cli import build_parser, main
 
 # serve answers over HTTP; benchmark text and data are in benchmark.py, whose refactoring gives them --json
-WITHOUT_JSON = {"lmforge serve", "lmforge benchmark text", "lmforge benchmark data"}
+WITHOUT_JSON = {"lmforge serve"}
 
 
 def _leaves(parser: argparse.ArgumentParser, name: str = "lmforge"):
@@ -234,3 +235,17 @@ def test_demo_json_keeps_the_step_lines_off_stdout(capsys, tmp_path, monkeypatch
     assert "tokenizer: 300 pieces" in human and "headline" in human and "demo done in" in human
     assert record["steps"] == [{"name": "tokenizer", "summary": "tokenizer: 300 pieces", "reused": False,
                                 "seconds": 0.5}]
+
+
+def test_benchmark_data_and_text_print_a_summary_or_their_record(tmp_path, capsys):
+    rc, out, _ = _run(capsys, ["benchmark", "data", "en-tweets", tmp_path / "d", "--n-train", 9, "--n-test", 6,
+                               "--seed", 3, "--json"])
+    rec = json.loads(out)
+    assert rc == 0 and (rec["n_train"], rec["n_test"], rec["seed"], rec["task"]) == (9, 6, 3, "classify")
+    assert Path(rec["train"]).is_file() and Path(rec["test"]).is_file()
+    rc, out, _ = _run(capsys, ["benchmark", "text", "en-tweets", tmp_path / "t.txt"])
+    assert rc == 0 and out.startswith("wrote ") and "en-tweets documents" in out
+    rc, out, _ = _run(capsys, ["benchmark", "text", "en-tweets", tmp_path / "t2.txt", "--json"])
+    rec = json.loads(out)
+    assert rc == 0 and rec["documents"] > 100 and rec["characters"] > 1000
+    assert (tmp_path / "t2.txt").stat().st_size >= rec["characters"]

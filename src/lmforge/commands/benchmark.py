@@ -10,7 +10,7 @@ from ..transfer import learning_curve
 from ..transfer.benchmarks import BENCHMARKS, load_benchmark, write_domain_text
 from ..transfer.curve import curve_table, leads_text
 from ..transfer.specs import SPECS
-from ._common import add_compute_args, add_json_arg, compute_options, progress, show
+from ._common import add_compute_args, add_json_arg, compute_options, progress, removed_flags, show
 from ._groups import add_cache_dir_arg, add_curve_draw_args
 from .finetune import add_truncation_arg
 
@@ -47,6 +47,7 @@ def _register_text(verbs) -> None:
         help="then append the English of Debian's fortunes and GCIDE dictionary, every WordNet example sentence "
         "left out (3.8M words; apt-get install fortunes dict-gcide)",
     )
+    add_json_arg(t)
     t.set_defaults(func=run_text, writes=("out",))
 
 
@@ -58,6 +59,7 @@ def _register_data(verbs) -> None:
     d.add_argument("--n-train", type=int, default=300)
     d.add_argument("--n-test", type=int, default=1000)
     d.add_argument("--seed", type=int, default=0, help="draws the training set (the test set is the same for all)")
+    add_json_arg(d)
     d.set_defaults(func=run_data, writes=("out",))
 
 
@@ -86,6 +88,7 @@ def _register_curve(verbs) -> None:
                    help="keep each run's best validation epoch instead of refitting on all its examples")
     add_compute_args(c)
     add_json_arg(c)
+    removed_flags(c, {"--bf16": "--precision bf16"})
     c.set_defaults(func=run_curve, reads=("model_dir",), writes=("--out",))
 
 
@@ -93,7 +96,10 @@ def run_text(args) -> int:
     docs = write_domain_text(args.name, args.out, with_general=args.with_general, with_debian=args.with_debian)
     parts = ["the built-in English corpus"] * args.with_general + ["Debian's fortunes and GCIDE"] * args.with_debian
     general = f" plus {' and '.join(parts)}" if parts else ""
-    print(f"wrote {len(docs)} {args.name} documents ({sum(map(len, docs))} characters){general} to {args.out}")
+    chars = sum(map(len, docs))
+    record = {"benchmark": args.name, "out": str(args.out), "documents": len(docs), "characters": chars,
+              "with_general": args.with_general, "with_debian": args.with_debian}
+    show(args, record, [f"wrote {len(docs):,} {args.name} documents ({chars:,} characters){general} to {args.out}"])
     return 0
 
 
@@ -104,7 +110,10 @@ def run_data(args) -> int:
     ext = SPECS[train.task].file_suffix
     write_task(train, out / f"train.{ext}")
     write_task(test, out / f"test.{ext}")
-    print(f"wrote {len(train)} training and {len(test)} test examples ({train.task}) to {out}/train.{ext}, test.{ext}")
+    record = {"benchmark": args.name, "task": train.task, "seed": args.seed, "n_train": len(train),
+              "n_test": len(test), "train": str(out / f"train.{ext}"), "test": str(out / f"test.{ext}")}
+    show(args, record, [f"wrote {len(train)} training and {len(test)} test examples ({train.task}) to "
+                        f"{out}/train.{ext}, test.{ext}"])
     return 0
 
 
