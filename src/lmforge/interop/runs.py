@@ -1,8 +1,8 @@
 """A finished transfer run (``lmforge finetune --out RUN``) as an HF ``transformers`` task model.
 
-``lmforge export-hf RUN_DIR OUT`` writes the run's body (with the weight map of
-:mod:`lmforge.interop.bert` / :mod:`lmforge.interop.gpt2`) plus its head in the HF class of its task,
-so that ``transformers.pipeline(TASK, model=OUT)`` predicts what ``lmforge predict`` does:
+``lmforge export-hf RUN_DIR OUT`` writes the run's body (with the weight map of :mod:`lmforge.interop.bert` /
+:mod:`lmforge.interop.gpt2` / :mod:`lmforge.interop.electra`) plus its head in the HF class of its task, so that
+``transformers.pipeline(TASK, model=OUT)`` predicts what ``lmforge predict`` does:
 
 | run | HF class | pipeline |
 |---|---|---|
@@ -10,6 +10,8 @@ so that ``transformers.pipeline(TASK, model=OUT)`` predicts what ``lmforge predi
 | BERT ``tokens`` | ``BertForTokenClassification`` | ``token-classification`` |
 | BERT ``qa`` | ``BertForQuestionAnswering`` | ``question-answering`` (transformers 4; 5 has none) |
 | GPT ``classify`` / ``pair`` | ``GPT2ForSequenceClassification`` | ``text-classification`` |
+| ELECTRA ``classify`` / ``pair`` | ``ElectraForSequenceClassification`` | ``text-classification`` |
+| ELECTRA ``tokens`` / ``qa`` | ``ElectraForTokenClassification`` / ``ElectraForQuestionAnswering`` | as BERT's |
 
 How the head maps, exactly (anything that cannot map exactly is refused with one line saying why and
 the ``lmforge finetune`` command that retrains the run in a form that maps; nothing approximate is written):
@@ -22,6 +24,9 @@ the ``lmforge finetune`` command that retrains the run in a form that maps; noth
 - BERT sentence tasks: ``BertForSequenceClassification`` reads ``[CLS]`` through the tanh pooler, which
   is exactly ``--pool pooler``; ``--pool cls`` (the raw top ``[CLS]``) and ``--pool mean`` have no exact
   HF form and are refused;
+- ELECTRA sentence tasks: ``ElectraForSequenceClassification`` reads the raw top ``[CLS]`` (``--pool cls``)
+  through ``out_proj(gelu(dense(x)))``, which carries the run's Linear exactly by ``gelu(z) - gelu(-z) = z``
+  (:mod:`lmforge.interop.runs_electra`); ``--pool mean`` is refused;
 - GPT: the tokenizer gets the run's start / delimiter / extract tokens (ids V, V+1, V+2, rows of
   ``wte``) and a post-processor that frames every input as ``start text extract`` (pairs: ``start a
   delim b extract``), so the pipeline feeds the run's ids; ``<|endoftext|>`` is the pad token, and
@@ -57,7 +62,7 @@ logger = logging.getLogger(__name__)
 
 class RunExport(Protocol):
     """What a family's run-export module (``Family.run_export``: :mod:`lmforge.interop.runs_bert`,
-    :mod:`lmforge.interop.runs_gpt2`) gives :func:`export_run`."""
+    :mod:`lmforge.interop.runs_gpt2`, :mod:`lmforge.interop.runs_electra`) gives :func:`export_run`."""
 
     #: ``TaskSpec.hf_head`` -> the HF class a run of that task exports to (a task not here does not export)
     HEADS: dict[str, str]

@@ -2,7 +2,8 @@
 
 :mod:`lmforge.interop.runs` checks and folds the head and calls these (the :class:`~lmforge.interop.runs.RunExport`
 interface).  The body's weights map with :mod:`lmforge.interop.bert`; the head's Linear becomes ``classifier``
-(``qa_outputs`` for QA); the token and QA classes have no pooler.
+(``qa_outputs`` for QA); the token and QA classes have no pooler.  ELECTRA's run export
+(:mod:`lmforge.interop.runs_electra`) shares the pool check, the task Linear and the tokenizer files.
 """
 
 from __future__ import annotations
@@ -22,16 +23,29 @@ HEADS = {
     "TokenClassification": "BertForTokenClassification",
     "QuestionAnswering": "BertForQuestionAnswering",
 }
-# how a BERT run reads a sentence, for the refusal of a read-out the pooler does not give
-_POOLS = {"cls": "the raw top [CLS] (--pool cls)", "mean": "the mean of the token vectors (--pool mean)"}
+# how a BERT-input run (BERT, ELECTRA) reads a sentence, for the refusal of a read-out its HF class does not give
+READOUTS = {"cls": "the raw top [CLS] (--pool cls)", "pooler": "[CLS] through BERT's tanh pooler (--pool pooler)",
+            "mean": "the mean of the token vectors (--pool mean)"}
+
+
+def check_pool(data: dict, arch: str, pool: str, reads: str, refuse: Callable[[str, str], LmforgeError]) -> None:
+    """Refuse a sentence run of ``arch`` (``...ForSequenceClassification``, which ``reads`` a sentence so) whose
+    ``--pool`` is not ``pool``; token and QA classes read every position and pass."""
+    got = data.get("pool")
+    if arch.endswith("SequenceClassification") and got != pool:
+        raise refuse(f"this run reads {READOUTS.get(got, f'--pool {got}')}, but {arch} reads {reads}, so it cannot "
+                     "be exported exactly", f"--pool {pool}")
 
 
 def check(data: dict, arch: str, refuse: Callable[[str, str], LmforgeError]) -> None:
     """Refuse a sentence run that does not read ``[CLS]`` through the pooler (the one read-out HF's class has)."""
-    pool = data.get("pool")
-    if arch == HEADS["SequenceClassification"] and pool != "pooler":
-        raise refuse(f"this run reads {_POOLS.get(pool, f'--pool {pool}')}, but BertForSequenceClassification reads "
-                     "[CLS] through BERT's tanh pooler, so it cannot be exported exactly", "--pool pooler")
+    check_pool(data, arch, "pooler", "[CLS] through BERT's tanh pooler", refuse)
+
+
+def task_linear(arch: str, W: torch.Tensor, b: torch.Tensor) -> dict[str, torch.Tensor]:
+    """The one-Linear head of an HF BERT-style class: ``qa_outputs`` for QA, else ``classifier``, in float32."""
+    name = "qa_outputs" if arch.endswith("QuestionAnswering") else "classifier"
+    return {f"{name}.weight": W.float().contiguous(), f"{name}.bias": b.float().contiguous()}
 
 
 def weights(run, arch: str, W: torch.Tensor, b: torch.Tensor) -> tuple[dict, dict]:
@@ -39,10 +53,7 @@ def weights(run, arch: str, W: torch.Tensor, b: torch.Tensor) -> tuple[dict, dic
     state = {k: v for k, v in to_hf_state_dict(run.body).items() if not k.startswith("cls.")}
     if arch != HEADS["SequenceClassification"]:  # these HF classes have no pooler
         state = {k: v for k, v in state.items() if not k.startswith("bert.pooler.")}
-    name = "qa_outputs" if arch == HEADS["QuestionAnswering"] else "classifier"
-    state[f"{name}.weight"] = W.float().contiguous()
-    state[f"{name}.bias"] = b.float().contiguous()
-    return state, hf_config_dict(run.body.config)
+    return {**state, **task_linear(arch, W, b)}, hf_config_dict(run.body.config)
 
 
 def write_tokenizer(run, out: Path, max_len: int) -> None:

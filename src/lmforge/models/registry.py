@@ -132,6 +132,7 @@ FAMILIES: dict[str, Family] = {
         trainer=True, hf_module="lmforge.interop.electra", hf_model_type="electra", fills_mask=True,
         transfer_modes=("frozen", "features", "finetune"), inputs_like="bert",
         data_recipe="lmforge.data.bert:MaskedLMRecipe",
+        run_export="lmforge.interop.runs_electra",
     ),
 }
 
