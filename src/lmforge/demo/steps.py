@@ -16,23 +16,37 @@ import time
 from pathlib import Path
 from typing import Any
 
+import torch
+
+from ..config import from_dict, save_json
+from ..data.corpus import builtin_corpus_path
+from ..data.shards import Shards, prepare, uncompressed_size
 from ..errors import LmforgeError
-from ..models import FAMILIES
+from ..evaluate import find_word, load_reference, word_rows
+from ..evaluate.polysemy import polysemy_table
+from ..evaluate.wic import wic_table
+from ..models import FAMILIES, load
+from ..tokenization import Tokenizer
+from ..train.precision import resolve_device
+from ..train.pretrain import default_train_config, pretrain, recipe_in
+from ..transfer import learning_curve, run_transfer
+from ..transfer.benchmarks import load_benchmark, write_domain_text
+from ..transfer.curve import main_metric
 from ..utils import atomic_write_text, file_sha256
 from .context import DemoContext, Step, jsonable
 from .plan import (
     CURVE_MODES,
     DOMAIN,
-    DOMAIN_BERT,
-    FAMILY_LABEL,
-    FAMILY_ORDER,
-    MODEL_LABEL,
     POLYSEMY_SENTENCES,
     POLYSEMY_WORD,
+    TABLE_FAMILY,
     TABLE_MODES,
     TRANSFER_BENCH,
     VAL_FRACTION,
+    DemoPlan,
+    FamilyPlan,
 )
+from .report import plot_polysemy, polysemy_highlights, pretrain_line
 
 logger = logging.getLogger(__name__)
 
@@ -42,13 +56,9 @@ logger = logging.getLogger(__name__)
 
 def corpus_step() -> Step:
     def inputs(ctx: DemoContext) -> dict:
-        from ..data.corpus import builtin_corpus_path
-
         return {"builtin_sha256": file_sha256(builtin_corpus_path()), "chars": ctx.plan.corpus_chars}
 
     def build(ctx: DemoContext) -> dict:
-        from ..data.corpus import builtin_corpus_path
-
         src = builtin_corpus_path()
         if ctx.plan.corpus_chars is None:
             path, text_chars = src, None
@@ -112,8 +122,6 @@ def domain_text_step() -> Step:
         return {"bench": TRANSFER_BENCH, "lines": ctx.plan.domain_lines}
 
     def build(ctx: DemoContext) -> dict:
-        from ..transfer.benchmarks import write_domain_text
-
         path = ctx.path(f"{DOMAIN}.txt")
         lines = write_domain_text(TRANSFER_BENCH, path, max_docs=ctx.plan.domain_lines)  # a document per tweet
         return {"path": ctx.rel(path), "sha256": file_sha256(path), "lines": len(lines),
@@ -140,9 +148,12 @@ def source_path(ctx: DemoContext, source: str) -> Path:
 # --- tokenizers and shards ----------------------------------------------------------------------------
 
 
-def tokenizer_step(kind: str, source: str = "corpus") -> Step:
+KIND_LABEL = {"wordpiece": "WordPiece", "bpe": "byte-level BPE"}
+
+
+def tokenizer_step(plan: DemoPlan, kind: str, source: str = "corpus") -> Step:
     """A ``kind`` tokenizer trained on ``source``: ``tokenizer-<kind>`` on the corpus, ``tokenizer-<source>``
-    on the in-domain text."""
+    on the in-domain text; its description names the models of ``plan`` that read it."""
     name = f"tokenizer-{kind if source == 'corpus' else source}"
     text_step, _ = _source(source)
 
@@ -150,29 +161,25 @@ def tokenizer_step(kind: str, source: str = "corpus") -> Step:
         return {"kind": kind, "vocab_size": ctx.plan.vocab_size, "corpus_sha256": ctx.results[text_step]["sha256"]}
 
     def build(ctx: DemoContext) -> dict:
-        from ..tokenization import Tokenizer
-
         tok = Tokenizer.train([source_path(ctx, source)], kind=kind, vocab_size=ctx.plan.vocab_size)
         out = tok.save(ctx.path(name))
         return {"hash": tok.hash, "vocab_size": tok.vocab_size, "path": ctx.rel(out)}
 
     def valid(ctx: DemoContext, info: dict) -> bool:
-        from ..tokenization import Tokenizer
-
         return Tokenizer.load(ctx.path(info["path"])).hash == info["hash"]
 
     def summary(info: dict) -> str:
         return f"{kind} tokenizer: {info['vocab_size']} tokens (hash {info['hash'][:12]}) in {info['path']}/"
 
-    label = ("WordPiece (BERT, ELMo, word2vec)" if kind == "wordpiece" else "byte-level BPE (GPT)") \
-        if source == "corpus" else f"WordPiece ({MODEL_LABEL[DOMAIN_BERT]})"
-    return Step(name, f"train a {label} tokenizer", inputs, build, summary, lambda i: [i["path"]], valid)
+    readers = [f.label for f in plan.families if f.tokenizer == kind] if source == "corpus" else [plan.domain.label]
+    return Step(name, f"train a {KIND_LABEL.get(kind, kind)} ({', '.join(readers)}) tokenizer", inputs, build,
+                summary, lambda i: [i["path"]], valid)
 
 
 def shards_step(kind: str) -> Step:
     """``shards-<kind>``: the corpus through ``tokenizer-<kind>`` (``kind`` :data:`DOMAIN`: the in-domain text)."""
     name = f"shards-{kind}"
-    source = "corpus" if kind in ("wordpiece", "bpe") else kind
+    source = kind if kind == DOMAIN else "corpus"
     text_step, layout = _source(source)
 
     def inputs(ctx: DemoContext) -> dict:
@@ -180,8 +187,6 @@ def shards_step(kind: str) -> Step:
                 "corpus_sha256": ctx.results[text_step]["sha256"], "val_fraction": VAL_FRACTION, "layout": layout}
 
     def build(ctx: DemoContext) -> dict:
-        from ..data.shards import prepare, uncompressed_size
-
         corpus = source_path(ctx, source)
         out = ctx.path(name)
         with ctx.progress(uncompressed_size(corpus), f"prepare {kind}", "B") as update:
@@ -191,8 +196,6 @@ def shards_step(kind: str) -> Step:
                 "tokenizer_hash": ctx.results[f"tokenizer-{kind}"]["hash"]}
 
     def valid(ctx: DemoContext, info: dict) -> bool:
-        from ..data.shards import Shards
-
         return Shards.open(ctx.path(info["path"])).tokenizer_hash == info["tokenizer_hash"]
 
     def summary(info: dict) -> str:
@@ -207,54 +210,16 @@ def shards_step(kind: str) -> Step:
 # --- pretraining -------------------------------------------------------------------------------------
 
 
-def pretrain_step(key: str) -> Step:
-    """``pretrain-<key>``: a family's general-corpus model (``key`` = the family) or :data:`DOMAIN_BERT`."""
-    name = f"pretrain-{key}"
+def pretrain_step(model: FamilyPlan) -> Step:
+    """``pretrain-<key>`` of ``model``: a family's general-corpus model or the in-domain one; what it trains is
+    the run's plan's model of that key (its step counts scaled to the budget)."""
+    key = model.key
 
     def inputs(ctx: DemoContext) -> dict:
         fp = ctx.plan.family(key)
         shards = ctx.results[f"shards-{fp.tokenizer}"]
         return jsonable({"config": fp.config, "train": fp.train, **compute_inputs(ctx),
                          "shards": {"tokenizer_hash": shards["tokenizer_hash"], "splits": shards["splits"]}})
-
-    def build(ctx: DemoContext) -> dict:
-        from ..config import from_dict, save_json
-        from ..models import load
-        from ..train.pretrain import default_train_config, pretrain, recipe_in
-
-        fp = ctx.plan.family(key)
-        out = ctx.path("models", key)
-        if out.exists():  # an older or unfinished model of other inputs: start afresh
-            shutil.rmtree(out)
-        cfg_file = ctx.path("configs", f"{key}.json")
-        cfg_file.parent.mkdir(parents=True, exist_ok=True)
-        save_json({"model_type": fp.family, **fp.config}, cfg_file)
-        t0 = time.monotonic()
-        model = from_dict(FAMILIES[fp.family].config_class, fp.config, ignore=("model_type",))
-        compute = {k: v for k, v in (("device", ctx.device), ("precision", ctx.precision_asked)) if v is not None}
-        train = default_train_config(fp.family, **{**fp.train, **compute}) if FAMILIES[fp.family].trainer else None
-        recipe = recipe_in(fp.family, fp.config)
-        res = pretrain(fp.family, ctx.path(f"shards-{fp.tokenizer}"), out, model, train, recipe, progress=ctx.show_bars)
-        seconds = time.monotonic() - t0
-        model = load(out)  # the folder must open as a model; and it counts the parameters
-        curves = out / "training_curves.png"
-        return {
-            "path": ctx.rel(out),
-            "weights_sha256": file_sha256(out / "model.safetensors"),
-            "params": sum(p.numel() for p in model.parameters()),
-            "step": res.step,
-            "epochs": fp.config.get("epochs") if res.step is None else None,
-            "stop_reason": res.stop_reason,
-            "val": {k: float(v) for k, v in res.val.items()},
-            "val_order": list(res.val),  # the model's own order (the state file sorts keys)
-            "first_train_loss": first_train_loss(out / "metrics.jsonl"),
-            "train_loss": res.train_loss,
-            "tokens_seen": res.tokens_seen,
-            "seconds": round(seconds, 1),
-            "train_seconds": round(res.elapsed, 2) if res.elapsed is not None else None,
-            "sec_per_step": round(res.elapsed / res.step, 5) if res.elapsed and res.step else None,
-            "curves": ctx.rel(curves) if curves.is_file() else None,
-        }
 
     def outputs(info: dict) -> list[str]:
         return [info["path"] + "/model.safetensors", info["path"] + "/config.json"]
@@ -263,13 +228,47 @@ def pretrain_step(key: str) -> Step:
         return file_sha256(ctx.path(info["path"], "model.safetensors")) == info["weights_sha256"]
 
     def summary(info: dict) -> str:
-        from .report import pretrain_line
+        return f"{model.label}: {pretrain_line(info)}"
 
-        return f"{MODEL_LABEL[key]}: {pretrain_line(info)}"
+    return Step(f"pretrain-{key}", f"pretrain {model.description}", inputs, lambda ctx: pretrain_model(ctx, key),
+                summary, outputs, valid, version=3)
 
-    what = {"word2vec": "skip-gram word2vec", "elmo": "an ELMo biLM", "gpt": "a GPT", "bert": "a BERT (MLM + NSP)",
-            DOMAIN_BERT: f"a BERT on the {DOMAIN} (MLM only)"}
-    return Step(name, f"pretrain {what[key]}", inputs, build, summary, outputs, valid, version=3)
+
+def pretrain_model(ctx: DemoContext, key: str) -> dict:
+    """Pretrain the plan's model ``key`` into ``models/<key>`` (afresh) and return what the report needs of it."""
+    fp = ctx.plan.family(key)
+    out = ctx.path("models", key)
+    if out.exists():  # an older or unfinished model of other inputs: start afresh
+        shutil.rmtree(out)
+    cfg_file = ctx.path("configs", f"{key}.json")
+    cfg_file.parent.mkdir(parents=True, exist_ok=True)
+    save_json({"model_type": fp.family, **fp.config}, cfg_file)
+    t0 = time.monotonic()
+    model = from_dict(FAMILIES[fp.family].config_class, fp.config, ignore=("model_type",))
+    compute = {k: v for k, v in (("device", ctx.device), ("precision", ctx.precision_asked)) if v is not None}
+    train = default_train_config(fp.family, **{**fp.train, **compute}) if FAMILIES[fp.family].trainer else None
+    recipe = recipe_in(fp.family, fp.config)
+    res = pretrain(fp.family, ctx.path(f"shards-{fp.tokenizer}"), out, model, train, recipe, progress=ctx.show_bars)
+    seconds = time.monotonic() - t0
+    params = sum(p.numel() for p in load(out).parameters())  # the folder must open as a model
+    curves = out / "training_curves.png"
+    return {
+        "path": ctx.rel(out),
+        "weights_sha256": file_sha256(out / "model.safetensors"),
+        "params": params,
+        "step": res.step,
+        "epochs": fp.config.get("epochs") if res.step is None else None,
+        "stop_reason": res.stop_reason,
+        "val": {k: float(v) for k, v in res.val.items()},
+        "val_order": list(res.val),  # the model's own order (the state file sorts keys)
+        "first_train_loss": first_train_loss(out / "metrics.jsonl"),
+        "train_loss": res.train_loss,
+        "tokens_seen": res.tokens_seen,
+        "seconds": round(seconds, 1),
+        "train_seconds": round(res.elapsed, 2) if res.elapsed is not None else None,
+        "sec_per_step": round(res.elapsed / res.step, 5) if res.elapsed and res.step else None,
+        "curves": ctx.rel(curves) if curves.is_file() else None,
+    }
 
 
 def first_train_loss(metrics_path: Path) -> float | None:
@@ -290,13 +289,13 @@ def first_train_loss(metrics_path: Path) -> float | None:
 
 
 def models_inputs(ctx: DemoContext) -> dict:
-    return {f: ctx.results[f"pretrain-{f}"]["weights_sha256"] for f in FAMILY_ORDER}
+    """The weights of the plan's general-corpus models (what the polysemy and transfer tables compare)."""
+    return {f.key: ctx.results[f"pretrain-{f.key}"]["weights_sha256"] for f in ctx.plan.families}
 
 
 def load_models(ctx: DemoContext) -> list[tuple[str, Any]]:
-    from ..models import load
-
-    return [(FAMILY_LABEL[f], load(ctx.path(ctx.results[f"pretrain-{f}"]["path"]))) for f in FAMILY_ORDER]
+    """(label, model) of each of the plan's general-corpus models, in the plan's order."""
+    return [(f.label, load(ctx.path(ctx.results[f"pretrain-{f.key}"]["path"]))) for f in ctx.plan.families]
 
 
 def polysemy_step() -> Step:
@@ -305,18 +304,10 @@ def polysemy_step() -> Step:
                 "wic_pairs": ctx.plan.wic_pairs, "reference": ctx.plan.reference}
 
     def build(ctx: DemoContext) -> dict:
-        import torch
-
-        from ..evaluate.polysemy import polysemy_table
-        from ..evaluate.wic import wic_table
-        from .report import plot_polysemy
-
         models = load_models(ctx)
         reference = None
         if ctx.plan.reference:
             try:
-                from ..evaluate import load_reference
-
                 ref_model, ref_label = load_reference("minilm")
                 reference = (ref_label, ref_model)
             except (LmforgeError, ImportError) as e:
@@ -341,8 +332,6 @@ def polysemy_step() -> Step:
         return info
 
     def summary(info: dict) -> str:
-        from .report import polysemy_highlights
-
         return "polysemy: " + "; ".join(polysemy_highlights(info))
 
     return Step("polysemy", "compare 'python' across contexts and score word-in-context pairs", inputs, build,
@@ -351,8 +340,6 @@ def polysemy_step() -> Step:
 
 def word_pieces(tokenizer, sentence: str, word: str) -> list[str]:
     """The tokens of ``sentence`` that make up the first occurrence of ``word`` (the polysemy tools' matcher)."""
-    from ..evaluate import find_word, word_rows
-
     span = find_word(sentence, word)
     if span is None:
         return []
@@ -365,8 +352,6 @@ def word_pieces(tokenizer, sentence: str, word: str) -> list[str]:
 
 def compute_inputs(ctx: DemoContext) -> dict:
     """Where and in which precision a training step computes (part of its inputs: another choice rebuilds it)."""
-    from ..train.precision import resolve_device
-
     return {"device": resolve_device(ctx.device).type, "precision": ctx.precision}
 
 
@@ -378,25 +363,24 @@ def transfer_options(ctx: DemoContext) -> dict:
 
 
 def transfer_step() -> Step:
+    """The transfer table: :data:`TABLE_FAMILY`'s model in each of :data:`TABLE_MODES`, every other family's in
+    ``features`` mode (the run's plan's general-corpus models)."""
+
     def inputs(ctx: DemoContext) -> dict:
         p = ctx.plan
         return jsonable({"models": models_inputs(ctx), "bench": TRANSFER_BENCH, "n_train": p.n_train,
                          "n_test": p.n_test, "transfer": p.transfer, **compute_inputs(ctx)})
 
     def build(ctx: DemoContext) -> dict:
-        from ..transfer import run_transfer
-        from ..transfer.benchmarks import load_benchmark
-        from ..transfer.curve import main_metric
-
         p = ctx.plan
         train, test = load_benchmark(TRANSFER_BENCH, p.n_train, p.n_test, seed=0)
         metric = main_metric(train)
         opts = transfer_options(ctx)
-        # BERT fine-tuned and from scratch are the learning curve's (several seeds and sizes); this table
-        # compares what the frozen bodies give: BERT's two frozen modes and every family's features
-        runs: list[tuple[str, str, str, dict]] = [  # (row name, family, mode, options)
-            *[(mode, "bert", mode, opts) for mode in TABLE_MODES],
-            *[(f"features ({FAMILY_LABEL[f]})", f, "features", opts) for f in ("word2vec", "elmo", "gpt")],
+        # fine-tuned and from scratch are the learning curve's (several seeds and sizes); this table compares
+        # what the frozen bodies give: TABLE_FAMILY's frozen modes and every other family's features
+        runs: list[tuple[str, str, str, dict]] = [  # (row name, model key, mode, options)
+            *[(mode, TABLE_FAMILY, mode, opts) for mode in TABLE_MODES],
+            *[(f"features ({f.label})", f.key, "features", opts) for f in p.families if f.key != TABLE_FAMILY],
         ]
         rows = []
         with ctx.progress(len(runs), "transfer", "run") as update:
@@ -407,7 +391,7 @@ def transfer_step() -> Step:
                 rows.append({"name": row, "family": fam, "mode": mode, "from_scratch": bool(o.get("from_scratch")),
                              "score": m[metric], "macro_f1": m.get("macro_f1"), "epochs": m.get("epochs"),
                              "lr": m.get("lr"), "train_seconds": m["train_seconds"], "run_dir": ctx.rel(run_dir)})
-                logger.info("transfer %s %s: %s %.4f (%.0fs)", FAMILY_LABEL[fam], row, metric, m[metric],
+                logger.info("transfer %s %s: %s %.4f (%.0fs)", p.label(fam), row, metric, m[metric],
                             m["train_seconds"])
                 update(1)
         counts = {lab: sum(ex.label == lab for ex in train.examples) for lab in train.labels}
@@ -419,30 +403,28 @@ def transfer_step() -> Step:
     def summary(info: dict) -> str:
         return "tweet sentiment: " + ", ".join(f"{r['name']} {100 * r['score']:.1f}%" for r in info["rows"])
 
-    return Step("transfer", "transfer to English tweet sentiment: BERT frozen and features, every family's "
-                            "features", inputs, build, summary, lambda i: ["transfer/results.json"], version=3)
+    return Step("transfer", f"transfer to English tweet sentiment: {FAMILIES[TABLE_FAMILY].label} frozen and "
+                            "features, every family's features", inputs, build, summary,
+                lambda i: ["transfer/results.json"], version=3)
 
 
-def curve_step() -> Step:
+def curve_step(plan: DemoPlan) -> Step:
+    """The learning curve of the in-domain model against scratch (``plan`` names it in the description)."""
+
     def inputs(ctx: DemoContext) -> dict:
         p = ctx.plan
-        return jsonable({"bert": ctx.results[f"pretrain-{DOMAIN_BERT}"]["weights_sha256"], "bench": TRANSFER_BENCH,
+        return jsonable({"model": ctx.results[f"pretrain-{p.domain.key}"]["weights_sha256"], "bench": TRANSFER_BENCH,
                          "sizes": p.curve_sizes, "seeds": p.curve_seeds, "min_steps": p.curve_min_steps,
                          "n_test": p.n_test, "transfer": p.transfer, "modes": CURVE_MODES,
                          "reference": p.reference, **compute_inputs(ctx)})
 
     def build(ctx: DemoContext) -> dict:
-        from ..transfer import learning_curve
-        from ..transfer.benchmarks import load_benchmark
-
         p = ctx.plan
         pool, test = load_benchmark(TRANSFER_BENCH, max(p.curve_sizes), p.n_test, seed=0)
         kwargs = {} if p.curve_min_steps is None else {"min_steps": p.curve_min_steps}
         reference = None
         if p.reference:
             try:
-                from ..evaluate import load_reference
-
                 reference = load_reference("minilm")
             except LmforgeError as e:
                 logger.info("learning curve: no reference model (%s)", e)
@@ -453,7 +435,7 @@ def curve_step() -> Step:
                 logger.info("learning curve: %s", text)
                 update(1)
 
-            result = learning_curve(ctx.path(ctx.results[f"pretrain-{DOMAIN_BERT}"]["path"]), "classify", pool, test,
+            result = learning_curve(ctx.path(ctx.results[f"pretrain-{p.domain.key}"]["path"]), "classify", pool, test,
                                     sizes=list(p.curve_sizes), seeds=list(p.curve_seeds), modes=list(CURVE_MODES),
                                     out_dir=ctx.path("curve"), progress=line, **kwargs, **transfer_options(ctx))
             ref = None
@@ -467,7 +449,7 @@ def curve_step() -> Step:
         return {"sizes": result["sizes"], "modes": result["modes"], "metric": result["metric"],
                 "n_test": result["n_test"], "seeds": result["seeds"],
                 "summary": {m: {str(n): s for n, s in v.items()} for m, v in result["summary"].items()},
-                "model": DOMAIN_BERT, "reference": ref, "seconds": result["seconds"], "plot": "curve/curve.png",
+                "model": p.domain.key, "reference": ref, "seconds": result["seconds"], "plot": "curve/curve.png",
                 "table": "curve/curve.md"}
 
     def summary(info: dict) -> str:
@@ -478,5 +460,5 @@ def curve_step() -> Step:
             cells += f"; reference {ref['label'].split(' (')[0]} features {100 * ref['summary'][str(n)]['mean']:.1f}%"
         return f"learning curve at n={info['sizes']}: at {n} labels {cells}"
 
-    return Step("curve", f"learning curve of the {MODEL_LABEL[DOMAIN_BERT]}: accuracy vs labelled tweets, scratch vs "
+    return Step("curve", f"learning curve of the {plan.domain.label}: accuracy vs labelled tweets, scratch vs "
                          "each mode", inputs, build, summary, lambda i: ["curve/curve.json", i["plot"]], version=4)
