@@ -104,7 +104,8 @@ def test_classify_finetune_exports_through_the_gelu_head(electra_dir, data_dir, 
     assert torch.equal(hf.electra.embeddings.word_embeddings.weight, emb)
     pretrained = ElectraForPreTraining.from_pretrained(electra_dir).electra.embeddings.word_embeddings.weight
     assert not torch.equal(emb, pretrained.detach())
-    assert "text-classification" in (out / "README.md").read_text()
+    card = (out / "README.md").read_text()  # titled with the folder's name, not the staging folder's
+    assert "pipeline_tag: text-classification" in card and "\n# hf: an lmforge electra classify run as " in card
 
 
 def test_pair_features_folds_the_standardisation(electra_dir, data_dir, tmp_path):

@@ -256,7 +256,7 @@ def _curve_section(folder: Path, events: list[dict]) -> tuple[str, dict[str, Any
 
 
 # -- the three kinds of card --------------------------------------------------------------------------------
-def _display_name(folder: Path) -> str:
+def display_name(folder: Path) -> str:
     """The folder's name as the user gave it: a card written in a staging folder (``.NAME.tmp-XXXX``,
     renamed to NAME when complete) is titled NAME."""
     m = re.fullmatch(r"\.(.+)\.tmp-[^.]+", folder.name)
@@ -289,9 +289,9 @@ def _model_intro(folder: Path, family: str, params: int | None, hf: dict | None)
     """The title and the opening paragraphs of a model card."""
     card = FAMILY_CARDS.get(family)
     name = card.label if card else family
-    title = f"# {_display_name(folder)}: a {name} model pretrained with lmforge"
+    title = f"# {display_name(folder)}: a {name} model pretrained with lmforge"
     if hf is not None:
-        title = f"# {_display_name(folder)}: an lmforge {name} model in HF transformers format"
+        title = f"# {display_name(folder)}: an lmforge {name} model in HF transformers format"
     intro = f"{name} with {_fmt(params)} parameters" if params else name
     intro += f", pretrained from scratch by `lmforge pretrain {family}`." if card else "."
     parts = [title + "\n", intro + " This card was written by lmforge from the folder's files.\n"]
@@ -407,7 +407,7 @@ def _run_card(folder: Path) -> str:
                     "corpus": corpus},
     }
     body_name = FAMILY_CARDS[family].label if family in FAMILY_CARDS else family
-    parts = [_front_matter(meta), f"# {_display_name(folder)}: {task} with a {body_name} body ({mode})\n"]
+    parts = [_front_matter(meta), f"# {display_name(folder)}: {task} with a {body_name} body ({mode})\n"]
     parts.append(
         f"A transfer run written by `lmforge finetune --task {task} --mode {mode}`, on the model folder "
         f"`{base}`. This card was written by lmforge from the run's files.\n"
@@ -478,4 +478,5 @@ def update_card(folder: str | Path, shards: str | Path | None = None, source: st
         logger.warning("could not write the model card in %s: %s", folder, e)
 
 
-__all__ = ["write_model_card", "write_run_card", "write_export_card", "update_card", "read_card_meta", "shard_facts"]
+__all__ = ["write_model_card", "write_run_card", "write_export_card", "update_card", "read_card_meta", "shard_facts",
+           "display_name"]

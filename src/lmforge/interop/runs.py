@@ -48,6 +48,7 @@ from typing import Protocol
 
 import torch
 
+from ..cards import display_name
 from ..config import load_json, save_json
 from ..data.tasks import KINDS
 from ..errors import LmforgeError
@@ -220,7 +221,7 @@ def _card(out: Path, src: Path, run, arch: str, pipeline_task: str) -> None:
         f"pipeline_tag: {pipeline_task}",
         f"tags: [lmforge, {run.family}, {run.cfg.task}]",
         "---",
-        f"# {out.name}: an lmforge {run.family} {run.cfg.task} run as `transformers.{arch}`",
+        f"# {display_name(out)}: an lmforge {run.family} {run.cfg.task} run as `transformers.{arch}`",
         "",
         f"Written by `lmforge export-hf` from the run folder `{src}` (mode `{run.cfg.mode}`). Use it with "
         f"`transformers.pipeline(\"{pipeline_task}\", model=...)` or `transformers.{arch}.from_pretrained(...)`; "
