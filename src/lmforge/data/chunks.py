@@ -1,8 +1,8 @@
 """A corpus cut into chunks of documents and tokenized by a pool of processes, in order, in bounded memory.
 
-:func:`read_chunks` runs in the calling process: it reads the sources and cuts their units of text
-(:meth:`lmforge.data.sources.Corpus.units`) into chunks of about the same number of characters,
-each unit carrying its document's index and whether it starts or ends that document (a document
+:func:`read_chunks` runs in the calling process: it cuts the blocks of units of text that the sources
+give (:meth:`lmforge.data.sources.Corpus.unit_blocks`) into chunks of about the same number of
+characters, each noting where its documents end and whether its first one began earlier (a document
 may span chunks). :class:`ChunkEncoder` hands the chunks to ``workers`` processes (forked on Linux,
 spawned elsewhere), each holding its own single-threaded copy of the tokenizer, which split the
 units into sentences and encode them; the results come back in the order of the chunks, with at
@@ -12,6 +12,7 @@ only on the chunks, never on the number of workers: shards are byte-identical wh
 
 from __future__ import annotations
 
+import bisect
 import collections
 import contextlib
 import dataclasses
@@ -73,36 +74,41 @@ class Encoded:
     bytes_read: int
 
 
-def read_chunks(units: Iterable[tuple[int, str | None]], take_bytes: Callable[[], int],
+def read_chunks(blocks: Iterable[tuple[int, list[str], list[int]]], take_bytes: Callable[[], int],
                 chunk_chars: int) -> Iterator[Chunk]:
-    """Cut a stream of ``(mode, unit)`` (``unit`` None ends a document) into chunks.
+    """Cut a stream of blocks of units into chunks of about ``chunk_chars`` characters.
 
     Args:
-        units: e.g. :meth:`lmforge.data.sources.Corpus.units`.
+        blocks: ``(mode, units, ends)`` as :meth:`lmforge.data.sources.Corpus.unit_blocks` gives them.
         take_bytes: returns the stored bytes read since its last call (for each chunk's ``bytes_read``).
-        chunk_chars: characters per chunk.
+        chunk_chars: characters per chunk: a chunk is cut before the first unit that finds it full.
     """
     chunk = Chunk()
     doc = 0
-    starting = True
-    last_mode = None
-    for mode, unit in units:
-        if unit is None:  # the document's last unit is still in ``chunk``: chunks are cut before a unit
+    starting = True  # the next unit starts a document
+    for mode, units, ends in blocks:
+        j = 0
+        while j < len(ends) and ends[j] == 0:  # the end of an earlier block's last unit, still in ``chunk``
             chunk.doc_ends.append(len(chunk.units) - 1)
-            doc += 1
-            starting = True
-            continue
-        if chunk.chars >= chunk_chars:
-            chunk.bytes_read = take_bytes()
-            yield chunk
-            chunk = Chunk(first_doc=doc, continues=not starting)
-            last_mode = None
-        if mode != last_mode:
-            chunk.modes.append((len(chunk.units), mode))
-            last_mode = mode
-        chunk.units.append(unit)
-        chunk.chars += len(unit)
-        starting = False
+            doc, starting, j = doc + 1, True, j + 1
+        cum = list(itertools.accumulate(map(len, units)))
+        start = 0
+        while start < len(units):
+            if chunk.chars >= chunk_chars:
+                chunk.bytes_read = take_bytes()
+                yield chunk
+                chunk = Chunk(first_doc=doc, continues=not starting)
+            base = cum[start - 1] if start else 0
+            stop = min(bisect.bisect_left(cum, base + chunk_chars - chunk.chars, lo=start) + 1, len(units))
+            if not chunk.modes or chunk.modes[-1][1] != mode:
+                chunk.modes.append((len(chunk.units), mode))
+            chunk.units.extend(units[start:stop])
+            chunk.chars += cum[stop - 1] - base
+            starting = False
+            while j < len(ends) and ends[j] <= stop:
+                chunk.doc_ends.append(len(chunk.units) - 1 - (stop - ends[j]))
+                doc, starting, j = doc + 1, ends[j] == stop, j + 1
+            start = stop
     chunk.bytes_read += take_bytes()
     if chunk.units or chunk.bytes_read:
         yield chunk

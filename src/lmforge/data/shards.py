@@ -264,7 +264,7 @@ def _encode_into(writers: dict[str, _SplitWriter], corpus: Corpus, tok: Tokenize
                  val_fraction: float, progress: Callable[[int], None] | None) -> None:
     """Read, encode and append the whole corpus to the split writers, balance the splits and close the files."""
     read = _ByteCounter()
-    chunks = read_chunks(corpus.units(on_bytes=read.add), read.take, CHUNK_CHARS)
+    chunks = read_chunks(corpus.unit_blocks(on_bytes=read.add), read.take, CHUNK_CHARS)
     bpe = writers["train"].eot_id is not None
     for enc in ChunkEncoder(tok.backend, workers, bpe, writers["train"].dtype).encode(chunks):
         if len(enc.lengths):

@@ -30,9 +30,10 @@ from pathlib import Path
 
 from ..errors import DataError
 from ..folders import MARKER
-from .corpus import LAYOUTS, RECORD_MODES, detect_layout, iter_units, unit_sentences
+from .corpus import LAYOUTS, RECORD_MODES, SENTENCE, detect_layout, iter_units, unit_sentences
 from .formats import FORMATS, detect, is_dataset_folder, iter_records, open_dataset, record_fields
 from .formats import dataset_records as _dataset_records
+from .line_blocks import line_blocks
 from .textfiles import ENCODING_ERRORS, check_file
 
 logger = logging.getLogger(__name__)
@@ -157,14 +158,36 @@ class Corpus:
         for _, mode, unit in self._walk(on_bytes):
             yield mode, unit
 
+    def unit_blocks(self, on_bytes: Callable[[int], None] | None = None) -> Iterator[tuple[int, list[str], list[int]]]:
+        """The units of :meth:`units` a block at a time: ``(mode, units, ends)``, ``ends`` holding for each
+        document end the number of the block's units before it (0: it ends an earlier block's last unit).
+        Text of one sentence a line is read a block at a time (:mod:`lmforge.data.line_blocks`)."""
+        for _, mode, units, ends in self._blocks(on_bytes):
+            yield mode, units, ends
+
     def _walk(self, on_bytes=None) -> Iterator[tuple[Source, int, str | None]]:
+        for src, mode, units, ends in self._blocks(on_bytes):
+            j = 0
+            for k, unit in enumerate(units):
+                while j < len(ends) and ends[j] == k:
+                    yield src, mode, None
+                    j += 1
+                yield src, mode, unit
+            for _ in ends[j:]:
+                yield src, mode, None
+
+    def _blocks(self, on_bytes=None) -> Iterator[tuple[Source, int, list[str], list[int]]]:
         empty = []
         for src in self.sources:
-            mode, units = source_units(src, self.options, on_bytes)
+            if src.format == "text" and src.layout == "lines":
+                mode, blocks = SENTENCE, line_blocks(src.path, self.options.encoding_errors, on_bytes)
+            else:
+                mode, units = source_units(src, self.options, on_bytes)
+                blocks = _as_blocks(units)
             n = 0
-            for unit in units:
-                n += unit is None
-                yield src, mode, unit
+            for units, ends in blocks:
+                n += len(ends)
+                yield src, mode, units, ends
             if n == 0:
                 empty.append(src.name)
         if len(empty) == len(self.sources):
@@ -201,6 +224,22 @@ def source_units(src: Source, options: CorpusOptions,
     if src.format == "text":
         return iter_units(src.path, src.layout, options.encoding_errors, on_bytes)
     return RECORD_MODES[options.layout], _record_units(src, options, on_bytes)
+
+
+def _as_blocks(units: Iterator[str | None], size: int = 4096) -> Iterator[tuple[list[str], list[int]]]:
+    """A stream of units (None ending a document) as blocks of up to ``size`` units (see :meth:`Corpus.unit_blocks`)."""
+    block: list[str] = []
+    ends: list[int] = []
+    for unit in units:
+        if unit is None:
+            ends.append(len(block))
+            continue
+        if len(block) >= size:  # cut before a unit, so that an end after the block's last unit stays with it
+            yield block, ends
+            block, ends = [], []
+        block.append(unit)
+    if block or ends:
+        yield block, ends
 
 
 def _record_units(src: Source, options: CorpusOptions, on_bytes) -> Iterator[str | None]:
