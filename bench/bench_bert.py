@@ -7,6 +7,7 @@ that the two compute the same loss.
 
     python bench/bench_bert.py                 # default: hidden 256, 4 layers, seq 128, batch 16
     python bench/bench_bert.py --steps 10      # shorter
+    python bench/bench_bert.py --bf16-steps 0  # training and inference only
     python bench/bench_bert.py --onednn both   # once with lmforge's oneDNN linear on, once off
     python bench/bench_bert.py --threads 2 --record bert.json   # also a JSON run record (provenance, settings)
     python bench/bench_bert.py --device cuda --hidden 768 --layers 12 --heads 12 --intermediate 3072 \
@@ -129,6 +130,57 @@ def timed(fn, device: str = "cpu") -> float:
     fn()
     sync(device)
     return time.perf_counter() - t
+
+
+def bf16_vs_fp32(args, cfg, batches, adamw, dev: str, tok_step: int) -> dict:
+    """lmforge under bf16 autocast against lmforge fp32: alternating training steps from the same weights,
+    batches and dropout masks; prints both loss curves and returns the figures."""
+    from lmforge.models.bert import BertForPreTraining
+
+    torch.manual_seed(0)
+    fp32 = BertForPreTraining(cfg).to(dev)
+    bf16 = BertForPreTraining(cfg).to(dev)
+    bf16.load_state_dict(fp32.state_dict())
+    fp32.train()
+    bf16.train()
+    runs = {
+        "fp32": (fp32, adamw(fp32), contextlib.nullcontext),
+        "bf16": (bf16, adamw(bf16), lambda: torch.autocast(torch.device(dev).type, dtype=torch.bfloat16)),
+    }
+    btimes: dict[str, list[float]] = {k: [] for k in runs}
+    blosses: dict[str, list[float]] = {k: [] for k in runs}
+    for step in range(args.warmup + args.bf16_steps):
+        batch = batches[step % len(batches)]
+        order = list(runs) if step % 2 == 0 else list(runs)[::-1]
+        for name in order:
+            model, opt, ctx = runs[name]
+
+            def train_step(model=model, opt=opt, ctx=ctx, name=name, step=step, batch=batch):
+                torch.manual_seed(1000 + step)  # the same dropout masks for both
+                with ctx():
+                    loss = model(**batch).loss
+                loss.backward()
+                opt.step()
+                opt.zero_grad(set_to_none=True)
+                blosses[name].append(loss.item())
+
+            dt = timed(train_step, dev)
+            if step >= args.warmup:
+                btimes[name].append(dt)
+    btps = {k: tok_step / statistics.median(v) for k, v in btimes.items()}
+    print(f"\nbf16 autocast vs fp32 (lmforge, {args.bf16_steps} alternating training steps):")
+    for k in runs:
+        print(f"  {k:<5} {btps[k]:9.0f} tokens/s")
+    bf16_ratio = btps["bf16"] / btps["fp32"]
+    print(f"  bf16 speed-up: {bf16_ratio:.2f}x  (target >= 1.5)")
+    rel = [abs(a - b) / a for a, b in zip(blosses["fp32"], blosses["bf16"])]
+    print("  loss curve (step: fp32 / bf16):  " + "  ".join(
+        f"{i}: {a:.3f}/{b:.3f}" for i, (a, b) in enumerate(zip(blosses["fp32"], blosses["bf16"]))
+        if i % max(1, len(rel) // 6) == 0 or i == len(rel) - 1))
+    print(f"  max relative loss difference over {len(rel)} steps: {max(rel):.4f}; "
+          f"loss fell {blosses['fp32'][0] - blosses['fp32'][-1]:.3f} (fp32) vs "
+          f"{blosses['bf16'][0] - blosses['bf16'][-1]:.3f} (bf16)")
+    return {"tokens_per_s": btps, "speedup": bf16_ratio, "max_rel_loss_diff": max(rel)}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -284,49 +336,8 @@ def main(argv: list[str] | None = None) -> int:
     print(f"  training speed ratio lmforge / transformers: {train_ratio:.2f}  (target >= 2.0)")
 
     # 4. bf16 autocast vs fp32, both lmforge, alternating, same weights / batches / dropout masks
-    torch.manual_seed(0)
-    fp32 = BertForPreTraining(cfg).to(dev)
-    bf16 = BertForPreTraining(cfg).to(dev)
-    bf16.load_state_dict(fp32.state_dict())
-    fp32.train()
-    bf16.train()
-    runs = {
-        "fp32": (fp32, adamw(fp32), contextlib.nullcontext),
-        "bf16": (bf16, adamw(bf16), lambda: torch.autocast(torch.device(dev).type, dtype=torch.bfloat16)),
-    }
-    btimes: dict[str, list[float]] = {k: [] for k in runs}
-    blosses: dict[str, list[float]] = {k: [] for k in runs}
-    for step in range(args.warmup + args.bf16_steps):
-        batch = batches[step % len(batches)]
-        order = list(runs) if step % 2 == 0 else list(runs)[::-1]
-        for name in order:
-            model, opt, ctx = runs[name]
-
-            def train_step(model=model, opt=opt, ctx=ctx, name=name, step=step, batch=batch):
-                torch.manual_seed(1000 + step)  # the same dropout masks for both
-                with ctx():
-                    loss = model(**batch).loss
-                loss.backward()
-                opt.step()
-                opt.zero_grad(set_to_none=True)
-                blosses[name].append(loss.item())
-
-            dt = timed(train_step, dev)
-            if step >= args.warmup:
-                btimes[name].append(dt)
-    btps = {k: tok_step / statistics.median(v) for k, v in btimes.items()}
-    print(f"\nbf16 autocast vs fp32 (lmforge, {args.bf16_steps} alternating training steps):")
-    for k in runs:
-        print(f"  {k:<5} {btps[k]:9.0f} tokens/s")
-    bf16_ratio = btps["bf16"] / btps["fp32"]
-    print(f"  bf16 speed-up: {bf16_ratio:.2f}x  (target >= 1.5)")
-    rel = [abs(a - b) / a for a, b in zip(blosses["fp32"], blosses["bf16"])]
-    print("  loss curve (step: fp32 / bf16):  " + "  ".join(
-        f"{i}: {a:.3f}/{b:.3f}" for i, (a, b) in enumerate(zip(blosses["fp32"], blosses["bf16"]))
-        if i % max(1, len(rel) // 6) == 0 or i == len(rel) - 1))
-    print(f"  max relative loss difference over {len(rel)} steps: {max(rel):.4f}; "
-          f"loss fell {blosses['fp32'][0] - blosses['fp32'][-1]:.3f} (fp32) vs "
-          f"{blosses['bf16'][0] - blosses['bf16'][-1]:.3f} (bf16)")
+    bf16 = bf16_vs_fp32(args, cfg, batches, adamw, dev, tok_step) if args.bf16_steps > 0 else None
+    bf16_ratio = bf16["speedup"] if bf16 else float("nan")
 
     peak_end = measure_peak_gflops(device=dev)
     if peak_end > peak * 1.05:
@@ -334,7 +345,7 @@ def main(argv: list[str] | None = None) -> int:
               f"{peak / peak_end:.2f}x too high; the machine's load changed during the run")
 
     def verdict(x: float, target: float) -> str:
-        return f"{x:.2f} (target {target}: {'ok' if x >= target else 'MISSED'})"
+        return f"{x:.2f} (target {target}: {'ok' if x >= target else 'MISSED'})" if x == x else "not run"
 
     print(f"\nsummary: train ratio {verdict(train_ratio, 2.0)}, inference ratio {verdict(infer_ratio, 1.5)}, "
           f"bf16 speed-up {verdict(bf16_ratio, 1.5)}")
@@ -355,7 +366,7 @@ def main(argv: list[str] | None = None) -> int:
             "train": {"tokens_per_s": train_tps, "ratio": train_ratio,
                       "mfu": {k: flops_train[k] / statistics.median(times[k]) / 1e9 / max(peak, peak_end)
                               for k in trainers}},
-            "bf16": {"tokens_per_s": btps, "speedup": bf16_ratio, "max_rel_loss_diff": max(rel)},
+            "bf16": bf16,
             "load_average": {"start": load_start, "end": load_end},
         }
         atomic_write_text(args.record, json.dumps(record, indent=1) + "\n")

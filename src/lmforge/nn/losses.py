@@ -103,7 +103,6 @@ class _LinearCrossEntropy(torch.autograd.Function):
         loss_sum = torch.zeros((), dtype=torch.float32, device=x.device)
         grad_x = torch.empty_like(x) if need_grad else None
         grad_w = None  # (V, C) fp32, summed over blocks
-        w_t = weight.t().contiguous() if need_grad else None  # (C, V) for grad_x = p @ W
         for b in range(0, N, block_rows):
             xb, tb, vb = x[b : b + block_rows], safe[b : b + block_rows, None], valid[b : b + block_rows]
             p = _workspace(xb.shape[0], weight.shape[0], x.dtype, x.device, "grad") if need_grad else None  # (r, V)
@@ -135,7 +134,7 @@ class _LinearCrossEntropy(torch.autograd.Function):
                         p[i : i + chunk_rows] = sm
             loss_sum += ((lse - target_score).squeeze(1) * vb).sum()
             if need_grad:
-                grad_x[b : b + block_rows] = matmul_t(p, w_t)  # (r, C) = p @ W
+                grad_x[b : b + block_rows] = matmul_t(p, weight.t())  # (r, C) = p @ W, no transposed copy of W
                 gw = matmul_t(xb.t(), p.t()).t().float()  # (V, C) = p.T @ x (this order is the fastest on CPU)
                 grad_w = gw if grad_w is None else grad_w.add_(gw)
         if need_grad:
