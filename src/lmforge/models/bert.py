@@ -29,6 +29,7 @@ from torch import nn
 from ..data.bert import RECIPE_FIELDS
 from ..errors import ConfigError, DataError, LmforgeError
 from ..nn.cpu_ops import Dropout, Linear, linear
+from ..nn.losses import cross_entropy_rows
 from ..nn.transformer import TransformerBlock, document_mask, init_weights, padding_mask
 from .base import ModelOutput, PretrainedModel
 
@@ -413,9 +414,10 @@ class BertForPreTraining(ClsSepReading, PretrainedModel):
         logits = self.cls.predictions(h_sel)  # (N, V)
         metrics: dict[str, torch.Tensor] = {}
         if target.numel():
-            scores = logits.float()  # the loss in fp32 under autocast too (a row maximum over bf16 is slow on CPU)
-            mlm_loss = F.cross_entropy(scores, target)
-            metrics["mlm_acc"] = _top1(scores.detach(), target)
+            # the mean cross-entropy, in fp32 under autocast too, its gradient made in one pass over the scores
+            mean = torch.full(target.shape, 1.0 / len(target), device=target.device)
+            mlm_loss = cross_entropy_rows(logits, target, mean)[0]
+            metrics["mlm_acc"] = _top1(logits.detach().float(), target)  # a row maximum over bf16 is slow on CPU
         else:  # no masked token in the batch: a zero loss that still reaches every MLM parameter
             mlm_loss = logits.sum() * 0.0
             metrics["mlm_acc"] = torch.zeros((), device=h.device)
