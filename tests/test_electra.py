@@ -398,6 +398,11 @@ def test_cli_embed_features_fill_mask_export(electra_dir, tmp_path, capsys):
                  "--cache-dir", str(tmp_path / "cache")]) == 0
     saved = json.loads((run / "config.json").read_text())
     assert saved["family"] == "electra"
+    capsys.readouterr()
+    assert main(["finetune", str(electra_dir), "--task", "classify", "--train", str(tmp_path / "train.csv"),
+                 "--test", str(tmp_path / "test.csv"), "--out", str(tmp_path / "run-pooler"), "--pool", "pooler"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "the electra model has none" in err[0] and not (tmp_path / "run-pooler").exists()
     assert json.loads((run / "metrics.json").read_text())  # scored on the test file
     capsys.readouterr()
 

@@ -40,6 +40,7 @@ class Family:
         task_tokens: transfer adds the GPT paper's start, delimiter and extract tokens to its inputs.
         aux_lm: fine-tuning adds the LM loss on the task's text (GPT-1's auxiliary objective).
         mixes_layers: transfer reads a learned scalar mix of its layers by default (ELMo).
+        pooler: its body has BERT's NSP-trained tanh pooler on ``[CLS]`` (``--pool pooler``).
         recipes: the module holding ``PRESETS``, ``DEFAULT_PRESET`` and ``TRAIN_DEFAULTS`` (keyed by family).
         data_recipe: ``module:Class`` of the config of its pretraining-data recipe (None = the sampler needs
             nothing beyond the model config).
@@ -64,6 +65,7 @@ class Family:
     task_tokens: bool = False
     aux_lm: bool = False
     mixes_layers: bool = False
+    pooler: bool = False
     recipes: str = "lmforge.models.recipes"
     run_export: str | None = None
 
@@ -111,7 +113,7 @@ FAMILIES: dict[str, Family] = {
         "bert", "BERT", "lmforge.models.bert", "BertForPreTraining", "BertConfig", "wordpiece", trainer=True,
         hf_module="lmforge.interop.bert", hf_model_type="bert", fills_mask=True,
         transfer_modes=("frozen", "features", "finetune"), data_recipe="lmforge.data.bert:MaskedLMRecipe",
-        run_export="lmforge.interop.runs_bert",
+        run_export="lmforge.interop.runs_bert", pooler=True,
     ),
     "gpt": Family(
         "gpt", "GPT", "lmforge.models.gpt", "GPTLMHeadModel", "GPTConfig", "bpe", trainer=True,

@@ -312,8 +312,9 @@ def check_supported(family: str | None, cfg: TransferConfig) -> None:
     if cfg.head_classifier == "bilstm" and not SPECS[cfg.task].bilstm_head:
         raise LmforgeError("the bilstm classifier serves classify / pair / tokens, not qa")
     pool = cfg.pool_choice(family)
-    if pool == "pooler" and pool not in FORMATS.get(input_format(family), PLAIN).pools:
-        raise LmforgeError(f"--pool pooler reads BERT's NSP-trained pooler; the {family} model has none")
+    if pool == "pooler" and not (family in FAMILIES and FAMILIES[family].pooler):
+        raise LmforgeError(f"--pool pooler reads BERT's NSP-trained pooler; the {family} model has none: "
+                           "use --pool cls or --pool mean")
     if pool == "tokens" and cfg.head_classifier != "bilstm":
         raise LmforgeError("--pool tokens feeds every token vector to a BiLSTM: use it with --classifier bilstm")
     layer = cfg.layer_choice(family)
