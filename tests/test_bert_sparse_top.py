@@ -56,8 +56,13 @@ def test_sparse_top_layer_equals_the_full_one(norm_first, masking, monkeypatch):
         docs[2, 20:] = 0
         batch["labels"][2, 20:] = -100
         batch["document_ids"] = docs
-    full, g_full = _run(model, batch, 2.0, monkeypatch)  # never sparse
+    calls = []
+    forward_at = TransformerBlock.forward_at
+    monkeypatch.setattr(TransformerBlock, "forward_at", lambda *a: calls.append(1) or forward_at(*a))
+    full, g_full = _run(model, batch, 0.0, monkeypatch)  # never sparse
+    assert not calls
     sparse, g_sparse = _run(model, batch, 1.0, monkeypatch)  # always sparse
+    assert calls == [1]
     assert full.logits.shape == sparse.logits.shape == (int((batch["labels"] != -100).sum()), V)
     torch.testing.assert_close(sparse.logits, full.logits, rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(sparse.nsp_logits, full.nsp_logits, rtol=1e-5, atol=1e-5)

@@ -28,7 +28,7 @@ from torch import nn
 
 from ..data.bert import RECIPE_FIELDS
 from ..errors import ConfigError, DataError, LmforgeError
-from ..nn.cpu_ops import Dropout, Linear, linear
+from ..nn.cpu_ops import Dropout, Linear, compiling, linear
 from ..nn.losses import cross_entropy_rows
 from ..nn.transformer import TransformerBlock, document_mask, init_weights, padding_mask
 from .base import ModelOutput, PretrainedModel
@@ -438,12 +438,13 @@ class BertForPreTraining(ClsSepReading, PretrainedModel):
         most half the positions (``SPARSE_TOP_SHARE``), the top layer computes its queries, attention output
         and MLP for them alone (:meth:`TransformerBlock.forward_at`): every output row is the one the full
         layer gives.  ``h`` is then (B, Tq, C) with ``[CLS]`` first in each row, else the full (B, T, C).
+        Not under ``torch.compile``: the count of chosen rows changes with every batch (a new graph each).
         """
         need = sel.clone()
         need[:, 0] = True  # [CLS], for the pooler
         counts = need.sum(1)  # (B,)
-        Tq = int(counts.max())
-        if Tq > SPARSE_TOP_SHARE * sel.shape[1]:
+        Tq = 0 if compiling() else int(counts.max())
+        if not 0 < Tq <= SPARSE_TOP_SHARE * sel.shape[1]:
             h = self.bert(input_ids, attention_mask, token_type_ids, document_ids=document_ids)  # (B, T, C)
             return h, h[sel]
         # the needed positions of each row first, in order (a stable sort of "not needed"), then other ones
