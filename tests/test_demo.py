@@ -13,7 +13,7 @@ import torch
 
 from lmforge import demo as D
 from lmforge.cli import main
-from lmforge.demo.report import pretraining_section
+from lmforge.demo import plan as plan_module
 from lmforge.models import FAMILIES
 
 
@@ -129,27 +129,32 @@ def test_an_electra_plan_names_electra_in_every_step():
     assert list(steps) == [*default[:i], "pretrain-electra", "pretrain-electra-tweets", *default[i + 1:]]
 
 
-def test_an_electra_plan_pretrains_and_reports_electra(tmp_path):
-    """The in-domain model trained as ELECTRA through the demo's own steps (the general ELECTRA beside it), and the
-    report's pretraining table and headline naming it; polysemy, transfer and the curve are the slow test's."""
+@pytest.mark.slow
+def test_quick_demo_with_electra_in_the_plan_names_electra_throughout(tmp_path, capsys, monkeypatch):
+    """`lmforge demo --quick` with the quick plan as DOMAIN_FAMILY = "electra" and one more FamilyPlan make it:
+    both ELECTRAs pretrained, and every table, verdict and headline naming them (fewer sizes, no reference)."""
     torch.manual_seed(0)
-    plan = _electra_plan(D.QUICK)
-    plan = dataclasses.replace(plan, families=plan.families[-1:], domain_lines=400)  # ELECTRA only: seconds
-    wanted = ("corpus", "tokenizer-", "shards-", f"{D.DOMAIN}-text", "pretrain-")
-    steps = [s for s in D.plan_steps(plan) if s.name.startswith(wanted)]
-    r = D.run_demo(tmp_path / "demo", plan=plan, steps=steps)
-    assert [s.name for s in r.steps][-2:] == ["pretrain-electra", "pretrain-electra-tweets"]
+    plan = dataclasses.replace(_electra_plan(D.QUICK), reference=False, curve_sizes=(16,), wic_pairs=40)
+    monkeypatch.setattr(plan_module, "QUICK", plan)
+    out = tmp_path / "demo"
+    assert main(["demo", "--quick", "--out", str(out)]) == 0
+    printed = capsys.readouterr().out
+    assert f"{len(D.plan_steps(plan))} steps (0 reused)" in printed
+    assert re.search(r"pretrained: .*; ELECTRA .*; ELECTRA \(tweets\) ", printed)
     for key in ("electra", "electra-tweets"):
-        info = r.results[f"pretrain-{key}"]
-        assert info["step"] == plan.family(key).train["max_steps"] and info["stop_reason"] == "max_steps"
-        config = json.loads((tmp_path / "demo" / "models" / key / "config.json").read_text())
+        config = json.loads((out / "models" / key / "config.json").read_text())
         assert config["model_type"] == "electra" and config["embedding_size"] == 32
-    assert r.steps[-1].summary.startswith("ELECTRA (tweets): ")
-    assert re.match(r"pretrained: ELECTRA .*; ELECTRA \(tweets\) ", r.highlights[0])
-    section = "".join(pretraining_section(r.results, plan))
-    assert re.search(r"\| ELECTRA \(tweets\) \| \d+\.\d+M \| 6 \|", section)
-    assert ("The first one read the built-in corpus; the ELECTRA on the tweets is the same architecture pretrained "
-            "(replaced-token detection)") in section and "BERT" not in section
+    report = (out / "report.md").read_text(encoding="utf-8")
+    pre = _section(report, "## Pretraining")
+    for label in ("ELECTRA", r"ELECTRA \(tweets\)"):  # both trained their planned steps
+        assert re.search(rf"\| {label} \| \d+\.\d+M \| 6 \|", pre), label
+    assert re.search(rf"rtd_acc {_NUM}%", pre)  # the model's own metric names
+    assert ("The first five read the built-in corpus; the ELECTRA on the tweets is the same architecture pretrained "
+            "(replaced-token detection)") in pre
+    assert re.search(rf"\| ELECTRA \| layer2 \| {_NUM} \|", _section(report, "## Polysemy"))
+    assert re.search(rf"\| ELECTRA \| features \| {_NUM}% \|", _section(report, "## Transfer"))
+    assert "The ELECTRA (tweets) (best mode) against scratch: n=16:" in _section(report, "## Learning curve")
+    assert "BERT (tweets)" not in report + printed and "bert-tweets" not in report
 
 
 def test_curve_verdicts_compare_seed_by_seed():

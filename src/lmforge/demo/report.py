@@ -208,7 +208,7 @@ def render_report(ctx: DemoContext) -> str:
         f"Figures made on {machines_text(R)}: {SAME_MACHINE_NOTE}. Time to build each step (first run): "
         f"{_build_time(R):.0f}s in total on {os.cpu_count()} CPU core(s), per step in the last table.\n\n",
         *_corpus_section(R, plan),
-        *pretraining_section(R, plan),
+        *_pretraining_section(R, plan),
         *_polysemy_section(R),
         *_transfer_section(R, plan),
         *_curve_section(R, plan),
@@ -254,7 +254,7 @@ def _pretraining_row(info: dict, label: str) -> list[str]:
     return [label, f"{info['params'] / 1e6:.2f}M", steps, f"{info['seconds']:.0f}s", per, loss, metric_text(info)]
 
 
-def pretraining_section(R: dict[str, dict], plan: DemoPlan) -> list[str]:
+def _pretraining_section(R: dict[str, dict], plan: DemoPlan) -> list[str]:
     """A row per model of the plan, what the in-domain model is, and the training curves."""
     dom = plan.domain
     same = "the same architecture pretrained" if dom.family in plan.family_order else "pretrained"
