@@ -319,7 +319,7 @@ def dropout(x: torch.Tensor, p: float, training: bool = True) -> torch.Tensor:
     keep = r >= round(p * 65536) - 32768
     if x.dtype != torch.float32:  # a bf16 mask could not hold 1 / (1 - p) exactly: scale in the multiply
         return x * keep * (1.0 / (1.0 - p))
-    mask = torch.where(keep, 1.0 / (1.0 - p), 0.0)
+    mask = keep.to(torch.float32).mul_(1.0 / (1.0 - p))  # 0 or 1 / (1 - p); faster than where() with two scalars
     if not (torch.is_grad_enabled() and x.requires_grad):
         return x * mask
     return _Dropout.apply(x, mask)
