@@ -7,7 +7,9 @@ the steps are those tokens over the tokens of one step (after the probe and a re
 evaluation and the save); the steps stop at ``MAX_EPOCHS`` passes over the training split (BERT and ELECTRA draw
 new masks on every pass: 32), with a warning to prepare more text.  Training hyper-parameters come from the
 family's defaults and ``--set``; the planner only sets the steps and caps the warm-up.  ``search_shape=True``
-also chooses the shape (:mod:`lmforge.train.budget_search`).
+also chooses the shape (:mod:`lmforge.train.budget_search`).  ``--precision auto`` is resolved for the chosen shape
+as the Trainer resolves it (the probe trains in that precision; :func:`lmforge.train.budget_probe.shape_precision`),
+and the plan records the concrete precision with its reason.
 
 The run then trains exactly ``max_steps`` steps (no wall-clock stop): the same plan, data and seed give the same
 weights whatever the machine's load, and ``--plan plan.json`` replays a plan elsewhere.
@@ -40,6 +42,7 @@ from .budget_probe import (
     machine_description,
     make_candidates,
     measure_throughput,
+    shape_precision,
     step_tokens,
     steps_for,
     train_seconds,
@@ -47,7 +50,7 @@ from .budget_probe import (
 from .checkpoint import find_state_dir
 from .config import TrainConfig, format_duration, parse_duration
 from .plan_check import check_plan_settings, plan_fields, plan_train_config
-from .precision import resolve_device, resolve_precision
+from .precision import choose_precision, resolve_device
 from .pretrain import default_train_config, open_shards, pretrain, recipe_in
 
 __all__ = ["Budget", "BudgetPlan", "Candidate", "ProbeResult", "parse_budget", "plan_budget", "run_plan",
@@ -120,7 +123,10 @@ class BudgetPlan:
         params: parameters of the chosen shape; body_params: those outside the token / position embeddings
             and an untied output layer (0 in a plan saved before the planner counted them);
             tokens_per_param: ``expected_tokens / body_params`` (the figure the rule scores).
-        probe_tokens_per_s: the probe's throughput of the chosen shape (``None`` for a token budget).
+        probe_tokens_per_s: the probe's throughput of the chosen shape (``None`` for a token budget), in the
+            precision the plan trains in.
+        precision_choice: how ``train['precision']`` was chosen, e.g. ``auto: fp32, the model's width 32 is below
+            64 ...`` or ``bf16, asked for`` (empty for word2vec, or a plan saved before the planner said so).
         expected_seconds: training time the probe predicts (``None`` without a probe).
         candidates: one record per shape considered (params, tok/s, steps, tokens/param, score, note).
         warnings: what the user should know (many epochs, few steps).
@@ -153,6 +159,7 @@ class BudgetPlan:
     torch_version: str
     body_params: int = 0
     recipe: dict | None = None
+    precision_choice: str = ""
     format: str = PLAN_FORMAT
 
     def to_json(self) -> dict:
@@ -201,6 +208,8 @@ class BudgetPlan:
                 if self.body_params and self.body_params != self.params else "")
         lines = [f"budget {self.budget} ({self.budget_kind}) -> {self.family} '{self.preset}': "
                  f"{self.params / 1e6:.2f}M parameters{body}"]
+        if self.precision_choice:
+            lines.append(f"  precision {self.precision_choice}")
         if self.max_steps is not None:
             lines.append(
                 f"  {self.max_steps:,} steps x {self.batch_size} rows x {self.seq_len} tokens "
@@ -215,6 +224,7 @@ class BudgetPlan:
                          f"expected training time {format_duration(max(self.expected_seconds or 0.0, 0.1))}")
         for c in self.candidates:
             tps = f", {c['tokens_per_s']:,.0f} tok/s" if c.get("tokens_per_s") else ""
+            tps += f" in {c['precision']}" if tps and c.get("precision") else ""
             steps = f", {c['steps']:,} {'steps' if self.max_steps is not None else 'epochs'}, " \
                     f"{c['tokens_per_param']:.1f} tok/param" if c.get("steps") else ""
             score = f", score {c['score']:.2f}" if c.get("score") is not None else ""
@@ -268,8 +278,8 @@ def plan_budget(
     shards = open_shards(shards) if isinstance(shards, (str, Path)) else shards
     trainer_family = get_family(family).trainer
     train = (train or default_train_config(family)) if trainer_family else TrainConfig()
-    if trainer_family:  # the plan records the precision the probe measured, so a replay computes the same way
-        train = dataclasses.replace(train, precision=resolve_precision(train.precision, resolve_device(train.device)))
+    if trainer_family:  # fp16 on a CPU, a GPU torch does not see: refused before any probe
+        choose_precision(train.precision, resolve_device(train.device))
     probe = probe or measure_throughput
     unique = int(shards.counts("train")["tokens"])
     if unique < 1:
@@ -290,7 +300,19 @@ def plan_budget(
         cand, rec = budget_search.choose(family, feasible, b.kind == "time", unique, max_epochs(family), warnings)
     else:
         cand, rec = feasible[0]
-    return _assemble(family, b, cand, rec, records, warnings, train, unique, shards)
+    train, chosen = _plan_precision(family, cand, rec, train, shards)
+    return _assemble(family, b, cand, rec, records, warnings, train, unique, shards, chosen)
+
+
+def _plan_precision(family: str, cand: Candidate, rec: dict, train: TrainConfig, shards) -> tuple[TrainConfig, str]:
+    """``(train with the concrete precision, how it was chosen)`` for the chosen shape: the precision its probe
+    trained in, else (a token budget, a probe that does not say) chosen here as the Trainer chooses it.  The plan
+    records the concrete precision, so the run and a replay compute as the probe did."""
+    if not get_family(family).trainer:
+        return train, ""
+    choice = rec.get("precision_choice") or shape_precision(family, cand, train, shards)
+    rec["precision"] = choice.precision
+    return dataclasses.replace(train, precision=choice.precision), choice.summary(train.precision)
 
 
 def _probe_one(family: str, cand: Candidate, b: Budget, train: TrainConfig, unique: int, shards,
@@ -303,6 +325,7 @@ def _probe_one(family: str, cand: Candidate, b: Budget, train: TrainConfig, uniq
     if b.kind == "time":
         res = probe(family, cand, train, shards, max(min(PROBE_MAX_SECONDS, PROBE_FRACTION * b.seconds), 1.0))
         rec["tokens_per_s"] = float(res.tokens_per_s)
+        budget_search.note_precision(rec, res.precision)
         tokens = rec["tokens_per_s"] * train_seconds(b.seconds, res.seconds)
     steps, uncapped = steps_for(cand, tokens, b.kind == "time", train, unique, trainer_family, max_epochs(family))
     rec.update(capped=uncapped > steps, steps=steps,
@@ -375,7 +398,7 @@ def _run_fields(family: str, cand: Candidate, steps: int, train: TrainConfig) ->
 
 
 def _assemble(family: str, b: Budget, cand: Candidate, rec: dict, records: list[dict], warnings: list[str],
-              train: TrainConfig, unique: int, shards) -> BudgetPlan:
+              train: TrainConfig, unique: int, shards, precision_choice: str) -> BudgetPlan:
     trainer_family = get_family(family).trainer
     steps = int(rec["steps"])
     tokens = step_tokens(cand, steps, unique, trainer_family)
@@ -391,10 +414,11 @@ def _assemble(family: str, b: Budget, cand: Candidate, rec: dict, records: list[
         max_steps=steps if trainer_family else None, epochs=round(epochs, 4), warmup_steps=warmup,
         tokens_per_step=cand.tokens_per_step, expected_tokens=int(tokens), params=cand.params,
         body_params=cand.body_params, tokens_per_param=round(tokens / max(cand.body_params, 1), 3),
-        recipe=cand.recipe,
+        recipe=cand.recipe, precision_choice=precision_choice,
         probe_tokens_per_s=round(tps, 1) if tps else None,
         expected_seconds=round(expected_s, 1) if expected_s is not None else None,
-        candidates=[{k: v for k, v in r.items() if k not in ("capped", "uncapped_steps", "probe_seconds")}
+        candidates=[{k: v for k, v in r.items()
+                     if k not in ("capped", "uncapped_steps", "probe_seconds", "precision_choice")}
                     for r in records],
         warnings=warnings,
         data={"path": str(shards.path), "tokenizer_hash": str(shards.tokenizer_hash), "train_tokens": unique},

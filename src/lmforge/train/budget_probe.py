@@ -2,7 +2,10 @@
 throughput on this machine, and the arithmetic that turns a budget into steps.
 
 The probe trains a throw-away copy of a shape for a few optimizer steps (after one warm-up step) on the run's own
-batches and precision; :mod:`lmforge.train.budget` turns its tokens/s into steps.
+batches and precision; :mod:`lmforge.train.budget` turns its tokens/s into steps.  ``--precision auto`` is resolved
+for the probed shape as the Trainer resolves it when the run starts (:func:`shape_precision`): the same function,
+model shape and first batch, hence the same width rule and the same cached measurement, so the plan, the probe's
+throughput and the run compute alike.
 """
 
 from __future__ import annotations
@@ -25,11 +28,12 @@ from torch import nn
 from ..config import apply_overrides, from_dict, to_dict
 from ..folder_writing import pid_alive
 from ..models import get_family
+from . import compute
 from .config import TrainConfig
 from .parameters import param_groups
-from .precision import autocast, resolve_device, resolve_precision
+from .precision import PrecisionChoice, autocast, choose_precision, needs_model, resolve_device
 from .pretrain import family_module, preset_config
-from .rows import count_tokens
+from .rows import count_tokens, row_rngs
 
 logger = logging.getLogger(__name__)
 
@@ -49,12 +53,15 @@ class ProbeResult:
     Attributes:
         tokens_per_s: training tokens per second over the timed optimizer steps.
         steps: timed optimizer steps (after one warm-up step).
-        seconds: wall time of the probe of this candidate, building and warm-up included.
+        seconds: wall time of the probe of this candidate, building, warm-up and choosing the precision included.
+        precision: the precision the probe trained in and why (:func:`shape_precision`); ``None`` from a probe
+            that does not say (word2vec's, a test's), for which the planner chooses it itself.
     """
 
     tokens_per_s: float
     steps: int
     seconds: float
+    precision: PrecisionChoice | None = None
 
 
 @dataclasses.dataclass
@@ -107,8 +114,8 @@ def candidate_presets(family: str) -> list[str]:
 
 
 def _first_rows(train: TrainConfig) -> list[np.random.Generator]:
-    # the rows of the run's first step, as the Trainer draws them (seed, train, step 0, row j)
-    return [np.random.default_rng([train.seed, 0, 0, j]) for j in range(train.batch_size)]
+    """The rows of the run's first micro-batch, as the Trainer draws them (seed, train, step 0, rows 0..B-1)."""
+    return row_rngs(train.seed, "train", 0, 0, train.batch_size)
 
 
 def _batch_shape(batch: dict) -> tuple[int, int]:
@@ -206,10 +213,11 @@ def measure_throughput(family: str, cand: Candidate, train: TrainConfig, shards,
         return _probe_word2vec(module, cand, shards, tokenizer, max_seconds, t0)
     cfg = from_dict(get_family(family).config_class, cand.model, ignore=("model_type",))
     device = resolve_device(train.device)
-    precision = resolve_precision(train.precision, device)
     with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
         model, sampler = module.pretraining_setup(cfg, shards, tokenizer, cand.recipe_config(family))
         model.to(device).train()
+        choice = shape_precision(family, cand, train, shards, (model, sampler))
+        precision = choice.precision
         groups, _ = param_groups(model, train.weight_decay)
         opt = torch.optim.AdamW(groups, lr=train.lr, betas=(train.beta1, train.beta2), eps=train.eps)
         lo, hi = PROBE_STEPS
@@ -242,7 +250,42 @@ def measure_throughput(family: str, cand: Candidate, train: TrainConfig, shards,
             if timed_steps >= lo and (took >= PROBE_STEP_SECONDS or time.perf_counter() - t0 >= max_seconds):
                 break
         took = max(time.perf_counter() - t_start, 1e-9)
-    return ProbeResult(tokens / took, timed_steps, time.perf_counter() - t0)
+    return ProbeResult(tokens / took, timed_steps, time.perf_counter() - t0, choice)
+
+
+def shape_precision(family: str, cand: Candidate, train: TrainConfig, shards,
+                    built: tuple[nn.Module, Any] | None = None) -> PrecisionChoice:
+    """``train.precision`` for the run of ``cand``, chosen as the Trainer chooses it when that run starts.
+
+    The same call (:func:`lmforge.train.precision.choose_precision`) on a model of the shape, with the step the
+    Trainer times (:func:`lmforge.train.compute.precision_probe` on the run's first training micro-batch) and the
+    same token count, so a narrow shape gets fp32 by the width rule and a wide one the measurement cached for
+    its shape, whoever asks first.  The RNG streams of the run are left as they were.
+
+    Args:
+        built: the shape's ``(model, sampler)``, the model on the run's device, when the caller has them (the
+            probe); else they are built here, and only where the choice depends on the model.
+    Raises:
+        ConfigError: an unknown precision, or fp16 on a CPU.
+    """
+    device = resolve_device(train.device)
+    module = _module(family)
+    if not _is_trainer_family(module) or not needs_model(train.precision, device):
+        return choose_precision(train.precision, device)
+    with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
+        if built is None:
+            cfg = from_dict(get_family(family).config_class, cand.model, ignore=("model_type",))
+            built = module.pretraining_setup(cfg, shards, shards.tokenizer(), cand.recipe_config(family))
+            built[0].to(device).train()
+        model, sampler = built
+        tokens = count_tokens(sampler.batch(_first_rows(train), "train"))
+
+        def batch() -> dict[str, Any]:
+            return compute.to_device(sampler.batch(_first_rows(train), "train"), device)
+
+        with compute.probing(model, device):
+            return choose_precision(train.precision, device, model, compute.precision_probe(model, batch, device),
+                                    tokens)
 
 
 class _HeadShards:

@@ -28,6 +28,7 @@ from .budget_probe import (
     train_seconds,
 )
 from .config import TrainConfig
+from .precision import PrecisionChoice
 
 TOKENS_PER_PARAM = 20.0  # Chinchilla's compute-optimal D/N
 UNDERTRAIN_WEIGHT = 0.5  # weight of ln(20 / (D/N)) for a shape that sees fewer than 20 tokens per parameter
@@ -47,6 +48,13 @@ def record(c: Candidate) -> dict[str, Any]:
     """The plan's record of one candidate, before it is probed or scored."""
     return {"name": c.name, "params": c.params, "body_params": c.body_params, "tokens_per_s": None,
             "steps": None, "tokens_per_param": None, "score": None, "note": ""}
+
+
+def note_precision(rec: dict, choice: PrecisionChoice | None) -> None:
+    """Record in a candidate's ``rec`` the precision its probe trained in (a probe that does not say: nothing);
+    ``precision_choice`` (with the reason) stays out of the saved plan."""
+    if choice is not None:
+        rec["precision"], rec["precision_choice"] = choice.precision, choice
 
 
 def fill(rec: dict, c: Candidate, timed: bool, train: TrainConfig, unique: int, trainer_family: bool,
@@ -90,6 +98,7 @@ def probe_ladder(family: str, cands: list[Candidate], budget_s: float, train: Tr
         res = probe(family, c, train, shards, max(cap - spent, 1.0))
         spent += res.seconds
         rec["tokens_per_s"], rec["probe_seconds"] = float(res.tokens_per_s), float(res.seconds)
+        note_precision(rec, res.precision)
         fill(rec, c, True, train, unique, trainer_family, rec["tokens_per_s"] * train_seconds(budget_s, cap),
              most_epochs)
     for c, rec in zip(cands, records):  # final figures with the time the probe really took

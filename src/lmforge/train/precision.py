@@ -18,7 +18,10 @@ Every training command (pretrain, finetune, benchmark curve, demo) takes the sam
   Without a step to time (a transfer run), a measurement cached for the same shape, else bf16.
 
 :func:`choose_precision` returns the choice with its reason; :func:`resolve_precision` just the name.
-The run saves and reports the concrete choice, so a saved config repeats the same arithmetic.
+Every caller that has a model passes it: the Trainer (its model and first micro-batch), the budget planner (the
+shape it probes, built and batched as the run will be: :func:`lmforge.train.budget_probe.shape_precision`),
+transfer runs and ``benchmark curve`` (their body).  The run saves and reports the concrete choice, so a saved
+config or plan repeats the same arithmetic.
 """
 
 from __future__ import annotations
@@ -115,6 +118,12 @@ def native_bf16(device: torch.device) -> bool:
     return False
 
 
+def needs_model(precision: str, device: torch.device) -> bool:
+    """Whether :func:`choose_precision` needs the model (and a step to time) to resolve ``precision`` on ``device``:
+    ``auto`` on a CPU with native bf16, where the width rule and the measurement decide; elsewhere the device does."""
+    return precision == "auto" and device.type == "cpu" and native_bf16(device)
+
+
 @dataclasses.dataclass(frozen=True)
 class PrecisionChoice:
     """A resolved precision and why.
@@ -128,6 +137,13 @@ class PrecisionChoice:
     precision: str
     reason: str = ""
     speedup: float | None = None
+
+    def summary(self, requested: str) -> str:
+        """The choice in one line, as a budget plan records it: ``auto: fp32, the model's width 32 is below 64 ...``,
+        ``auto: bf16, measured on this CPU: bf16 1.40x fp32's speed ...`` or ``fp32, asked for``."""
+        if requested != "auto":
+            return f"{self.precision}, asked for"
+        return f"auto: {self.precision}, {self.reason}" if self.reason else f"auto: {self.precision}"
 
 
 def model_width(model: nn.Module) -> int:
