@@ -100,12 +100,6 @@ def test_imports_only_run_downhill():
 
 # optional heavy dependencies: a module that imports one at its top is imported inside the functions that need it
 HEAVY = ("fastapi", "gensim", "jieba", "matplotlib", "sklearn", "transformers", "uvicorn", "tensorboard")
-# function-local imports of lmforge's own modules still to move to the top, at most this many per module
-LOCAL_PENDING = {
-    "serve/app.py": 7, "cli.py": 4, "commands/tokenizer.py": 4, "commands/prepare.py": 3, "evaluate/__init__.py": 3,
-    "serve/registry.py": 3, "commands/_corpus.py": 2, "data/__init__.py": 1, "guards.py": 1, "serve/generating.py": 1,
-    "train/plots.py": 1, "transfer/benchmarks.py": 1, "transfer/building.py": 1, "utils.py": 1,
-}
 
 
 def _heavy_modules() -> set[str]:
@@ -125,7 +119,7 @@ def test_function_local_imports_are_for_heavy_dependencies():
     module that imports one at its top, and its package, count as one), or says on its line why it is local."""
     heavy = _heavy_modules()
     heavy |= {m.rsplit(".", 1)[0] for m in heavy}  # a package holding one is loaded lazily as a whole (serve)
-    counts: dict[str, int] = {}
+    bad = []
     for path, module in _modules():
         text = path.read_text(encoding="utf-8")
         lines = text.splitlines()
@@ -139,8 +133,6 @@ def test_function_local_imports_are_for_heavy_dependencies():
                 continue
             if "#" in lines[node.lineno - 1]:
                 continue  # a reason on the line
-            rel = path.relative_to(SRC).as_posix()
-            counts[rel] = counts.get(rel, 0) + 1
-    over = [f"{rel}: {n} function-local imports of lmforge modules, at most {LOCAL_PENDING.get(rel, 0)}"
-            for rel, n in sorted(counts.items()) if n > LOCAL_PENDING.get(rel, 0)]
-    assert not over, "import lmforge's own modules at the top of the module:\n" + "\n".join(over)
+            bad.append(f"{path.relative_to(SRC).as_posix()}:{node.lineno} {lines[node.lineno - 1].strip()}")
+    assert not bad, ("import lmforge's own modules at the top of the module, or say on the import's line why it "
+                     "is local (# ...):\n" + "\n".join(bad))

@@ -15,6 +15,10 @@ from collections.abc import Sequence
 
 from . import __version__
 from .errors import LmforgeError
+from .folder_writing import recover_folder
+from .folders import os_error_line
+from .guards import check_numbers, check_paths, command_paths
+from .utils import setup_logging
 
 # Order = order in `lmforge --help`.
 COMMAND_MODULES = [
@@ -90,8 +94,6 @@ def main(argv: list[str] | None = None) -> int:
     if not getattr(args, "func", None):
         parser.print_help()
         return 1
-    from .utils import setup_logging
-
     setup_logging(logging.WARNING if args.quiet else logging.INFO)
     try:
         check_args(args)
@@ -102,8 +104,6 @@ def main(argv: list[str] | None = None) -> int:
         print(f"lmforge {args.command}: interrupted", file=sys.stderr)
         return 130
     except OSError as e:
-        from .folders import os_error_line
-
         out = _output_of(args)
         if e.filename is None and out is not None:  # e.g. a write() that hit a full disk names no file
             e = OSError(e.errno, e.strerror, out)
@@ -121,9 +121,6 @@ def main(argv: list[str] | None = None) -> int:
 def check_args(args) -> None:
     """What every command gets before its work starts: the numbers range-checked, the folders it reads put
     back where a replacement was cut short, and each output checked against every input."""
-    from .folder_writing import recover_folder
-    from .guards import check_numbers, check_paths, command_paths
-
     check_numbers(args)
     for _, path in command_paths(args)[0]:
         recover_folder(path)

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import NamedTuple
 
 from .errors import LmforgeError
+from .folders import _read_json, folder_kind
 from .utils import SEED_MAX
 
 _INT64 = (-(2**63), 2**63 - 1)
@@ -87,8 +88,6 @@ def _values(args, name: str) -> list[tuple[str, str]]:
 
 def _run_model(path: str) -> str | None:
     """The model folder a transfer run folder was trained from (from its ``config.json``), if any."""
-    from .folders import _read_json, folder_kind
-
     if folder_kind(path) != "run":
         return None
     model = _read_json(Path(path) / "config.json").get("model_dir")

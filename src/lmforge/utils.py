@@ -16,7 +16,7 @@ import tempfile
 import uuid
 from pathlib import Path
 
-from .errors import LmforgeError
+from .errors import CheckpointError, LmforgeError
 
 logger = logging.getLogger("lmforge")
 
@@ -241,8 +241,6 @@ def load_safetensors(path: str | Path) -> dict:
     """Load a safetensors file to CPU tensors with a one-line error if missing or corrupt."""
     from safetensors import SafetensorError
     from safetensors.torch import load_file
-
-    from .errors import CheckpointError
 
     p = Path(path)
     if not p.is_file():

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from ..data.sources import Corpus, CorpusOptions
+from ..errors import DataError
+
 INPUTS_HELP = """\
 inputs: text (.txt, any suffix; gzip/bzip2/xz/zstandard compressed is fine), JSON Lines, JSON, CSV, TSV,
 Parquet, a folder written by datasets' save_to_disk, and folders of any of these (read recursively).
@@ -38,9 +41,6 @@ def add_corpus_args(p) -> None:
 
 def corpus_from_args(args):
     """The :class:`~lmforge.data.sources.Corpus` the flags describe (inputs checked, nothing read yet)."""
-    from ..data.sources import Corpus, CorpusOptions
-    from ..errors import DataError
-
     if not args.files and not args.dataset:
         raise DataError("no input given; pass files or folders, or --dataset NAME_OR_PATH")
     options = CorpusOptions(text_field=tuple(args.text_field or ["text"]), format=args.format, glob=args.glob,

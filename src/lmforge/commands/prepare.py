@@ -3,11 +3,17 @@
 from __future__ import annotations
 
 import argparse
+import sys
+from pathlib import Path
 
+from tqdm import tqdm
+
+from ..data.shards import prepare
+from ..errors import DataError
 from ..folder_writing import output_folder
 from ..folders import write_marker
 from ._common import add_json_arg, show
-from ._corpus import INPUTS_HELP, add_corpus_args
+from ._corpus import INPUTS_HELP, add_corpus_args, corpus_from_args
 
 EPILOG = """\
 examples:
@@ -48,15 +54,6 @@ def register(sub) -> None:
 
 
 def run(args) -> int:
-    import sys
-    from pathlib import Path
-
-    from tqdm import tqdm
-
-    from ..data.shards import prepare
-    from ..errors import DataError
-    from ._corpus import corpus_from_args
-
     if not 0 <= args.val_fraction < 1:
         raise DataError(f"--val-fraction must be in [0, 1), not {args.val_fraction}")
     if args.workers is not None and args.workers < 1:

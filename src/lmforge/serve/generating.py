@@ -23,6 +23,7 @@ from fastapi import Request
 from fastapi.responses import StreamingResponse
 
 from ..errors import LmforgeError
+from ..generation import generate_text
 from .errors import HTTPError, one_line
 
 logger = logging.getLogger(__name__)
@@ -65,8 +66,6 @@ def generate_one(model, prompt: str, options: dict, slot: Slot, on_text: Callabl
         :class:`Generated`: the text (what ``lmforge generate`` prints after the prompt), the number of tokens
         generated, and whether one of ``options["stop"]`` ended it.
     """
-    from ..generation import generate_text
-
     ids: list[int] = []
 
     def on_token(token_id: int) -> None:

@@ -19,6 +19,9 @@ from typing import Any
 
 from ..config import load_json
 from ..errors import CheckpointError
+from ..models import load
+from ..models.registry import get_family
+from ..transfer import load_run
 
 logger = logging.getLogger(__name__)
 
@@ -81,8 +84,6 @@ class Entry:
 def family_operations(family: str) -> tuple[str, ...]:
     """What a model folder of ``family`` serves: every family embeds; the registry says who fills masks and
     who generates."""
-    from ..models.registry import get_family
-
     fam = get_family(family)
     return ("embed",) + (("fill-mask",) if fam.fills_mask else ()) + (("generate",) if fam.generates else ())
 
@@ -132,15 +133,11 @@ def _open(p: Path, name: str) -> Entry:
     curves = ("curves",) if _has_curves(p) or (p / "train_config.json").is_file() else ()
     cfg_path = p / "config.json"
     if cfg_path.is_file() and (p / "head.safetensors").is_file():
-        from ..transfer import load_run
-
         run = load_run(p)
         return Entry(name, p, "run", run.family, run, ("predict",) + curves)
     if cfg_path.is_file() and (p / "model.safetensors").is_file():
         data = load_json(cfg_path)
         if "model_type" in data:
-            from ..models import load
-
             model = load(p)
             ops = family_operations(model.model_type) if model.tokenizer is not None else ()
             if model.tokenizer is None:

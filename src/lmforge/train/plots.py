@@ -6,6 +6,8 @@ import json
 import logging
 from pathlib import Path
 
+from ..utils import atomic_path
+
 logger = logging.getLogger(__name__)
 
 
@@ -34,7 +36,6 @@ def plot_metrics(metrics_path: str | Path, png_path: str | Path, title: str | No
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
-    from ..utils import atomic_path
 
     events = read_events(metrics_path)
     train = [e for e in events if e.get("split") == "train"]

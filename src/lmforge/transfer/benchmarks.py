@@ -32,6 +32,7 @@ import logging
 import random
 from pathlib import Path
 
+from ..data import english
 from ..data import labelled as L
 from ..data.corpus import builtin_corpus_path
 from ..data.tasks import TaskData
@@ -175,9 +176,7 @@ def write_domain_text(
         with gzip.open(builtin_corpus_path(), "rt", encoding="utf-8") as f:
             text += "\n" + f.read()
     if with_debian:
-        from ..data.english import debian_english_documents
-
-        text = text.rstrip("\n") + "\n\n" + "\n\n".join(debian_english_documents()) + "\n"
+        text = text.rstrip("\n") + "\n\n" + "\n\n".join(english.debian_english_documents()) + "\n"
     atomic_write_text(path, text)
     return docs
 

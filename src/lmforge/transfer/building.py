@@ -25,6 +25,7 @@ import torch
 from torch import nn
 
 from ..errors import LmforgeError
+from ..nn.losses import linear_cross_entropy, shift_labels
 from ..train.precision import autocast as precision_autocast
 from .batching import TransferModel, collate, with_twins
 from .encoding import Encoding
@@ -215,8 +216,6 @@ class RunModel:
 
     def lm_loss(self, encs: Sequence[Encoding]) -> torch.Tensor:
         """GPT-1's auxiliary LM loss: next-token prediction on the batch's own inputs."""
-        from ..nn.losses import linear_cross_entropy, shift_labels
-
         top = self.model.last_top  # (B, T, C) of the batch just run (twins included)
         ids = collate(with_twins(encs), self.fmt.pad_id)
         labels = ids["input_ids"].masked_fill(ids["attention_mask"] == 0, -100).to(top.device)
