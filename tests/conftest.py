@@ -158,3 +158,23 @@ def bpe_shards(tmp_path_factory, tiny_corpus, bpe_tokenizer_dir) -> Path:
     out = tmp_path_factory.mktemp("shards") / "bpe"
     prepare([tiny_corpus], bpe_tokenizer_dir, out, val_fraction=0.1)
     return out
+
+
+@pytest.fixture(scope="module")
+def bert_dir(tmp_path_factory, wordpiece_tokenizer) -> Path:
+    """A folder of the tiny random BERT of ``test_transfer_families.tiny_bert`` (seed 0) with its tokenizer."""
+    from test_transfer_families import tiny_bert
+
+    d = tmp_path_factory.mktemp("bert")
+    tiny_bert(wordpiece_tokenizer).save_pretrained(d, wordpiece_tokenizer)
+    return d
+
+
+@pytest.fixture(scope="module")
+def gpt_dir(tmp_path_factory, bpe_tokenizer) -> Path:
+    """A folder of the tiny random GPT of ``test_transfer_families.tiny_gpt`` (seed 0) with its tokenizer."""
+    from test_transfer_families import tiny_gpt
+
+    d = tmp_path_factory.mktemp("gpt")
+    tiny_gpt(bpe_tokenizer).save_pretrained(d, bpe_tokenizer)
+    return d

@@ -12,7 +12,7 @@ import sys
 import pytest
 import torch
 from test_pretrain_cli import ToyLM, toy_family  # noqa: F401  (toy_family is a fixture)
-from test_transfer_families import rows, tiny_bert, tiny_gpt
+from test_transfer_families import rows, tiny_gpt
 
 from lmforge.cli import build_parser, main
 from lmforge.data.tasks import TaskData, TextExample
@@ -177,13 +177,6 @@ def test_pretrain_prints_a_summary_or_the_record_as_json(toy_family, bpe_shards,
 def _classify_file(path, n: int, seed: int):
     path.write_text("".join(json.dumps(r) + "\n" for r in rows(n, seed)))
     return path
-
-
-@pytest.fixture(scope="module")
-def bert_dir(tmp_path_factory, wordpiece_tokenizer):
-    d = tmp_path_factory.mktemp("bert")
-    tiny_bert(wordpiece_tokenizer).save_pretrained(d, wordpiece_tokenizer)
-    return d
 
 
 def test_hold_out_is_seeded_and_stratified():

@@ -9,7 +9,7 @@ import json
 from pathlib import Path
 
 import pytest
-from test_transfer_families import rows, tiny_bert, tiny_gpt
+from test_transfer_families import rows
 
 from lmforge.cli import build_parser, main
 
@@ -36,20 +36,6 @@ def test_every_command_takes_json():
 # -- fixtures: tiny models and files ----------------------------------------------------------------------------
 
 SENTENCES = ["the python is a large snake .", "python is a programming language .", "a python in the garden ."]
-
-
-@pytest.fixture(scope="module")
-def bert_dir(tmp_path_factory, wordpiece_tokenizer):
-    d = tmp_path_factory.mktemp("bert")
-    tiny_bert(wordpiece_tokenizer).save_pretrained(d, wordpiece_tokenizer)
-    return d
-
-
-@pytest.fixture(scope="module")
-def gpt_dir(tmp_path_factory, bpe_tokenizer):
-    d = tmp_path_factory.mktemp("gpt")
-    tiny_gpt(bpe_tokenizer).save_pretrained(d, bpe_tokenizer)
-    return d
 
 
 @pytest.fixture(scope="module")

@@ -10,7 +10,6 @@ import shlex
 
 import pytest
 import torch
-from test_transfer_families import tiny_bert, tiny_gpt
 
 from lmforge.cli import main
 from lmforge.data.tasks import QAExample, TaskData, TextExample, TokensExample
@@ -52,20 +51,6 @@ def write_jsonl(rows: list[dict], path):
 
 def as_data(rows: list[dict], task: str = "classify") -> TaskData:
     return TaskData(task, [TextExample(r["text"], r.get("text_pair"), r["label"]) for r in rows], ["mid", "neg", "pos"])
-
-
-@pytest.fixture(scope="module")
-def bert_dir(tmp_path_factory, wordpiece_tokenizer):
-    d = tmp_path_factory.mktemp("bert")
-    tiny_bert(wordpiece_tokenizer).save_pretrained(d, wordpiece_tokenizer)
-    return d
-
-
-@pytest.fixture(scope="module")
-def gpt_dir(tmp_path_factory, bpe_tokenizer):
-    d = tmp_path_factory.mktemp("gpt")
-    tiny_gpt(bpe_tokenizer).save_pretrained(d, bpe_tokenizer)
-    return d
 
 
 @pytest.fixture(scope="module")
