@@ -351,10 +351,16 @@ def main(argv: list[str] | None = None) -> int:
 
 def write_record(args, results: dict, cores: int, startup: float) -> None:
     """A results record (docs/results/records/): the summary table, the settings and every run's figures."""
-    from lmforge.provenance import provenance
+    from lmforge.provenance import git_commit, provenance
     from lmforge.utils import atomic_write_text
 
     prov = provenance()
+    names = {"avx512f": "AVX-512", "avx512_bf16": "AVX512-BF16", "amx_bf16": "AMX"}  # as the other records name them
+    flags = [names[f] for f in prov["machine"]["cpu_flags"] if f in names]
+    compared = ""
+    if args.compare_src is not None:
+        compared = (f" Rows marked @{args.compare_src.name} ran the package of another checkout, commit "
+                    f"{git_commit(args.compare_src) or 'unknown'}, in the same rounds.")
     rows = []
     for mb, summary in results["speed"].items():
         for setting, r in summary.items():
@@ -382,12 +388,11 @@ def write_record(args, results: dict, cores: int, startup: float) -> None:
         "reproduce": "../data.md",
         "command": "python bench/bench_prepare.py " + " ".join(sys.argv[1:]),
         "commit": prov["commit"], "date": prov["date"],
-        "machine": {"cpu": f"{prov['machine']['cpu']} ({', '.join([f'{cores} cores', *prov['machine']['cpu_flags']])})",
-                    "threads": None},
+        "machine": {"cpu": f"{prov['machine']['cpu']} ({', '.join([f'{cores} cores', *flags])})", "threads": None},
         "notes": (f"Medians of {args.rounds} alternating rounds; CPU s/MB is user + sys of the whole process tree "
                   "(raw: inside encode_batch only); load is the 1-minute load average before the runs on a machine "
                   f"shared with other jobs. The CLI's start-up adds {startup:.1f} s to each prepare and is not in the "
-                  "figures."),
+                  "figures." + compared),
         "table": {"columns": ["MB", "run", "s", "CPU s/MB", "vs raw", "CPU vs raw", "of linear", "CPU of -w 1",
                               "RSS all", "load"], "rows": rows},
         "settings": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},
