@@ -74,16 +74,16 @@ def test_plans_and_budget():
             assert ("max_steps" in f.train) != (f.family == "word2vec") and "max_time" not in f.train
         # the modes' hyper-parameters are the transfer module's defaults: the plan gives sizes only
         assert not {"lr", "epochs", "pool"} & set(plan.transfer)
-        # the learning curve's model: DOMAIN_FAMILY in the general BERT's shape, on the tweets, fixed steps
+        # the learning curve's model: DOMAIN_FAMILY in the general BERT's shape, on the in-domain text, fixed steps
         dom = plan.family(D.DOMAIN_MODEL)
         assert D.DOMAIN_MODEL == f"{D.DOMAIN_FAMILY}-{D.DOMAIN}" and dom is plan.domain
         assert dom == D.domain_model(D.DOMAIN_FAMILY, plan.family("bert").config, dom.train)
         assert "max_steps" in dom.train and "max_time" not in dom.train
-    # a BERT on the tweets learns by MLM only (a tweet is no sentence pair)
+    # a BERT on the in-domain text learns by MLM only (one sentence a line: no pairs)
     dom = D.domain_model("bert", D.QUICK.family("bert").config, {})
-    assert dom.key == "bert-tweets" and dom.family == "bert" and dom.tokenizer == D.DOMAIN
+    assert dom.key == "bert-peoples-daily" and dom.family == "bert" and dom.tokenizer == D.DOMAIN
     assert dom.config == {**D.QUICK.family("bert").config, "next_sentence": False}
-    assert dom.label == "BERT (tweets)" and dom.description == "a BERT on the tweets (MLM only)"
+    assert dom.label == "BERT (People's Daily)" and dom.description == "a BERT on People's Daily (MLM only)"
     # --budget scales the step counts (epochs for word2vec), nothing else
     double = D.make_plan(budget="30m")
     for f, g in zip(D.FULL.families, double.families):
@@ -111,22 +111,23 @@ def _electra_plan(base: D.DemoPlan) -> D.DemoPlan:
 
 def test_an_electra_plan_names_electra_in_every_step():
     plan = _electra_plan(D.QUICK)
-    dom = plan.family("electra-tweets")
-    assert dom is plan.domain and dom.label == "ELECTRA (tweets)" and dom.tokenizer == D.DOMAIN
+    dom = plan.family("electra-peoples-daily")
+    assert dom is plan.domain and dom.label == "ELECTRA (People's Daily)" and dom.tokenizer == D.DOMAIN
     assert dom.config == {**D.QUICK.family("bert").config, "embedding_size": 32}
     assert plan.family_order == (*D.FAMILY_ORDER, "electra") and plan.tokenizer_kinds == ("wordpiece", "bpe")
     steps = {s.name: s for s in D.plan_steps(plan)}
-    assert steps["pretrain-electra-tweets"].description == \
-        "pretrain an ELECTRA on the tweets (replaced-token detection)"
+    assert steps["pretrain-electra-peoples-daily"].description == \
+        "pretrain an ELECTRA on People's Daily (replaced-token detection)"
     assert steps["pretrain-electra"].description == "pretrain an ELECTRA (replaced-token detection)"
     assert steps["pretrain-bert"].description == "pretrain a BERT (MLM + NSP)"
-    for name in ("curve", "tokenizer-tweets"):
-        assert "ELECTRA (tweets)" in steps[name].description and "BERT (tweets)" not in steps[name].description
+    for name in ("curve", "tokenizer-peoples-daily"):
+        text = steps[name].description
+        assert "ELECTRA (People's Daily)" in text and "BERT (People's Daily)" not in text
     assert "ELECTRA" in steps["tokenizer-wordpiece"].description
     # the default plan's steps, with one more general model and the in-domain model's pretraining renamed
     default = [s.name for s in D.plan_steps(D.QUICK)]
-    i = default.index("pretrain-bert-tweets")
-    assert list(steps) == [*default[:i], "pretrain-electra", "pretrain-electra-tweets", *default[i + 1:]]
+    i = default.index("pretrain-bert-peoples-daily")
+    assert list(steps) == [*default[:i], "pretrain-electra", "pretrain-electra-peoples-daily", *default[i + 1:]]
 
 
 @pytest.mark.slow
@@ -140,21 +141,21 @@ def test_quick_demo_with_electra_in_the_plan_names_electra_throughout(tmp_path, 
     assert main(["demo", "--quick", "--out", str(out)]) == 0
     printed = capsys.readouterr().out
     assert f"{len(D.plan_steps(plan))} steps (0 reused)" in printed
-    assert re.search(r"pretrained: .*; ELECTRA .*; ELECTRA \(tweets\) ", printed)
-    for key in ("electra", "electra-tweets"):
+    assert re.search(r"pretrained: .*; ELECTRA .*; ELECTRA \(People's Daily\) ", printed)
+    for key in ("electra", "electra-peoples-daily"):
         config = json.loads((out / "models" / key / "config.json").read_text())
         assert config["model_type"] == "electra" and config["embedding_size"] == 32
     report = (out / "report.md").read_text(encoding="utf-8")
     pre = _section(report, "## Pretraining")
-    for label in ("ELECTRA", r"ELECTRA \(tweets\)"):  # both trained their planned steps
+    for label in ("ELECTRA", r"ELECTRA \(People's Daily\)"):  # both trained their planned steps
         assert re.search(rf"\| {label} \| \d+\.\d+M \| 6 \|", pre), label
     assert re.search(rf"rtd_acc {_NUM}%", pre)  # the model's own metric names
-    assert ("The first five read the built-in corpus; the ELECTRA on the tweets is the same architecture pretrained "
-            "(replaced-token detection)") in pre
+    assert ("The first five read the built-in corpus; the ELECTRA on People's Daily is the same architecture "
+            "pretrained (replaced-token detection)") in pre
     assert re.search(rf"\| ELECTRA \| layer2 \| {_NUM} \|", _section(report, "## Polysemy"))
     assert re.search(rf"\| ELECTRA \| features \| {_NUM}% \|", _section(report, "## Transfer"))
-    assert "The ELECTRA (tweets) (best mode) against scratch: n=16:" in _section(report, "## Learning curve")
-    assert "BERT (tweets)" not in report + printed and "bert-tweets" not in report
+    assert "The ELECTRA (People's Daily) (best mode) against scratch: n=16:" in _section(report, "## Learning curve")
+    assert "BERT (People's Daily)" not in report + printed and "bert-peoples-daily" not in report
 
 
 def test_curve_verdicts_compare_seed_by_seed():
@@ -201,6 +202,10 @@ def test_corpus_slice_keeps_every_source_and_python(tmp_path):
 _NUM = r"-?\d+\.\d+"
 
 
+def state_curve_task(out) -> str:
+    return json.loads((out / D.STATE_FILE).read_text())["curve"]["info"]["task"]
+
+
 def _section(report: str, title: str) -> str:
     start = report.index(title)
     nxt = report.find("\n## ", start + len(title))
@@ -228,9 +233,9 @@ def test_quick_demo_end_to_end_then_reused(tmp_path, capsys, caplog, monkeypatch
     assert re.search(rf"mlm_acc {_NUM}%, .*nsp_acc {_NUM}%", pre)  # the model's own metric names
     trainer_runs = sum(FAMILIES[m.family].trainer for m in D.QUICK.models)
     assert len(re.findall(r"\| \d+ ms/step \||\| \d+\.\d+ s/step \|", pre)) == trainer_runs  # each one's step time
-    tok = _section(report, "## Corpus")  # the in-domain corpus: one document per training-side tweet
-    tweets = re.search(r"\| wordpiece \(tweets\) \| \d+ \| \w+ \| [\d,]+ \| [\d,]+ \| ([\d,]+) \|", tok)
-    assert tweets and int(tweets.group(1).replace(",", "")) == D.QUICK.domain_lines
+    tok = _section(report, "## Corpus")  # the in-domain corpus: the first domain_lines documents of zh-ner's text
+    docs = re.search(r"\| wordpiece \(peoples-daily\) \| \d+ \| \w+ \| [\d,]+ \| [\d,]+ \| ([\d,]+) \|", tok)
+    assert docs and int(docs.group(1).replace(",", "")) == D.QUICK.domain_lines
     assert len(re.findall(r"\*Built in \d+\.\d s\.\*", report)) == 4  # each section says what it took
     pol = _section(report, "## Polysemy")
     assert "| word2vec | word2vec | 1.0000 |" in pol  # a static vector is the same in both sentences
@@ -245,10 +250,11 @@ def test_quick_demo_end_to_end_then_reused(tmp_path, capsys, caplog, monkeypatch
     for fam in ("word2vec", "ELMo", "GPT"):
         assert re.search(rf"\| {fam} \| features \| {_NUM}% \|", tr), fam
     cur = _section(report, "## Learning curve")
-    for n in D.QUICK.curve_sizes:  # scratch, features, finetune, then the reference's features
-        cell = rf"{_NUM}% ± {_NUM}"
-        assert re.search(rf"\| {n} \| {cell} \| {cell} \| {cell} \| {cell} \|", cur), n
-    assert "all-MiniLM-L6-v2 (bert, reference): features |" in cur and "against scratch" in cur
+    for n in D.QUICK.curve_sizes:  # scratch, features, finetune: entity F1 on Chinese NER
+        cell = rf"{_NUM} ± {_NUM}"
+        assert re.search(rf"\| {n} \| {cell} \| {cell} \| {cell} \|", cur), n
+    assert "entity_f1" in cur and "zh-ner" in cur and "Why this benchmark:" in cur and "against scratch" in cur
+    assert state_curve_task(out) == "tokens"
 
     assert f"The {D.QUICK.domain.label} (best mode) against scratch" in cur
 

@@ -15,12 +15,12 @@ def register(sub) -> None:
         help="the whole lineage on the built-in corpus: tokenizers, four models, polysemy, transfer, report",
         description="Train tokenizers and prepare token shards from lmforge's built-in English corpus (Python "
         "docs, WordNet, King James Bible); pretrain small word2vec, ELMo, GPT and BERT models on it, and the "
-        "same BERT (MLM only) on the tweet benchmark's unlabelled training side, all for fixed step counts; "
-        "compare 'python' the snake and the language across models and layers, and score WordNet "
+        "same BERT (MLM only) on the Chinese NER benchmark's unlabelled text (People's Daily), all for fixed "
+        "step counts; compare 'python' the snake and the language across models and layers, and score WordNet "
         "word-in-context pairs; transfer to English tweet sentiment (BERT frozen and features, every family's "
-        "features; a learning curve of the tweets BERT's features / finetune vs the same BERT trained from "
-        "scratch); write report.md with the tables and plots. A second run reuses every step whose inputs did "
-        "not change.",
+        "features); a learning curve on Chinese NER of the in-domain BERT's features / finetune vs the same BERT "
+        "trained from scratch; write report.md with the tables and plots. A second run reuses every step whose "
+        "inputs did not change.",
         formatter_class=argparse.RawDescriptionHelpFormatter,
         epilog="examples:\n  lmforge demo                      # about 15 minutes on 2 CPU cores\n"
         "  lmforge demo --quick              # tiny models, about a minute\n"

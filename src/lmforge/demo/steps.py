@@ -35,6 +35,7 @@ from ..transfer.curve import main_metric
 from ..utils import atomic_write_text, file_sha256
 from .context import DemoContext, Step, jsonable
 from .plan import (
+    CURVE,
     CURVE_MODES,
     DOMAIN,
     POLYSEMY_SENTENCES,
@@ -116,28 +117,28 @@ def corpus_path(ctx: DemoContext) -> Path:
 
 
 def domain_text_step() -> Step:
-    """The tweets' unlabelled training side (no test tweet: ``lmforge benchmark text en-tweets``)."""
+    """The curve benchmark's unlabelled text, none of it from its test partition (``lmforge benchmark text``)."""
 
     def inputs(ctx: DemoContext) -> dict:
-        return {"bench": TRANSFER_BENCH, "lines": ctx.plan.domain_lines}
+        return {"bench": CURVE.bench, "lines": ctx.plan.domain_lines}
 
     def build(ctx: DemoContext) -> dict:
         path = ctx.path(f"{DOMAIN}.txt")
-        lines = write_domain_text(TRANSFER_BENCH, path, max_docs=ctx.plan.domain_lines)  # a document per tweet
-        return {"path": ctx.rel(path), "sha256": file_sha256(path), "lines": len(lines),
-                "chars": sum(len(t) for t in lines)}
+        docs = write_domain_text(CURVE.bench, path, max_docs=ctx.plan.domain_lines)
+        return {"path": ctx.rel(path), "sha256": file_sha256(path), "lines": len(docs),
+                "chars": sum(len(t) for t in docs), "bench": CURVE.bench}
 
     def summary(info: dict) -> str:
-        return (f"{DOMAIN}: {info['lines']:,} training-side tweets ({info['chars']:,} characters, no test tweet) "
-                f"in {info['path']}")
+        return (f"{DOMAIN}: {info['lines']:,} documents of {CURVE.name} ({info['chars']:,} characters, none from "
+                f"the test partition) in {info['path']}")
 
-    return Step(f"{DOMAIN}-text", "write the tweets' unlabelled training side (the in-domain corpus)", inputs, build,
-                summary, lambda i: [i["path"]])
+    return Step(f"{DOMAIN}-text", f"write {CURVE.name}, the curve benchmark's unlabelled text (the in-domain corpus)",
+                inputs, build, summary, lambda i: [i["path"]], version=2)
 
 
 def _source(source: str) -> tuple[str, str]:
     """(step that holds the text, shards layout) of ``corpus`` (the built-in corpus) or :data:`DOMAIN` (one
-    tweet per blank-line separated document, read line by line)."""
+    sentence a line, documents between blank lines, read line by line)."""
     return ("corpus", "auto") if source == "corpus" else (f"{DOMAIN}-text", "lines")
 
 
@@ -157,11 +158,14 @@ def tokenizer_step(plan: DemoPlan, kind: str, source: str = "corpus") -> Step:
     name = f"tokenizer-{kind if source == 'corpus' else source}"
     text_step, _ = _source(source)
 
+    def vocab_size(ctx: DemoContext) -> int:
+        return ctx.plan.vocab_size if source == "corpus" else ctx.plan.domain_vocab_size
+
     def inputs(ctx: DemoContext) -> dict:
-        return {"kind": kind, "vocab_size": ctx.plan.vocab_size, "corpus_sha256": ctx.results[text_step]["sha256"]}
+        return {"kind": kind, "vocab_size": vocab_size(ctx), "corpus_sha256": ctx.results[text_step]["sha256"]}
 
     def build(ctx: DemoContext) -> dict:
-        tok = Tokenizer.train([source_path(ctx, source)], kind=kind, vocab_size=ctx.plan.vocab_size)
+        tok = Tokenizer.train([source_path(ctx, source)], kind=kind, vocab_size=vocab_size(ctx))
         out = tok.save(ctx.path(name))
         return {"hash": tok.hash, "vocab_size": tok.vocab_size, "path": ctx.rel(out)}
 
@@ -413,52 +417,34 @@ def curve_step(plan: DemoPlan) -> Step:
 
     def inputs(ctx: DemoContext) -> dict:
         p = ctx.plan
-        return jsonable({"model": ctx.results[f"pretrain-{p.domain.key}"]["weights_sha256"], "bench": TRANSFER_BENCH,
+        return jsonable({"model": ctx.results[f"pretrain-{p.domain.key}"]["weights_sha256"], "bench": CURVE.bench,
                          "sizes": p.curve_sizes, "seeds": p.curve_seeds, "min_steps": p.curve_min_steps,
-                         "n_test": p.n_test, "transfer": p.transfer, "modes": CURVE_MODES,
-                         "reference": p.reference, **compute_inputs(ctx)})
+                         "n_test": p.n_test, "transfer": p.transfer, "modes": CURVE_MODES, **compute_inputs(ctx)})
 
     def build(ctx: DemoContext) -> dict:
         p = ctx.plan
-        pool, test = load_benchmark(TRANSFER_BENCH, max(p.curve_sizes), p.n_test, seed=0)
+        pool, test = load_benchmark(CURVE.bench, max(p.curve_sizes), p.n_test, seed=0)
         kwargs = {} if p.curve_min_steps is None else {"min_steps": p.curve_min_steps}
-        reference = None
-        if p.reference:
-            try:
-                reference = load_reference("minilm")
-            except LmforgeError as e:
-                logger.info("learning curve: no reference model (%s)", e)
-        runs = len(p.curve_sizes) * len(p.curve_seeds)
-        total = runs * (len(CURVE_MODES) + (reference is not None))
-        with ctx.progress(total, "learning curve", "run") as update:
+        with ctx.progress(len(p.curve_sizes) * len(p.curve_seeds) * len(CURVE_MODES), "learning curve",
+                          "run") as update:
             def line(text: str) -> None:
                 logger.info("learning curve: %s", text)
                 update(1)
 
-            result = learning_curve(ctx.path(ctx.results[f"pretrain-{p.domain.key}"]["path"]), "classify", pool, test,
+            result = learning_curve(ctx.path(ctx.results[f"pretrain-{p.domain.key}"]["path"]), pool.task, pool, test,
                                     sizes=list(p.curve_sizes), seeds=list(p.curve_seeds), modes=list(CURVE_MODES),
                                     out_dir=ctx.path("curve"), progress=line, **kwargs, **transfer_options(ctx))
-            ref = None
-            if reference is not None:  # the same draws and test tweets, features of a model pretrained elsewhere
-                model, label = reference
-                res = learning_curve(model, "classify", pool, test, sizes=list(p.curve_sizes),
-                                     seeds=list(p.curve_seeds), modes=["features"], progress=line, **kwargs,
-                                     **transfer_options(ctx))
-                ref = {"label": label, "mode": "features", "seconds": res["seconds"],
-                       "summary": {str(n): s for n, s in res["summary"]["features"].items()}}
         return {"sizes": result["sizes"], "modes": result["modes"], "metric": result["metric"],
-                "n_test": result["n_test"], "seeds": result["seeds"],
+                "n_test": result["n_test"], "seeds": result["seeds"], "bench": CURVE.bench, "task": pool.task,
                 "summary": {m: {str(n): s for n, s in v.items()} for m, v in result["summary"].items()},
-                "model": p.domain.key, "reference": ref, "seconds": result["seconds"], "plot": "curve/curve.png",
+                "model": p.domain.key, "seconds": result["seconds"], "plot": "curve/curve.png",
                 "table": "curve/curve.md"}
 
     def summary(info: dict) -> str:
         n = info["sizes"][-1]
-        cells = ", ".join(f"{m} {100 * info['summary'][m][str(n)]['mean']:.1f}%" for m in info["modes"])
-        ref = info.get("reference")
-        if ref:
-            cells += f"; reference {ref['label'].split(' (')[0]} features {100 * ref['summary'][str(n)]['mean']:.1f}%"
-        return f"learning curve at n={info['sizes']}: at {n} labels {cells}"
+        cells = ", ".join(f"{m} {100 * info['summary'][m][str(n)]['mean']:.1f}" for m in info["modes"])
+        return f"learning curve ({info['metric']}) at n={info['sizes']}: at {n} labels {cells}"
 
-    return Step("curve", f"learning curve of the {plan.domain.label}: accuracy vs labelled tweets, scratch vs "
-                         "each mode", inputs, build, summary, lambda i: ["curve/curve.json", i["plot"]], version=4)
+    return Step("curve", f"learning curve of the {plan.domain.label} on {CURVE.bench} ({CURVE.task}): scratch vs "
+                         f"each mode by labelled {CURVE.unit}s", inputs, build, summary,
+                lambda i: ["curve/curve.json", i["plot"]], version=5)
