@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 
 from ..demo import run_demo
+from ..demo.plan import DEMO_PRECISION
 from ..folder_writing import output_folder
 from ._common import add_compute_args, add_json_arg, say, show
 
@@ -25,9 +26,10 @@ def register(sub) -> None:
         epilog="examples:\n  lmforge demo                      # about 15 minutes on 2 CPU cores\n"
         "  lmforge demo --quick              # tiny models, about a minute\n"
         "  lmforge demo --budget 30m --out big-demo\n"
-        "  lmforge demo --quick --precision fp32     # full precision even where bf16 is native\n\n"
-        "The figures repeat exactly on the same machine; another CPU kind, thread count or precision gives "
-        "slightly\ndifferent ones (report.md names the machine).",
+        "  lmforge demo --precision auto     # bf16 for each model where a timed probe finds it faster\n\n"
+        "The demo computes in fp32 unless --precision says otherwise. The figures repeat exactly on the same "
+        "machine;\nanother CPU kind, thread count or precision gives slightly different ones (report.md names "
+        "the machine).",
     )
     p.add_argument("--out", default=None, metavar="DIR",
                    help="demo folder (default: lmforge-demo/, or lmforge-demo-quick/ with --quick)")
@@ -76,7 +78,7 @@ def run(args) -> int:
         with output_folder(out, "demo", hint=None):
             result = run_demo(args.out, quick=args.quick, budget=args.budget, progress=progress,
                               show_bars=False if quiet else None, on_step=on_step, on_done=on_done, force=args.force,
-                              device=args.device or "auto", precision=args.precision or "auto")
+                              device=args.device or "auto", precision=args.precision or DEMO_PRECISION)
     finally:
         for lg, level in zip(chatty, levels):
             lg.setLevel(level)

@@ -17,6 +17,9 @@ DEFAULT_OUT = "lmforge-demo"
 QUICK_OUT = "lmforge-demo-quick"
 DEFAULT_BUDGET = 15 * 60.0  # seconds: what the FULL plan's step counts are sized for (2 CPU cores)
 VAL_FRACTION = 0.05
+# fp32 unless --precision says otherwise: --precision auto decides bf16 per model by a timed probe, and a probe near
+# its margin can decide either way on a fresh machine, so the figures would follow the machine's load
+DEMO_PRECISION = "fp32"
 POLYSEMY_WORD = "python"
 POLYSEMY_SENTENCES = ("He got bit by Python.", "Python is my favorite programming language.")
 TRANSFER_BENCH = "en-tweets"  # the transfer table: what every general-corpus model's frozen body gives

@@ -12,7 +12,7 @@ from ..errors import LmforgeError
 from ..train.config import parse_duration
 from ..train.precision import resolve_device, resolve_precision
 from .context import REPORT_FILE, DemoContext, ProgressFactory, Step, jsonable, no_progress
-from .plan import DEFAULT_OUT, DOMAIN, FULL, QUICK_OUT, DemoPlan, make_plan
+from .plan import DEFAULT_OUT, DEMO_PRECISION, DOMAIN, FULL, QUICK_OUT, DemoPlan, make_plan
 from .report import highlights, machine_line, report_step
 from .steps import (
     corpus_step,
@@ -92,7 +92,7 @@ def run_demo(
     on_done: Callable[[StepReport], None] | None = None,
     force: bool = False,
     device: str = "auto",
-    precision: str = "auto",
+    precision: str = DEMO_PRECISION,
     plan: DemoPlan | None = None,
 ) -> DemoResult:
     """Run the demo steps in order, reusing what an earlier run built from the same inputs.
@@ -109,8 +109,9 @@ def run_demo(
         on_done: called with each step's :class:`StepReport`.
         force: rebuild everything.
         device: where the models train (``auto``, ``cpu``, ``cuda``, ``cuda:N``).
-        precision: ``auto`` (bf16 where the device computes it natively, else fp32), ``fp32``, ``bf16`` or
-            ``fp16``; the resolved choice is part of every training step's inputs.
+        precision: ``fp32`` (the default: the figures depend only on the plan, the corpus, the seeds and the CPU
+            kind), ``auto`` (bf16 for a model where a timed probe finds it faster), ``bf16`` or ``fp16``; the
+            resolved choice is part of every training step's inputs.
         plan: a plan of one's own (other models or sizes, e.g. ``dataclasses.replace(QUICK, ...)``); default
             ``make_plan(quick, budget)``, and ``budget`` scales a given plan.
     Returns:
