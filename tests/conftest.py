@@ -178,3 +178,18 @@ def gpt_dir(tmp_path_factory, bpe_tokenizer) -> Path:
     d = tmp_path_factory.mktemp("gpt")
     tiny_gpt(bpe_tokenizer).save_pretrained(d, bpe_tokenizer)
     return d
+
+
+@pytest.fixture
+def native_bf16(tmp_path, monkeypatch) -> Path:
+    """A CPU with AMX (its /proc/cpuinfo flags) and a fresh choices cache; yields the cache file."""
+    from lmforge.nn import autotune
+    from lmforge.train import precision
+
+    info = tmp_path / "cpuinfo"
+    info.write_text("processor\t: 0\nmodel name\t: Test CPU\nflags\t\t: avx2 avx512f amx_tile amx_bf16\n")
+    monkeypatch.setattr(precision, "CPUINFO_PATH", str(info))
+    monkeypatch.setenv(autotune.CACHE_ENV, str(tmp_path / "cache"))
+    autotune.forget()
+    yield tmp_path / "cache" / autotune.CACHE_FILE
+    autotune.forget()

@@ -28,20 +28,6 @@ NARROW = {"n_positions": 32, "n_embd": 32, "n_head": 2}  # width 32: below MIN_B
 WIDE = {"n_positions": 32, "n_embd": 64, "n_head": 2}  # width 64: measured
 
 
-@pytest.fixture
-def native_bf16(tmp_path, monkeypatch):
-    """A CPU with AMX and a fresh choices cache; returns the cpuinfo file of a CPU without native bf16 too."""
-    info = tmp_path / "cpuinfo"
-    info.write_text("processor\t: 0\nmodel name\t: Test CPU\nflags\t\t: avx2 avx512f amx_tile amx_bf16\n")
-    monkeypatch.setattr(P, "CPUINFO_PATH", str(info))
-    monkeypatch.setenv(autotune.CACHE_ENV, str(tmp_path / "cache"))
-    autotune.forget()
-    without = tmp_path / "cpuinfo-without"
-    without.write_text("processor\t: 0\nmodel name\t: Test CPU\nflags\t\t: avx2 avx512f\n")
-    yield without
-    autotune.forget()
-
-
 def timings(monkeypatch, seconds: dict[str, float]) -> list[dict]:
     """fp32 and bf16 steps take ``seconds`` on this 'machine' (the kernel routes tie); returns each precision
     measurement's candidates."""
@@ -141,7 +127,9 @@ def test_a_token_budget_records_the_choice_and_a_replay_keeps_it(bpe_shards, tmp
     assert plan["probe_tokens_per_s"] is None and len(asked) == 1
     assert plan["train"]["precision"] == "bf16" and plan["precision_choice"].startswith("auto: bf16, measured")
     assert saved_precision(a) == "bf16"
-    monkeypatch.setattr(P, "CPUINFO_PATH", str(native_bf16))  # another machine: auto would be fp32 there
+    without = tmp_path / "cpuinfo-without"  # another machine: auto would be fp32 there
+    without.write_text("processor\t: 0\nmodel name\t: Test CPU\nflags\t\t: avx2 avx512f\n")
+    monkeypatch.setattr(P, "CPUINFO_PATH", str(without))
     rc, out, err = run_cli(capsys, "pretrain", "gpt", "--data", str(bpe_shards), "--out", str(b),
                            "--plan", str(a / "plan.json"))
     assert rc == 0, err

@@ -24,18 +24,6 @@ from lmforge.train import TrainConfig, Trainer, compute
 from lmforge.train import precision as P
 
 
-@pytest.fixture
-def native_bf16(tmp_path, monkeypatch):
-    """A CPU with AMX (its /proc/cpuinfo flags) and a fresh choices cache."""
-    info = tmp_path / "cpuinfo"
-    info.write_text("processor\t: 0\nmodel name\t: Test CPU\nflags\t\t: avx2 avx512f amx_tile amx_bf16\n")
-    monkeypatch.setattr(P, "CPUINFO_PATH", str(info))
-    monkeypatch.setenv(autotune.CACHE_ENV, str(tmp_path / "cache"))
-    autotune.forget()
-    yield tmp_path / "cache" / autotune.CACHE_FILE
-    autotune.forget()
-
-
 def timings(monkeypatch, seconds: dict[str, float]) -> list[dict]:
     """Measurements on this 'machine' give ``seconds``; returns the candidates each measurement was given."""
     asked: list[dict] = []
