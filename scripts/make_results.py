@@ -83,7 +83,8 @@ def render_readme_block(records: list[dict]) -> str:
     rows = ["| result | figure | machine |", "|---|---|---|"]
     for r in (r for r in records if r.get("readme", True)):  # "readme": false keeps a record to the results page
         page = r["reproduce"].replace("../", "docs/", 1)
-        rows.append(f"| {r['headline']['what']} ([how]({page})) | {r['headline']['figure']} | {_machine(r['machine'])} |")
+        head = r["headline"]
+        rows.append(f"| {head['what']} ([how]({page})) | {head['figure']} | {_machine(r['machine'])} |")
     return "\n".join([START, *rows, END])
 
 
@@ -134,7 +135,8 @@ def main(argv: list[str] | None = None) -> int:
             ap.error("--add-curve needs --id, --title and --headline-what")
         curve = json.loads(Path(args.add_curve).read_text(encoding="utf-8"))
         record = curve_record(curve, args.id, args.title, args.headline_what, args.reproduce)
-        (RECORDS / f"{args.id.replace('-', '_')}.json").write_text(json.dumps(record, indent=2) + "\n", encoding="utf-8")
+        path = RECORDS / f"{args.id.replace('-', '_')}.json"
+        path.write_text(json.dumps(record, indent=2) + "\n", encoding="utf-8")
     records = load_records()
     page = render_page(records)
     readme = readme_with_block(README.read_text(encoding="utf-8"), render_readme_block(records))
