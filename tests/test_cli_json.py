@@ -153,7 +153,6 @@ def test_export_and_import_hf(capsys, tmp_path, bert_dir, hf_dir):
 
 
 def test_finetune_logs_to_tensorboard_with_set_and_predict_out_says_json(capsys, tmp_path, bert_dir, labelled):
-    pytest.importorskip("tensorboard")
     run = tmp_path / "run"
     rc, out, err = _run(capsys, ["-q", "finetune", bert_dir, "--task", "classify", "--train", labelled, "--mode",
                                  "frozen", "--epochs", 1, "--max-len", 16, "--out", run, "--set", "log=tensorboard",
