@@ -18,7 +18,7 @@ from pathlib import Path
 
 from ..config import _field_types, apply_overrides, from_dict, load_config_file, parse_overrides, synonyms_in
 from ..errors import ConfigError
-from ..models import get_family
+from ..models import FAMILIES, get_family
 from ..train.config import TrainConfig, parse_duration
 from ..train.precision import upgrade_legacy_keys
 from ..train.pretrain import (
@@ -162,7 +162,8 @@ def split_sets(pairs: list[str] | None, family: str) -> tuple[dict[str, str], di
         elif k in train_fields:
             train_over[k] = v
         elif not fam.trainer and k in _field_types(TrainConfig):
-            raise ConfigError(f"'{k}' is a training key of the Trainer's families (bert, gpt, elmo); "
+            trained = ", ".join(n for n, f in FAMILIES.items() if f.trainer)
+            raise ConfigError(f"'{k}' is a training key of the Trainer's families ({trained}); "
                               f"{model_cls.__name__} trains in one gensim pass and takes model keys only")
         else:
             raise unknown_key(k, model_cls, train_fields + sorted(recipe_fields))

@@ -5,6 +5,7 @@ from __future__ import annotations
 from ..data.tasks import load_task
 from ..folder_writing import output_folder, staged_folder
 from ..model_checks import check_model_folder
+from ..models import FAMILIES
 from ..train.tblog import EpochLog
 from ..transfer import run_transfer
 from ..transfer.holdout import hold_out
@@ -26,7 +27,7 @@ def add_truncation_arg(p) -> None:
 
 def _add_data_args(p) -> None:
     """The model, the task, its data files, the mode and the run folder."""
-    p.add_argument("model_dir", help="pretrained model folder (bert, gpt, elmo or word2vec)")
+    p.add_argument("model_dir", help=f"pretrained model folder ({', '.join(FAMILIES)})")
     p.add_argument(
         "--task",
         default=None,

@@ -63,7 +63,8 @@ def _key_names() -> str:
     """The epilog's list of keys: training keys, and each family's names for its shape."""
     flag_owned = ("device", "precision", "max_time", "compile")
     train = " ".join(f.name for f in dataclasses.fields(TrainConfig) if f.name not in flag_owned)
-    lines = [textwrap.fill(f"training keys (bert, gpt, elmo): {train}", width=104, subsequent_indent="  "),
+    trained = ", ".join(n for n, f in FAMILIES.items() if f.trainer)
+    lines = [textwrap.fill(f"training keys ({trained}): {train}", width=104, subsequent_indent="  "),
              "the shape keys of each family (--set):"]
     for name, fam in FAMILIES.items():
         fields = {f.name for f in dataclasses.fields(fam.config_class)}
@@ -76,7 +77,7 @@ def _key_names() -> str:
 def register(sub) -> None:
     p = sub.add_parser(
         "pretrain",
-        help="pretrain a model family (bert, gpt, elmo, word2vec) on token shards",
+        help=f"pretrain a model family ({', '.join(FAMILIES)}) on token shards",
         description="Pretrain a model family on shards made by `lmforge prepare`, writing a model folder. "
         "Checkpoints go to OUT/training_state; --resume continues exactly where a run stopped.",
         epilog=EPILOG_EXAMPLES + "\n" + _key_names(),
