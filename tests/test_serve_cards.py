@@ -96,7 +96,7 @@ def test_default_log_writes_no_event_files(bpe_shards, tmp_path, capsys):
         )
         == 2
     )
-    assert "training key of the Trainer's families (bert, gpt, elmo)" in capsys.readouterr().err
+    assert "training key of the Trainer's families (bert, gpt, elmo, electra)" in capsys.readouterr().err
 
 
 def test_model_card_of_a_pretrained_folder(gpt_dir, bpe_shards, bpe_tokenizer):
