@@ -100,13 +100,18 @@ def test_plans_and_budget():
 
 
 def _electra_plan(base: D.DemoPlan) -> D.DemoPlan:
-    """``base`` with ELECTRA as the in-domain family and a general-corpus ELECTRA after the others: what setting
-    DOMAIN_FAMILY = "electra" and adding one FamilyPlan to plan.py give."""
-    bert = base.family("bert")
-    electra = D.FamilyPlan("electra", "wordpiece", {**bert.config, "embedding_size": bert.config["hidden_size"]},
-                           bert.train, objective="replaced-token detection")
-    return dataclasses.replace(base, families=(*base.families, electra),
-                               domain=D.domain_model("electra", bert.config, base.domain.train))
+    """``base`` with ELECTRA as the in-domain family: what setting DOMAIN_FAMILY = "electra" in plan.py gives."""
+    return dataclasses.replace(base, domain=D.domain_model("electra", base.family("bert").config, base.domain.train))
+
+
+def test_the_lineage_ends_with_electra_at_bert_s_cpu_time():
+    for plan in (D.FULL, D.QUICK):
+        assert plan.family_order == ("word2vec", "elmo", "gpt", "bert", "electra")
+        bert, electra = plan.family("bert"), plan.family("electra")
+        assert electra.config == {**bert.config, "embedding_size": bert.config["hidden_size"]}
+        assert electra.label == "ELECTRA" and electra.description == "an ELECTRA (replaced-token detection)"
+    # a step of ELECTRA costs more than one of BERT: the full plan gives it fewer, about equal CPU time
+    assert D.FULL.family("electra").train["max_steps"] < D.FULL.family("bert").train["max_steps"]
 
 
 def test_an_electra_plan_names_electra_in_every_step():
@@ -114,7 +119,7 @@ def test_an_electra_plan_names_electra_in_every_step():
     dom = plan.family("electra-peoples-daily")
     assert dom is plan.domain and dom.label == "ELECTRA (People's Daily)" and dom.tokenizer == D.DOMAIN
     assert dom.config == {**D.QUICK.family("bert").config, "embedding_size": 32}
-    assert plan.family_order == (*D.FAMILY_ORDER, "electra") and plan.tokenizer_kinds == ("wordpiece", "bpe")
+    assert plan.family_order == D.FAMILY_ORDER and plan.tokenizer_kinds == ("wordpiece", "bpe")
     steps = {s.name: s for s in D.plan_steps(plan)}
     assert steps["pretrain-electra-peoples-daily"].description == \
         "pretrain an ELECTRA on People's Daily (replaced-token detection)"
@@ -124,15 +129,15 @@ def test_an_electra_plan_names_electra_in_every_step():
         text = steps[name].description
         assert "ELECTRA (People's Daily)" in text and "BERT (People's Daily)" not in text
     assert "ELECTRA" in steps["tokenizer-wordpiece"].description
-    # the default plan's steps, with one more general model and the in-domain model's pretraining renamed
+    # the default plan's steps, with the in-domain model's pretraining renamed
     default = [s.name for s in D.plan_steps(D.QUICK)]
     i = default.index("pretrain-bert-peoples-daily")
-    assert list(steps) == [*default[:i], "pretrain-electra", "pretrain-electra-peoples-daily", *default[i + 1:]]
+    assert list(steps) == [*default[:i], "pretrain-electra-peoples-daily", *default[i + 1:]]
 
 
 @pytest.mark.slow
 def test_quick_demo_with_electra_in_the_plan_names_electra_throughout(tmp_path, capsys, monkeypatch):
-    """`lmforge demo --quick` with the quick plan as DOMAIN_FAMILY = "electra" and one more FamilyPlan make it:
+    """`lmforge demo --quick` with the quick plan as DOMAIN_FAMILY = "electra" makes it:
     both ELECTRAs pretrained, and every table, verdict and headline naming them (fewer sizes, no reference)."""
     torch.manual_seed(0)
     plan = dataclasses.replace(_electra_plan(D.QUICK), reference=False, curve_sizes=(16,), wic_pairs=40)
@@ -240,7 +245,7 @@ def test_quick_demo_end_to_end_then_reused(tmp_path, capsys, caplog, monkeypatch
 
     # every section, with real numbers
     pre = _section(report, "## Pretraining")
-    for fam in ("word2vec", "ELMo", "GPT", "BERT", re.escape(D.QUICK.domain.label)):
+    for fam in ("word2vec", "ELMo", "GPT", "BERT", "ELECTRA", re.escape(D.QUICK.domain.label)):
         assert re.search(rf"\| {fam} \| \d+\.\d+M \|", pre), fam
     assert re.search(rf"mlm_acc {_NUM}%, .*nsp_acc {_NUM}%", pre)  # the model's own metric names
     trainer_runs = sum(FAMILIES[m.family].trainer for m in D.QUICK.models)
@@ -251,15 +256,15 @@ def test_quick_demo_end_to_end_then_reused(tmp_path, capsys, caplog, monkeypatch
     assert len(re.findall(r"\*Built in \d+\.\d s\.\*", report)) == 4  # each section says what it took
     pol = _section(report, "## Polysemy")
     assert "| word2vec | word2vec | 1.0000 |" in pol  # a static vector is the same in both sentences
-    ctx_rows = re.findall(rf"\| (ELMo|GPT|BERT) \| (\w+) \| ({_NUM}) \|", pol)
-    assert {m for m, _, _ in ctx_rows} == {"ELMo", "GPT", "BERT"}
+    ctx_rows = re.findall(rf"\| (ELMo|GPT|BERT|ELECTRA) \| (\w+) \| ({_NUM}) \|", pol)
+    assert {m for m, _, _ in ctx_rows} == {"ELMo", "GPT", "BERT", "ELECTRA"}
     assert any(float(c) < 0.9999 for _, _, c in ctx_rows)  # some contextual layer tells the two apart
     assert "### Word in context" in pol and len(re.findall(rf"{_NUM}% \| {_NUM}% \|", pol)) >= 4
     tr = _section(report, "## Transfer")
     for mode in ("frozen", "features"):  # BERT fine-tuned and from scratch are the learning curve's
         assert re.search(rf"\| BERT \| {mode} \| {_NUM}% \| {_NUM} \|", tr), mode
     assert "| BERT | finetune |" not in tr and "| BERT | scratch |" not in tr
-    for fam in ("word2vec", "ELMo", "GPT"):
+    for fam in ("word2vec", "ELMo", "GPT", "ELECTRA"):
         assert re.search(rf"\| {fam} \| features \| {_NUM}% \|", tr), fam
     cur = _section(report, "## Learning curve")
     for n in D.QUICK.curve_sizes:  # scratch, features, finetune: entity F1 on Chinese NER
@@ -280,12 +285,13 @@ def test_quick_demo_end_to_end_then_reused(tmp_path, capsys, caplog, monkeypatch
     state = json.loads((out / D.STATE_FILE).read_text())
     acc = {r["name"]: r["score"] for r in state["transfer"]["info"]["rows"]}
     assert f"| BERT | frozen | {100 * acc['frozen']:.1f}% |" in tr
-    for fam in ("elmo", "gpt", "bert", D.DOMAIN_MODEL):  # every Trainer run took exactly its planned steps
+    for fam in ("elmo", "gpt", "bert", "electra", D.DOMAIN_MODEL):  # every Trainer run took exactly its planned steps
         info = state[f"pretrain-{fam}"]["info"]
         assert info["step"] == D.QUICK.family(fam).train["max_steps"] and info["stop_reason"] == "max_steps"
         assert info["sec_per_step"] > 0
     assert state["curve"]["info"]["model"] == D.DOMAIN_MODEL
-    for m in ("models/word2vec", "models/elmo", "models/gpt", "models/bert", f"models/{D.DOMAIN_MODEL}"):
+    for m in ("models/word2vec", "models/elmo", "models/gpt", "models/bert", "models/electra",
+              f"models/{D.DOMAIN_MODEL}"):
         assert (out / m / "model.safetensors").is_file()
 
     # a second run (through the CLI) reuses every step: same report, same figures, fast

@@ -15,7 +15,7 @@ def register(sub) -> None:
         "demo",
         help="the whole lineage on the built-in corpus: tokenizers, four models, polysemy, transfer, report",
         description="Train tokenizers and prepare token shards from lmforge's built-in English corpus (Python "
-        "docs, WordNet, King James Bible); pretrain small word2vec, ELMo, GPT and BERT models on it, and the "
+        "docs, WordNet, King James Bible); pretrain small word2vec, ELMo, GPT, BERT and ELECTRA models on it, and the "
         "same BERT (MLM only) on the Chinese NER benchmark's unlabelled text (People's Daily), all for fixed "
         "step counts; compare 'python' the snake and the language across models and layers, and score WordNet "
         "word-in-context pairs; transfer to English tweet sentiment (BERT frozen and features, every family's "

@@ -265,6 +265,10 @@ FULL = DemoPlan(
                    {**_TRAIN, "lr": 1e-3, "weight_decay": 0.1, "beta2": 0.95, "max_steps": 600},
                    objective="next-token LM"),
         FamilyPlan("bert", "wordpiece", _BERT, {**_TRAIN, "lr": 1e-3, "max_steps": 700}, objective="MLM + NSP"),
+        # a step of ELECTRA costs about 1.17 of BERT's in this shape (bench/bench_electra.py): 600 steps match
+        # BERT's 700 in CPU time
+        FamilyPlan("electra", "wordpiece", {**_BERT, "embedding_size": _BERT["hidden_size"]},
+                   {**_TRAIN, "lr": 1e-3, "max_steps": 600}, objective="replaced-token detection"),
     ),
     # Batches of 32 sentences (~40 tokens each) fill about as many tokens as 16 windows of the general corpus.
     domain=domain_model(DOMAIN_FAMILY, _BERT,
@@ -302,6 +306,8 @@ QUICK = DemoPlan(
                    {**_QUICK_TRAIN, "lr": 3e-3, "max_steps": 6}, objective="next-token LM"),
         FamilyPlan("bert", "wordpiece", _QUICK_BERT, {**_QUICK_TRAIN, "lr": 3e-3, "max_steps": 6},
                    objective="MLM + NSP"),
+        FamilyPlan("electra", "wordpiece", {**_QUICK_BERT, "embedding_size": _QUICK_BERT["hidden_size"]},
+                   {**_QUICK_TRAIN, "lr": 3e-3, "max_steps": 6}, objective="replaced-token detection"),
     ),
     domain=domain_model(DOMAIN_FAMILY, _QUICK_BERT, {**_QUICK_TRAIN, "lr": 3e-3, "max_steps": 6}),
     domain_lines=2000,
