@@ -405,6 +405,18 @@ def test_every_command_declares_the_paths_it_writes():
     (["pretrain", "gpt", "--data", "{shards}", "--out", "{tmp}/m", "--set", "n_positions=32", f"seed={10**23}"],
      ["seed"]),
     (["pretrain", "word2vec", "--data", "{shards}", "--out", "{tmp}/m", "--set", f"seed={10**23}"], ["seed"]),
+    # model and training values of --set: 64-bit whole numbers, a sane layer count, finite floats
+    (["pretrain", "gpt", "--data", "{shards}", "--out", "{tmp}/m", "--set", f"n_positions={10**30}"],
+     ["n_positions", "whole number"]),
+    (["pretrain", "bert", "--data", "{shards}", "--out", "{tmp}/m", "--set", f"hidden_size={10**30}"],
+     ["hidden_size"]),
+    (["pretrain", "gpt", "--data", "{shards}", "--out", "{tmp}/m", "--set", "n_positions=32", "n_layer=100000"],
+     ["n_layer", "at most 1024"]),
+    (["pretrain", "gpt", "--data", "{shards}", "--out", "{tmp}/m", "--set", "n_positions=32", f"max_steps={10**30}"],
+     ["max_steps"]),
+    (["pretrain", "gpt", "--data", "{shards}", "--out", "{tmp}/m", "--set", "n_positions=32", "grad_clip=inf"],
+     ["grad_clip", "finite"]),
+    (["generate", "{gpt}", "--prompt", "In the", "--max-new-tokens", str(10**30)], ["at most", "max-new-tokens"]),
 ])
 def test_an_out_of_range_number_is_one_line(args, words, gpt_dir, bpe_shards, tiny_corpus, task_files, tmp_path):
     values = {"gpt": gpt_dir, "shards": bpe_shards, "tmp": tmp_path, "corpus": tiny_corpus, "train": task_files[0],
@@ -412,6 +424,42 @@ def test_an_out_of_range_number_is_one_line(args, words, gpt_dir, bpe_shards, ti
     rc, out, err = cli(*[a.format(**values) for a in args])
     refused((rc, out, err), *words)
     assert out == "" and list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("sampling", [["--temperature", "1e-300"], ["--temperature", "5e-324"],
+                                      ["--temperature", "1", "--top-p", "1e-300"]])
+def test_a_vanishing_temperature_or_top_p_samples_the_greedy_token(sampling, gpt_dir):
+    """Past the range checks, a temperature or nucleus too small for float32 is the limit of sampling: greedy."""
+    argv = ["generate", gpt_dir, "--prompt", "In the", "--max-new-tokens", "4", "--seed", "0"]
+    greedy = ok(cli(*argv))[1]
+    assert ok(cli(*argv, *sampling))[1] == greedy
+
+
+def test_a_float_beyond_64_bits_is_not_called_a_whole_number(gpt_dir):
+    rc, out, err = cli("generate", gpt_dir, "--prompt", "In the", "--max-new-tokens", "2", "--temperature", "1e20",
+                       "--seed", "0")
+    assert rc == 0 and "whole number" not in err, err
+
+
+def test_shards_whose_meta_json_disagrees_with_the_tokens_are_one_line(bpe_shards, tmp_path):
+    shards = tmp_path / "shards"
+    shutil.copytree(bpe_shards, shards)
+    meta = json.loads((shards / "meta.json").read_text())
+    meta["vocab_size"] = 3
+    (shards / "meta.json").write_text(json.dumps(meta))
+    refused(cli("pretrain", "gpt", "--data", shards, "--out", tmp_path / "m", "--set", "n_positions=32"),
+            "vocab_size 3", "token id", "prepare again")
+    assert not (tmp_path / "m").exists()
+
+
+def test_a_plan_whose_two_step_counts_disagree_is_one_line(plan_file, bpe_shards, tmp_path):
+    plan = json.loads(Path(plan_file).read_text())
+    plan["max_steps"] = plan["train"]["max_steps"] + 5
+    edited = tmp_path / "plan.json"
+    edited.write_text(json.dumps(plan))
+    refused(cli("pretrain", "gpt", "--data", bpe_shards, "--out", tmp_path / "m", "--plan", edited),
+            "max_steps", "train.max_steps", "agree")
+    assert not (tmp_path / "m").exists()
 
 
 # -- the smaller ones ----------------------------------------------------------------------------------------

@@ -100,6 +100,22 @@ def test_big_seed_and_nan_temperature_are_4xx_and_the_connection_stays_usable(fo
     assert answers[5][0] == 200 and json.loads(answers[5][2])["status"] == "ok"
 
 
+def test_a_vanishing_temperature_or_top_p_is_answered_with_the_greedy_text(folders):
+    """Before: a temperature or top_p of 1e-300 passed the range checks and ended in a JSON 500 (torch's sampler
+    got NaN probabilities); the limit of sampling as either falls is the greedy choice."""
+    app = create_app(openai_entries(folders), ServeLimits(max_new_tokens=16))
+    base_body = {"model": "gpt", "prompt": "hi", "max_new_tokens": 4, "seed": 0}
+    with uvicorn_thread(app) as base:
+        greedy = httpx.post(f"{base}/v1/generate", json=base_body)
+        assert greedy.status_code == 200, greedy.text
+        for extra in ({"temperature": 1e-300}, {"temperature": 1.0, "top_p": 1e-300}):
+            r = httpx.post(f"{base}/v1/generate", json={**base_body, **extra})
+            assert r.status_code == 200 and r.json()["text"] == greedy.json()["text"], (extra, r.text)
+        r = httpx.post(f"{base}/v1/completions", json={"model": "gpt", "prompt": "hi", "max_tokens": 4,
+                                                       "temperature": 1e-300})
+        assert r.status_code == 200, r.text
+
+
 def test_an_unexpected_exception_is_a_json_500_and_the_connection_stays_usable(folders):
     """Before: a plain-text "Internal Server Error" and the connection closed under the next request."""
     entries = openai_entries(folders)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import json
+import math
 import types
 import typing
 from pathlib import Path
@@ -95,20 +96,42 @@ def _to_bool(value: Any, key: str) -> bool:
     raise ConfigError(f"'{key}' expects true/false, got {value!r}")
 
 
+INT64 = (-(2**63), 2**63 - 1)
+#: layer counts: a bound far above any model this toolkit trains, which keeps a typo from building (or hanging on)
+#: millions of layers before anything fails
+LAYER_KEYS = ("n_layer", "num_hidden_layers", "num_layers")
+MAX_LAYERS = 1024
+
+
+def _bounded(n: int, key: str) -> int:
+    """``n`` if it fits the integer types torch and NumPy compute with (64 bits) and, for a layer count,
+    :data:`MAX_LAYERS`; otherwise a one-line ConfigError."""
+    if not INT64[0] <= n <= INT64[1]:
+        raise ConfigError(f"'{key}' must be a whole number from {INT64[0]} to {INT64[1]}, got {n}")
+    if key in LAYER_KEYS and n > MAX_LAYERS:
+        raise ConfigError(f"'{key}' must be at most {MAX_LAYERS}, got {n}")
+    return n
+
+
 def _to_int(value: Any, key: str) -> int:
     if isinstance(value, bool):
         raise ConfigError(f"'{key}' expects an integer, got {value!r}")
     if isinstance(value, int):
-        return value
+        return _bounded(value, key)
     if isinstance(value, float) and value.is_integer():
-        return int(value)
+        return _bounded(int(value), key)
     if isinstance(value, str):
         try:
-            f = float(value)
+            n = int(value)  # exact for long integers, which float() would round
         except ValueError:
-            raise ConfigError(f"'{key}' expects an integer, got {value!r}") from None
-        if f.is_integer():
-            return int(f)
+            try:
+                f = float(value)
+            except ValueError:
+                raise ConfigError(f"'{key}' expects an integer, got {value!r}") from None
+            if not f.is_integer():
+                raise ConfigError(f"'{key}' expects an integer, got {value!r}") from None
+            n = int(f)
+        return _bounded(n, key)
     raise ConfigError(f"'{key}' expects an integer, got {value!r}")
 
 
@@ -116,9 +139,12 @@ def _to_float(value: Any, key: str) -> float:
     if isinstance(value, bool):
         raise ConfigError(f"'{key}' expects a number, got {value!r}")
     try:
-        return float(value)
-    except (TypeError, ValueError):
+        f = float(value)
+    except (TypeError, ValueError, OverflowError):
         raise ConfigError(f"'{key}' expects a number, got {value!r}") from None
+    if not math.isfinite(f):
+        raise ConfigError(f"{key} must be a finite number, got {value!r}")
+    return f
 
 
 def _to_str(value: Any, key: str) -> str:

@@ -42,6 +42,7 @@ def filter_logits(logits: torch.Tensor, top_k: int | None = None, top_p: float |
         cum = sorted_logits.softmax(-1).cumsum(-1)
         # drop a token when the tokens before it already reach top_p (so the best one always stays)
         drop_sorted = (cum - sorted_logits.softmax(-1)) >= top_p
+        drop_sorted[:, 0] = False  # a top_p below float32's smallest number would otherwise drop every token
         drop = torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)
         logits[drop] = float("-inf")
     return logits
@@ -66,7 +67,13 @@ def next_token(
     """
     if temperature <= 0:
         return logits.argmax(-1)
-    probs = filter_logits(logits.float() / temperature, top_k, top_p).softmax(-1)  # (B, V)
+    scaled = logits.float() / temperature
+    if not torch.isfinite(scaled).all():
+        # a temperature so small that the scores overflow float32: in float64, shifted so that the best is 0, the
+        # others fall to -inf (the limit of sampling as the temperature falls: the argmax, ties shared)
+        shifted = logits.double() - logits.double().amax(-1, keepdim=True)
+        scaled = (shifted / temperature).float()
+    probs = filter_logits(scaled, top_k, top_p).softmax(-1)  # (B, V)
     return torch.multinomial(probs, 1, generator=generator).squeeze(-1)
 
 

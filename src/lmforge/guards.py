@@ -69,12 +69,14 @@ def check_numbers(args) -> None:
         for v in value if isinstance(value, (list, tuple)) else [value]:
             if isinstance(v, bool) or not isinstance(v, (int, float)):
                 continue
-            if isinstance(v, float) and not math.isfinite(v):
-                raise LmforgeError(f"{_flag(dest)} must be a finite number, got {v}")
-            rule = RANGES.get(dest, _ANY_INT)
-            if isinstance(v, int) and v > _INT64[1] and rule.high is None:
-                raise LmforgeError(f"{_flag(dest)} must be at most {_INT64[1]}, got {v}")
-            if not _ANY_INT.holds(v) or not rule.holds(v):
+            rule = RANGES.get(dest)
+            if isinstance(v, float):  # a float needs to be finite; the 64-bit bound is for whole numbers
+                if not math.isfinite(v):
+                    raise LmforgeError(f"{_flag(dest)} must be a finite number, got {v}")
+            elif not _ANY_INT.holds(v):
+                bound = f"at most {_INT64[1]}" if v > 0 else f"at least {_INT64[0]}"
+                raise LmforgeError(f"{_flag(dest)} must be {rule.what if rule else bound}, got {v}")
+            if rule is not None and not rule.holds(v):
                 raise LmforgeError(f"{_flag(dest)} must be {rule.what}, got {v}")
 
 

@@ -415,7 +415,21 @@ class Shards:
                 if not f.is_file() or f.stat().st_size != n * itemsize:
                     raise DataError(f"{f} is missing or truncated ({n} {name} entries expected); "
                                     "run lmforge prepare again")
+        shards._check_vocab(mp)
         return shards
+
+    def _check_vocab(self, meta_path: Path) -> None:
+        """meta.json's vocabulary agrees with the tokens: the dtype its size takes, and no id at or above it in the
+        first million training tokens (a bounded read, so that opening stays instant on any corpus)."""
+        v = self.vocab_size
+        if self.dtype != dtype_for_vocab(v):
+            raise DataError(f"{meta_path} says vocab_size {v} and dtype {self.dtype.name}, which disagree; "
+                            "run lmforge prepare again")
+        head = np.fromfile(self.path / "train.tokens.bin", dtype=self.dtype, count=1 << 20)
+        top = int(head.max()) if head.size else -1
+        if top >= v:
+            raise DataError(f"{meta_path} says vocab_size {v}, but train.tokens.bin holds token id {top}: the files "
+                            "disagree (an edited meta.json, or files of two runs); run lmforge prepare again")
 
     @property
     def tokenizer_hash(self) -> str:

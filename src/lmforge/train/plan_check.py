@@ -79,3 +79,7 @@ def check_plan_settings(plan, path: str | Path) -> None:
         raise _refuse(p, str(e)) from None
     if family.trainer and (plan.max_steps is None or plan.max_steps < 1):
         raise _refuse(p, f"'max_steps' must be 1 or more for {plan.family}, got {plan.max_steps!r}")
+    for key in ("max_steps", "warmup_steps"):  # written twice by the planner: one setting
+        top, inner = getattr(plan, key, None), plan.train.get(key)
+        if top is not None and inner is not None and top != inner:
+            raise _refuse(p, f"'{key}' is {top!r} but 'train.{key}' is {inner!r}; the two must agree")
