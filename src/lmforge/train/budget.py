@@ -31,6 +31,7 @@ from .. import __version__
 from ..config import from_dict, save_json, to_dict
 from ..errors import ConfigError, LmforgeError
 from ..models import get_family
+from ..nn.cpu_share import advise_threads
 from . import budget_search
 from .budget_probe import (
     PROBE_FRACTION,
@@ -280,6 +281,9 @@ def plan_budget(
     train = (train or default_train_config(family)) if trainer_family else TrainConfig()
     if trainer_family:  # fp16 on a CPU, a GPU torch does not see: refused before any probe
         choose_precision(train.precision, resolve_device(train.device))
+    busy = None  # other processes holding cores slow the probe, and a time budget then plans fewer steps
+    if probe is None and b.kind == "time" and str(resolve_device(train.device)).startswith("cpu"):
+        busy = advise_threads(torch.get_num_threads())
     probe = probe or measure_throughput
     unique = int(shards.counts("train")["tokens"])
     if unique < 1:
@@ -294,7 +298,8 @@ def plan_budget(
     else:
         cands = cands[:1]
         records = [_probe_one(family, cands[0], b, train, unique, shards, probe)]
-    warnings: list[str] = []
+    warnings: list[str] = [f"{busy}; the probe timed the machine as it is now, so the plan has fewer steps than "
+                           "free cores would give"] if busy else []
     feasible = _feasible(family, cands, records, b, trainer_family, warnings)
     if search_shape and model is None:
         cand, rec = budget_search.choose(family, feasible, b.kind == "time", unique, max_epochs(family), warnings)

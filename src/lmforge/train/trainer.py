@@ -35,6 +35,7 @@ from tqdm.auto import tqdm
 from tqdm.contrib.logging import logging_redirect_tqdm
 
 from ..errors import LmforgeError
+from ..nn.cpu_share import advise_threads
 from ..utils import save_safetensors
 from . import checkpoint as ckpt
 from . import compute, run_state
@@ -136,6 +137,10 @@ class Trainer:
         self.precision_line = prec.describe(config.precision, choice.precision, self.device, choice.reason)
         self.config = config = dataclasses.replace(config, precision=choice.precision)
         self._log(logging.INFO, "%s", self.precision_line)
+        if self.device.type == "cpu":
+            advice = advise_threads(torch.get_num_threads())  # other processes holding cores stall the threads
+            if advice:
+                self._log(logging.WARNING, "%s", advice)
         self.scaler = prec.grad_scaler(self.device, choice.precision)  # fp16 on CUDA only
         self.ddp_model = self._wrap_model()
         groups, self.param_names = param_groups(self.model, config.weight_decay)
