@@ -115,7 +115,13 @@ def main(argv: list[str] | None = None) -> int:
             for p in procs:
                 p.join()
     if args.record:
-        Path(args.record).write_text(json.dumps({"rows": rows, "cores": cores, "steps": args.steps}, indent=1))
+        sys.path.insert(0, str(Path(args.checkout).resolve() / "src"))
+        from lmforge.provenance import machine  # the CPU, its flags and torch, beside the figures
+
+        record = {"bench": "bench_threads", "machine": machine(), "rows": rows, "cores": cores,
+                  "settings": {"steps": args.steps, "warmup": args.warmup, "batch": args.batch, "seq": args.seq,
+                               "busy": args.busy, "shape": "BERT hidden 256, 4 layers, 4 heads, vocab 8192"}}
+        Path(args.record).write_text(json.dumps(record, indent=1) + "\n")
     return 0
 
 
