@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from .errors import ConfigError
-from .utils import atomic_write_text
+from .utils import INT64, atomic_write_text
 
 T = TypeVar("T")
 
@@ -96,7 +96,6 @@ def _to_bool(value: Any, key: str) -> bool:
     raise ConfigError(f"'{key}' expects true/false, got {value!r}")
 
 
-INT64 = (-(2**63), 2**63 - 1)
 #: layer counts: a bound far above any model this toolkit trains, which keeps a typo from building (or hanging on)
 #: millions of layers before anything fails
 LAYER_KEYS = ("n_layer", "num_hidden_layers", "num_layers")

@@ -23,9 +23,8 @@ from typing import NamedTuple
 
 from .errors import LmforgeError
 from .folders import _read_json, folder_kind
+from .utils import INT64 as _INT64
 from .utils import SEED_MAX
-
-_INT64 = (-(2**63), 2**63 - 1)
 
 
 class Range(NamedTuple):

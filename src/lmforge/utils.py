@@ -260,7 +260,9 @@ def file_sha256(path: str | Path) -> str:
 
 
 #: the largest seed lmforge takes: every generator (Python, NumPy after ``% 2**32``, torch) accepts it
-SEED_MAX = 2**63 - 1
+#: the whole numbers torch and NumPy compute with (64 bits): every integer a user gives must lie here
+INT64 = (-(2**63), 2**63 - 1)
+SEED_MAX = INT64[1]
 
 
 def check_seed(seed, name: str = "seed") -> int | None:

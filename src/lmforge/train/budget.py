@@ -282,7 +282,7 @@ def plan_budget(
     if trainer_family:  # fp16 on a CPU, a GPU torch does not see: refused before any probe
         choose_precision(train.precision, resolve_device(train.device))
     busy = None  # other processes holding cores slow the probe, and a time budget then plans fewer steps
-    if probe is None and b.kind == "time" and str(resolve_device(train.device)).startswith("cpu"):
+    if probe is None and b.kind == "time" and resolve_device(train.device).type == "cpu":
         busy = advise_threads(torch.get_num_threads())
     probe = probe or measure_throughput
     unique = int(shards.counts("train")["tokens"])
