@@ -3,7 +3,8 @@ import sys
 
 import pytest
 
-from lmforge.cli import COMMAND_MODULES, build_parser, main
+from lmforge.cli import build_parser, main
+from lmforge.commands import COMMANDS
 
 SUBCOMMANDS = ["demo", "tokenizer", "prepare", "pretrain", "generate", "fill-mask", "embed", "encode", "neighbors",
                "evaluate",
@@ -13,8 +14,42 @@ SUBCOMMANDS = ["demo", "tokenizer", "prepare", "pretrain", "generate", "fill-mas
 def test_every_command_module_is_present():
     # A missing module would silently drop its subcommand from `lmforge --help`.
     choices = set(build_parser()._subparsers._group_actions[0].choices)
-    assert choices == set(SUBCOMMANDS)
-    assert len(COMMAND_MODULES) == 15
+    assert choices == set(SUBCOMMANDS) == set(COMMANDS)
+
+
+def _choices_help(parser):
+    sub = parser._subparsers._group_actions[0]
+    return [(a.dest, a.help) for a in sub._choices_actions]
+
+
+def test_a_command_is_built_alone_and_the_rest_are_listed_as_in_the_full_parser():
+    full = _choices_help(build_parser())
+    for command in ("generate", "import-hf", "", "no-such-command"):
+        assert _choices_help(build_parser(command)) == full  # same names, order and help lines
+    lone = build_parser("generate")._subparsers._group_actions[0].choices
+    assert lone["generate"]._actions[1:] and not lone["predict"]._actions[1:]  # predict: name and help only
+    both = build_parser("export-hf")._subparsers._group_actions[0].choices  # one module registers both
+    assert both["import-hf"]._actions[1:]
+
+
+def test_top_level_help_and_version_import_no_command_module_and_no_torch():
+    code = ("import sys; from lmforge.cli import main\n"
+            "for argv in (['--help'], ['--version']):\n"
+            "    try: main(argv)\n"
+            "    except SystemExit: pass\n"
+            "loaded = [m for m in sys.modules if m == 'torch' or m.startswith('lmforge.commands.')]\n"
+            "print(sorted(loaded), file=sys.stderr)")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert r.returncode == 0 and r.stderr.strip().splitlines()[-1] == "[]", r.stderr
+    assert "serve" in r.stdout and "\nlmforge 0.1.0" in r.stdout
+
+
+def test_an_unknown_command_lists_every_command(capsys):
+    with pytest.raises(SystemExit) as e:
+        main(["pretrian"])
+    assert e.value.code == 2
+    err = capsys.readouterr().err
+    assert "invalid choice: 'pretrian'" in err and all(f"'{c}'" in err for c in SUBCOMMANDS)
 
 
 @pytest.mark.parametrize("command", SUBCOMMANDS)

@@ -14,49 +14,46 @@ import sys
 from collections.abc import Sequence
 
 from . import __version__
+from .commands import COMMANDS
 from .errors import LmforgeError
 from .folder_writing import recover_folder
 from .folders import os_error_line
 from .guards import check_numbers, check_paths, command_paths
 from .utils import setup_logging
 
-# Order = order in `lmforge --help`.
-COMMAND_MODULES = [
-    "demo",
-    "tokenizer",
-    "prepare",
-    "pretrain",
-    "generate",
-    "fill_mask",
-    "embed",
-    "encode",
-    "neighbors",
-    "evaluate",
-    "finetune",
-    "predict",
-    "benchmark",
-    "hf",
-    "serve",
-]
 
+def build_parser(command: str | None = None) -> argparse.ArgumentParser:
+    """The ``lmforge`` parser.
 
-def build_parser() -> argparse.ArgumentParser:
+    Args:
+        command: build only this command's arguments (the others are listed by name and help only, so that
+            ``lmforge --help`` and argparse's "invalid choice" message stay whole); ``None`` builds every command.
+            Command modules import torch, so ``lmforge --help`` (``command`` an unknown name or "") imports none.
+    """
     parser = argparse.ArgumentParser(
         prog="lmforge",
-        description="Pretrain word2vec, ELMo, GPT and BERT on your own corpus and transfer them to your tasks.",
+        description="Pretrain word2vec, ELMo, GPT, BERT and ELECTRA on your own corpus and transfer them to your "
+        "tasks.",
     )
     parser.add_argument("--version", action="version", version=f"lmforge {__version__}")
     parser.add_argument("-q", "--quiet", action="store_true", help="only print results and errors")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
-    for name in COMMAND_MODULES:
-        try:
-            module = importlib.import_module(f"lmforge.commands.{name}")
-        except ModuleNotFoundError as e:
-            if e.name == f"lmforge.commands.{name}":
-                continue  # command not built into this installation
-            raise
+    registered: set[str] = set()
+    for name, (module_name, help_line) in COMMANDS.items():
+        if module_name in registered:
+            continue  # a module that registers several commands (export-hf, import-hf) did so at the first
+        if command is not None and name != command and COMMANDS.get(command, ("",))[0] != module_name:
+            sub.add_parser(name, help=help_line)
+            continue
+        module = importlib.import_module(f"lmforge.commands.{module_name}")
         module.register(sub)
+        registered.add(module_name)
     return parser
+
+
+def command_of(argv: Sequence[str]) -> str:
+    """The command ``argv`` names (its first word that is not an option), or "" when it names none."""
+    return next((str(a) for a in argv if not str(a).startswith("-")), "")
 
 
 def parse_args(parser: argparse.ArgumentParser, argv: list[str] | None) -> argparse.Namespace:
@@ -89,7 +86,7 @@ def removed_spelling(spellings: dict[str, str], unknown: Sequence[str], argv: Se
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
+    parser = build_parser(command_of(sys.argv[1:] if argv is None else argv))
     args = parse_args(parser, argv)
     if not getattr(args, "func", None):
         parser.print_help()

@@ -10,6 +10,7 @@ from ..transfer import learning_curve
 from ..transfer.benchmarks import BENCHMARKS, load_benchmark, write_domain_text
 from ..transfer.curve import curve_table, leads_text
 from ..transfer.specs import SPECS
+from . import command_help
 from ._common import add_compute_args, add_json_arg, compute_options, progress, removed_flags, show
 from ._groups import add_cache_dir_arg, add_curve_draw_args
 from .finetune import add_truncation_arg
@@ -18,7 +19,7 @@ from .finetune import add_truncation_arg
 def register(sub) -> None:
     p = sub.add_parser(
         "benchmark",
-        help="a real benchmark's unlabelled in-domain text, its labelled train/test files, or a learning curve",
+        help=command_help("benchmark"),
         description="The real benchmarks (zh-sentiment, zh-ner, zh-pos, en-tweets) have a fixed test partition. "
         "'text' writes the benchmark's unlabelled in-domain text from outside it (for domain-adaptive "
         "pretraining: prepare it with the model's tokenizer, then pretrain --init MODEL); 'data' writes a seeded "

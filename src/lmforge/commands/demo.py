@@ -7,13 +7,14 @@ import argparse
 from ..demo import run_demo
 from ..demo.plan import DEMO_PRECISION
 from ..folder_writing import output_folder
+from . import command_help
 from ._common import add_compute_args, add_json_arg, say, show
 
 
 def register(sub) -> None:
     p = sub.add_parser(
         "demo",
-        help="the whole lineage on the built-in corpus: tokenizers, four models, polysemy, transfer, report",
+        help=command_help("demo"),
         description="Train tokenizers and prepare token shards from lmforge's built-in English corpus (Python "
         "docs, WordNet, King James Bible); pretrain small word2vec, ELMo, GPT, BERT and ELECTRA models on it, and the "
         "same BERT (MLM only) on the Chinese NER benchmark's unlabelled text (People's Daily), all for fixed "

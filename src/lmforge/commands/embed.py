@@ -7,13 +7,14 @@ from pathlib import Path
 from ..errors import LmforgeError
 from ..evaluate import load_models
 from ..evaluate.polysemy import format_polysemy, polysemy_table
+from . import command_help
 from ._common import add_json_arg, show
 
 
 def register(sub) -> None:
     p = sub.add_parser(
         "embed",
-        help="compare a word's vectors across sentences, for every model and layer",
+        help=command_help("embed"),
         description=(
             "Embed the sentences with every model and print, for each layer, the cosine similarity of "
             "--word between the sentences. Arguments that are model folders are models; the rest are "

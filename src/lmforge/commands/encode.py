@@ -9,6 +9,7 @@ from pathlib import Path
 
 from ..errors import LmforgeError
 from ..models import load
+from . import command_help
 from ._common import add_json_arg, show
 
 EPILOG = """\
@@ -25,7 +26,7 @@ a `text` and a `vector` (list<float32>) column. The output is written atomically
 
 def register(sub) -> None:
     p = sub.add_parser(
-        "encode", help="write one vector per text of a file (.npy or .parquet)", epilog=EPILOG,
+        "encode", help=command_help("encode"), epilog=EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
         description="Encode every text of a file with a model: one layer's token vectors, pooled into one vector "
                     "per text.",

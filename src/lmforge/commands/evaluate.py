@@ -16,6 +16,7 @@ from ..models import FAMILIES
 from ..train.pretrain import evaluate_lm
 from ..transfer import load_run
 from ..utils import atomic_write_text
+from . import command_help
 from ._columns import add_column_args
 from ._common import add_json_arg, pairs, show
 from ._runconfig import split_sets
@@ -24,8 +25,7 @@ from ._runconfig import split_sets
 def register(sub) -> None:
     p = sub.add_parser(
         "evaluate",
-        help="evaluate word representations (wic), a trained run on new labelled data (run), or a pretrained "
-        "model's perplexity on new text (lm)",
+        help=command_help("evaluate"),
     )
     tasks = p.add_subparsers(dest="task", metavar="TASK", required=True)
     w = tasks.add_parser(

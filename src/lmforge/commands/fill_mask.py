@@ -5,11 +5,12 @@ from __future__ import annotations
 
 from ..errors import LmforgeError
 from ..models import FAMILIES, get_family, load
+from . import command_help
 from ._common import add_json_arg, show
 
 
 def register(sub) -> None:
-    p = sub.add_parser("fill-mask", help="predict the tokens behind [MASK] with a BERT or ELECTRA model")
+    p = sub.add_parser("fill-mask", help=command_help("fill-mask"))
     p.add_argument("model_dir", help="BERT or ELECTRA model folder (from `lmforge pretrain` or `lmforge import-hf`)")
     p.add_argument("text", help='text with one or more [MASK], e.g. "my dog is [MASK] ."')
     p.add_argument("--top-k", type=int, default=5, help="candidates to show per [MASK] (default 5)")

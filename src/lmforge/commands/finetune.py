@@ -10,6 +10,7 @@ from ..train.tblog import EpochLog
 from ..transfer import run_transfer
 from ..transfer.holdout import hold_out
 from ..transfer.specs import SPECS
+from . import command_help
 from ._columns import add_column_args
 from ._common import add_compute_args, add_json_arg, progress, removed_flags, show
 from ._finetune import add_run_file_args, summary, transfer_settings
@@ -171,7 +172,7 @@ def _add_head_args(p) -> None:
 def register(sub) -> None:
     p = sub.add_parser(
         "finetune",
-        help="train a task head on a pretrained model (frozen / features / finetune) and evaluate it",
+        help=command_help("finetune"),
         description="Train a task on top of a pretrained model folder and write metrics.json, predictions.jsonl, "
         "config.json and the trained weights into --out.",
     )

@@ -9,6 +9,7 @@ import time
 from ..errors import LmforgeError
 from ..generation import check_generation_args, generate_text
 from ..models import FAMILIES, get_family, load
+from . import command_help
 from ._common import add_json_arg, device_arg, fmt, show
 
 #: the most tokens one `lmforge generate` adds (more is capped, with a message)
@@ -16,7 +17,7 @@ MAX_NEW_TOKENS = 4096
 
 
 def register(sub) -> None:
-    p = sub.add_parser("generate", help="continue a prompt with a GPT model (tokens stream as they come)")
+    p = sub.add_parser("generate", help=command_help("generate"))
     p.add_argument("model_dir", help="GPT model folder (from `lmforge pretrain gpt` or `lmforge import-hf`)")
     p.add_argument("--prompt", required=True, help="text to continue")
     p.add_argument(

@@ -6,12 +6,13 @@ from ..config import load_json
 from ..folder_writing import output_folder, staged_folder
 from ..interop import export_hf, import_hf
 from ..interop.hub_cache import resolve_hf_dir
+from . import command_help
 from ._common import add_json_arg, say, show
 
 
 def register(sub) -> None:
     p = sub.add_parser("export-hf",
-                       help="write a BERT/GPT/ELECTRA model folder or fine-tuned run as an HF transformers folder",
+                       help=command_help("export-hf"),
                        description="A model folder becomes BertForPreTraining / GPT2LMHeadModel / "
                        "ElectraForPreTraining (ELECTRA's generator, ElectraForMaskedLM, in OUT_DIR/generator); "
                        "a finetune run folder "
@@ -26,7 +27,7 @@ def register(sub) -> None:
                    help="replace a folder of another kind or holding other files (its old content is deleted)")
     add_json_arg(p)
     p.set_defaults(func=run_export, reads=("model_dir",), writes=("out_dir",))
-    q = sub.add_parser("import-hf", help="read an HF BERT/GPT-2/ELECTRA folder into an lmforge model folder")
+    q = sub.add_parser("import-hf", help=command_help("import-hf"))
     q.add_argument("hf_dir", help="HF folder with config.json and model.safetensors, or a model id (org/name) "
                    "already in the local HF cache (nothing is downloaded)")
     q.add_argument("model_dir", help="lmforge model folder to write (a new one: it appears complete or not at all)")

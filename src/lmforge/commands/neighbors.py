@@ -7,6 +7,7 @@ import sys
 
 from ..errors import LmforgeError
 from ..models import load
+from . import command_help
 from ._common import add_json_arg, show
 
 EPILOG = """\
@@ -22,7 +23,7 @@ occurrences there; the neighbours are the corpus words nearest to the word's mea
 
 def register(sub) -> None:
     p = sub.add_parser(
-        "neighbors", help="list the words nearest to a word (word2vec vectors, or contextual means over a corpus)",
+        "neighbors", help=command_help("neighbors"),
         epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter,
         description="Print the words whose vectors are nearest to WORD's by cosine similarity.",
     )

@@ -12,6 +12,7 @@ from ..data.tasks import TaskData, example_from_fields, load_task
 from ..errors import DataError
 from ..transfer import load_run
 from ..utils import atomic_write_text
+from . import command_help
 from ._common import show
 from ._predict import prediction_line, with_inputs
 
@@ -19,7 +20,7 @@ from ._predict import prediction_line, with_inputs
 def register(sub) -> None:
     p = sub.add_parser(
         "predict",
-        help="run a trained task (a folder written by `lmforge finetune`) on new text",
+        help=command_help("predict"),
         description="Prints one line per example: the prediction beside its input (--json: one JSON record per "
         "example; with --file each record holds the example's input fields too). classify/pair: the label and "
         "class probabilities; tokens: the words (split on white space) and their tags; qa: --text is the question, "

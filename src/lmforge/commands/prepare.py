@@ -12,6 +12,7 @@ from ..data.shards import prepare
 from ..errors import DataError
 from ..folder_writing import output_folder
 from ..folders import write_marker
+from . import command_help
 from ._common import add_json_arg, show
 from ._corpus import INPUTS_HELP, add_corpus_args, corpus_from_args
 
@@ -37,7 +38,7 @@ documents in parallel; the shards are byte-identical whatever their number.
 
 def register(sub) -> None:
     p = sub.add_parser(
-        "prepare", help="tokenize text files into memory-mapped shards for pretraining", epilog=EPILOG,
+        "prepare", help=command_help("prepare"), epilog=EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
         description="Tokenize a corpus into token shards (streaming: memory does not grow with the corpus).",
     )

@@ -21,6 +21,7 @@ from ..train.checkpoint import restore_model_config
 from ..train.config import TrainConfig, parse_duration
 from ..train.precision import resolve_device, resolve_precision
 from ..train.pretrain import check_init, default_train_config, pretrain
+from . import command_help
 from ._budget import check_budget_args, plan_for_cli
 from ._common import add_compute_args, add_json_arg, add_set_arg, fmt, refuse_flag_keys, removed_flags, say, show
 from ._runconfig import model_config, model_from_choice, recipe_of, run_file_train, split_sets, train_config
@@ -77,7 +78,7 @@ def _key_names() -> str:
 def register(sub) -> None:
     p = sub.add_parser(
         "pretrain",
-        help=f"pretrain a model family ({', '.join(FAMILIES)}) on token shards",
+        help=command_help("pretrain"),
         description="Pretrain a model family on shards made by `lmforge prepare`, writing a model folder. "
         "Checkpoints go to OUT/training_state; --resume continues exactly where a run stopped.",
         epilog=EPILOG_EXAMPLES + "\n" + _key_names(),

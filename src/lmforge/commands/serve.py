@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 
 from ..errors import LmforgeError
+from . import command_help
 
 EPILOG = """\
 endpoints (JSON; errors are one line with a 4xx/5xx status; OpenAPI docs at /docs):
@@ -36,8 +37,7 @@ examples:
 def register(sub) -> None:
     p = sub.add_parser(
         "serve",
-        help="serve model folders and fine-tuned runs over HTTP (lmforge's API, OpenAI-compatible routes, a web "
-        "playground at /)",
+        help=command_help("serve"),
         description="Load model folders (any family), runs from `lmforge finetune`, and folders being pretrained, "
         "and serve them over HTTP on 127.0.0.1 unless --host says otherwise. Each folder is named after its "
         "directory; a folder replaced on disk is reopened by the next request. Needs the serve extra: "

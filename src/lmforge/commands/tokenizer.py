@@ -7,6 +7,7 @@ import sys
 
 from ..folder_writing import output_folder
 from ..tokenization import Tokenizer
+from . import command_help
 from ._common import add_json_arg, show
 from ._corpus import INPUTS_HELP, add_corpus_args, corpus_from_args
 
@@ -24,7 +25,7 @@ special_tokens_map.json: HF transformers' AutoTokenizer loads it unchanged. Inpu
 
 
 def register(sub) -> None:
-    p = sub.add_parser("tokenizer", help="train a WordPiece (BERT) or byte-level BPE (GPT) tokenizer",
+    p = sub.add_parser("tokenizer", help=command_help("tokenizer"),
                        description="Train or try out tokenizers.")
     tsub = p.add_subparsers(dest="tokenizer_command", metavar="ACTION")
     t = tsub.add_parser(

@@ -203,8 +203,8 @@ def make_candidates(family: str, shards, train: TrainConfig, model=None, model_f
 def measure_throughput(family: str, cand: Candidate, train: TrainConfig, shards, max_seconds: float) -> ProbeResult:
     """Time a few optimizer steps of ``cand`` on this machine (after one warm-up step).
 
-    The probe trains a throw-away copy of the model with AdamW on the run's own batches (in the run's
-    precision); it does not change the RNG streams of the run that follows.
+    The probe trains a throw-away copy of the model with the Trainer's AdamW (fused where torch has the kernel)
+    on the run's own batches (in the run's precision); it does not change the RNG streams of the run that follows.
     """
     t0 = time.perf_counter()
     module = _module(family)
@@ -219,7 +219,7 @@ def measure_throughput(family: str, cand: Candidate, train: TrainConfig, shards,
         choice = shape_precision(family, cand, train, shards, (model, sampler))
         precision = choice.precision
         groups, _ = param_groups(model, train.weight_decay)
-        opt = torch.optim.AdamW(groups, lr=train.lr, betas=(train.beta1, train.beta2), eps=train.eps)
+        opt = compute.make_optimizer(groups, train.lr, (train.beta1, train.beta2), train.eps, device)  # the run's
         lo, hi = PROBE_STEPS
         timed_steps, tokens, t_start = 0, 0, 0.0
         for step in range(hi + 1):
