@@ -38,15 +38,15 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"lmforge {__version__}")
     parser.add_argument("-q", "--quiet", action="store_true", help="only print results and errors")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    wanted = COMMANDS[command][0] if command in COMMANDS else None  # the one module to import, if any
     registered: set[str] = set()
     for name, (module_name, help_line) in COMMANDS.items():
         if module_name in registered:
             continue  # a module that registers several commands (export-hf, import-hf) did so at the first
-        if command is not None and name != command and COMMANDS.get(command, ("",))[0] != module_name:
+        if command is not None and module_name != wanted:
             sub.add_parser(name, help=help_line)
             continue
-        module = importlib.import_module(f"lmforge.commands.{module_name}")
-        module.register(sub)
+        importlib.import_module(f"lmforge.commands.{module_name}").register(sub)
         registered.add(module_name)
     return parser
 
