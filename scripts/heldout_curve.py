@@ -3,8 +3,8 @@
 A curve tuned and read on the same test partition over many sessions can flatter a method; this scores the same
 kind of curve on examples that no run, no choice and no earlier result has seen.  The benchmark's training side is
 drawn once (seed 0) as ``--pool`` + ``--held`` examples: training sets of each size are drawn from the first
-``--pool``, and every run is scored on the last ``--held``, less any example whose exact text also occurs in the pool
-(repeated tweets, repeated sentences).
+``--pool``, and every run is scored on the last ``--held``, less any example that repeats one of the pool (the same
+text up to case and spacing, or the same sentence), as the test partition is kept apart.
 
     python scripts/heldout_curve.py en-tweets MODEL_DIR --out heldout --modes scratch frozen features finetune
 
@@ -18,21 +18,16 @@ import sys
 
 from lmforge.data.task_data import TaskData
 from lmforge.transfer import learning_curve
-from lmforge.transfer.benchmarks import BENCHMARKS, load_benchmark
+from lmforge.transfer.benchmarks import BENCHMARKS, example_key, load_benchmark
 from lmforge.transfer.curve import curve_table
-
-
-def _text(ex) -> str:
-    """What makes two examples the same one: the exact text (a tweet, a review) or the words of a sentence."""
-    return "\x00".join(ex.words) if hasattr(ex, "words") else ex.text
 
 
 def split_training_side(name: str, pool: int, held: int) -> tuple[TaskData, TaskData]:
     """(the pool the training sets are drawn from, the held-out examples) of benchmark ``name``."""
     train, _ = load_benchmark(name, pool + held, 1, seed=0)
     drawn = TaskData(train.task, train.examples[:pool], train.labels, f"{train.source}[:{pool}]")
-    seen = {_text(ex) for ex in drawn.examples}
-    rest = [ex for ex in train.examples[pool:] if _text(ex) not in seen]
+    seen = {example_key(ex) for ex in drawn.examples}
+    rest = [ex for ex in train.examples[pool:] if example_key(ex) not in seen]
     return drawn, TaskData(train.task, rest, train.labels, f"{train.source}[{pool}:{pool + held}] (held out)")
 
 

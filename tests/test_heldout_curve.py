@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from lmforge.transfer.benchmarks import load_benchmark
+from lmforge.transfer.benchmarks import example_key, load_benchmark
 
 SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "heldout_curve.py"
 
@@ -24,7 +24,7 @@ def test_held_out_examples_are_new_to_the_pool_and_to_the_test_set(name, pool, h
     script = _script()
     drawn, rest = script.split_training_side(name, pool, held)
     _, test = load_benchmark(name, 1, 1000, seed=0)
-    key = script._text
+    key = example_key
     assert len(drawn.examples) == pool and 0.9 * held <= len(rest.examples) <= held
     assert not {key(ex) for ex in drawn.examples} & {key(ex) for ex in rest.examples}
     assert not {key(ex) for ex in rest.examples} & {key(ex) for ex in test.examples}

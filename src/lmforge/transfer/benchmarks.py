@@ -113,8 +113,8 @@ def load_benchmark(name: str, n_train: int, n_test: int, seed: int = 0) -> tuple
                 f"asked for {n_train} + {n_test}"
             )
         test_ex = sents[len(sents) - n_test :]
-        held_out = {_example_key(ex) for ex in sents[start:]}  # a sentence repeated in the test region stays out
-        rest = [i for i in range(start) if _example_key(sents[i]) not in held_out]
+        held_out = {example_key(ex) for ex in sents[start:]}  # a sentence repeated in the test region stays out
+        rest = [i for i in range(start) if example_key(sents[i]) not in held_out]
         random.Random(seed).shuffle(rest)
         train_ex = [sents[i] for i in rest[:n_train]]
         tags = sorted(
@@ -136,7 +136,8 @@ def benchmark_source(name: str) -> Path:
     return sources[name]()
 
 
-def _example_key(ex) -> str:
+def example_key(ex) -> str:
+    """What makes two examples the same one: a sentence's words, or a text up to case and spacing."""
     return "".join(ex.words) if hasattr(ex, "words") else _norm(ex.text)
 
 
