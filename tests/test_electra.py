@@ -215,6 +215,54 @@ def test_loss_at_init_and_one_batch_overfits():
     assert out.metrics["rtd_loss"].item() < 0.6 * first.metrics["rtd_loss"].item()
 
 
+def test_joint_training_steps_match_transformers():
+    """Five AdamW steps of L_MLM + 50 L_RTD on lmforge's model and on HF's ElectraForPreTraining and
+    ElectraForMaskedLM (shared embeddings, tied output layer) from the same weights, batches and sampling noise:
+    the same losses and the same weights after, so the joint objective's gradients are HF's."""
+    import transformers
+
+    from lmforge.interop.electra import hf_config_dicts, to_hf_state_dicts
+
+    torch.manual_seed(2)
+    ours = ElectraForPreTraining(tiny()).train()
+    configs, states = hf_config_dicts(ours.config), to_hf_state_dicts(ours)
+    disc = transformers.ElectraForPreTraining(transformers.ElectraConfig(**configs["discriminator"])).train()
+    gen = transformers.ElectraForMaskedLM(transformers.ElectraConfig(**configs["generator"])).train()
+    disc.load_state_dict(states["discriminator"])
+    gen.load_state_dict(states["generator"], strict=False)  # its output layer is the embedding matrix
+    gen.electra.embeddings = disc.electra.embeddings
+    gen.generator_lm_head.weight = disc.electra.embeddings.word_embeddings.weight
+    theirs = list({id(p): p for p in [*disc.parameters(), *gen.parameters()]}.values())
+    assert sum(p.numel() for p in theirs) == ours.num_parameters()
+
+    def hf_loss(inputs, labels, mask, noise):
+        sel = labels != -100
+        original = torch.where(sel, labels, inputs)
+        gen_logits = gen(input_ids=inputs, attention_mask=mask).logits[sel]
+        corrupted = original.masked_scatter(sel, sample_tokens(gen_logits, noise[sel]))
+        scores = disc(input_ids=corrupted, attention_mask=mask).logits
+        rtd = torch.nn.functional.binary_cross_entropy_with_logits(
+            scores[mask.bool()], (corrupted != original)[mask.bool()].float())
+        return torch.nn.functional.cross_entropy(gen_logits, labels[sel]) + 50.0 * rtd
+
+    opt_ours = torch.optim.AdamW(ours.parameters(), lr=1e-3)
+    opt_theirs = torch.optim.AdamW(theirs, lr=1e-3)
+    for step in range(5):
+        inputs, labels, _ = masked_batch(seed=step)
+        mask = torch.ones_like(inputs)
+        mask[2, 15:] = 0
+        noise = torch.rand(inputs.shape, generator=torch.Generator().manual_seed(100 + step))
+        ours_loss = ours(inputs, mask, labels=labels, sample_noise=noise).loss
+        their_loss = hf_loss(inputs, labels, mask, noise)
+        assert abs(ours_loss.item() - their_loss.item()) < 1e-4 * their_loss.item()
+        for opt, loss in ((opt_ours, ours_loss), (opt_theirs, their_loss)):
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+    after = to_hf_state_dicts(ours)["discriminator"]
+    for name, p in disc.state_dict().items():
+        assert torch.allclose(after[name], p, atol=1e-5), name
+
 def test_save_load_and_transfer_layers(tmp_path):
     torch.manual_seed(0)
     model = ElectraForPreTraining(tiny()).eval()
