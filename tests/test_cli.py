@@ -44,6 +44,19 @@ def test_top_level_help_and_version_import_no_command_module_and_no_torch():
     assert "serve" in r.stdout and "\nlmforge 0.1.0" in r.stdout
 
 
+@pytest.mark.parametrize("command", ["tokenizer", "prepare", "neighbors", "serve"])
+def test_help_of_commands_without_a_model_imports_no_torch(command):
+    """The commands that neither train nor load a model at parse time answer --help without torch
+    (their --device/--precision names come from lmforge.devices, not from lmforge.train)."""
+    code = ("import sys; from lmforge.cli import main\n"
+            f"try: main([{command!r}, '--help'])\n"
+            "except SystemExit: pass\n"
+            "print('torch' in sys.modules, file=sys.stderr)")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert r.returncode == 0 and r.stderr.strip().splitlines()[-1] == "False", r.stderr
+    assert "usage: lmforge" in r.stdout
+
+
 def test_an_unknown_command_lists_every_command(capsys):
     with pytest.raises(SystemExit) as e:
         main(["pretrian"])

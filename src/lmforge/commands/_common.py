@@ -23,8 +23,8 @@ import sys
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
+from ..devices import PRECISIONS, check_device
 from ..errors import LmforgeError
-from ..train.precision import PRECISIONS, check_device
 
 # --set keys that a flag owns, and the flag to use instead
 FLAG_KEYS = {

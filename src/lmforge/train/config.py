@@ -10,9 +10,9 @@ import dataclasses
 import math
 import re
 
+from ..devices import PRECISIONS, check_device
 from ..errors import ConfigError
 from ..utils import SEED_MAX
-from .precision import PRECISIONS, check_device
 
 SCHEDULES = ("linear", "cosine", "constant")
 

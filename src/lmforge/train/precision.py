@@ -29,7 +29,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import functools
-import re
 import statistics
 from collections.abc import Callable
 from pathlib import Path
@@ -37,11 +36,10 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from ..devices import check_device, check_precision
 from ..errors import ConfigError
 from ..nn import autotune
 
-DEVICES = ("auto", "cpu", "cuda", "cuda:N")
-PRECISIONS = ("auto", "fp32", "bf16", "fp16")
 # CPU flags (Linux /proc/cpuinfo) that mean native bf16 arithmetic
 BF16_CPU_FLAGS = ("avx512_bf16", "amx_bf16")
 CPUINFO_PATH = "/proc/cpuinfo"
@@ -50,20 +48,6 @@ CPUINFO_PATH = "/proc/cpuinfo"
 MIN_BF16_WIDTH = 64
 # bf16 is chosen where its measured step is at least this much faster: a near tie keeps fp32's precision.
 BF16_MARGIN = 1.1
-
-
-def check_device(name: str) -> str:
-    """``name`` if it is ``auto``, ``cpu``, ``cuda`` or ``cuda:N``; else a one-line ConfigError."""
-    if name in ("auto", "cpu", "cuda") or re.fullmatch(r"cuda:\d+", str(name)):
-        return name
-    raise ConfigError(f"device must be auto, cpu, cuda or cuda:N, got {name!r}")
-
-
-def check_precision(name: str) -> str:
-    """``name`` if it is one of :data:`PRECISIONS`; else a one-line ConfigError."""
-    if name in PRECISIONS:
-        return name
-    raise ConfigError(f"precision must be one of {', '.join(PRECISIONS)}, got {name!r}")
 
 
 def resolve_device(name: str) -> torch.device:

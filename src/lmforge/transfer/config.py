@@ -28,9 +28,10 @@ import dataclasses
 import logging
 
 from ..config import from_dict
+from ..devices import PRECISIONS, check_device
 from ..errors import CheckpointError, ConfigError, LmforgeError
 from ..models.registry import FAMILIES
-from ..train.precision import PRECISIONS, check_device, upgrade_legacy_keys
+from ..train.precision import upgrade_legacy_keys
 from .encoding import DEFAULT_POOL, FORMATS, PLAIN, POOLS, TRUNCATIONS, input_format
 from .heads import CLASSIFIERS
 from .specs import SPECS
