@@ -17,6 +17,7 @@ import argparse
 import sys
 
 from lmforge.data.task_data import TaskData
+from lmforge.devices import PRECISIONS
 from lmforge.transfer import learning_curve
 from lmforge.transfer.benchmarks import BENCHMARKS, example_key, load_benchmark
 from lmforge.transfer.curve import curve_table
@@ -42,7 +43,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--pool", type=int, default=10000, help="training-side examples the training sets come from")
     ap.add_argument("--held", type=int, default=2000, help="training-side examples scored (before duplicates go)")
     ap.add_argument("--max-len", type=int, default=64)
-    ap.add_argument("--precision", default="fp32")
+    ap.add_argument("--precision", choices=PRECISIONS, default="fp32")
     args = ap.parse_args(argv)
     pool, held = split_training_side(args.name, args.pool, args.held)
     print(f"training sets from {len(pool.examples):,} examples; scored on {len(held.examples):,} held-out ones",

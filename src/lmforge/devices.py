@@ -10,7 +10,6 @@ import re
 
 from .errors import ConfigError
 
-DEVICES = ("auto", "cpu", "cuda", "cuda:N")
 PRECISIONS = ("auto", "fp32", "bf16", "fp16")
 
 
