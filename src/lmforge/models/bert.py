@@ -29,7 +29,7 @@ from torch import nn
 from ..data.bert import RECIPE_FIELDS
 from ..errors import ConfigError, DataError, LmforgeError
 from ..nn.cpu_ops import Dropout, Linear, compiling, linear
-from ..nn.losses import cross_entropy_rows
+from ..nn.losses import cross_entropy_rows, top1_share
 from ..nn.transformer import TransformerBlock, document_mask, init_weights, padding_mask
 from .base import ModelOutput, PretrainedModel
 
@@ -112,15 +112,6 @@ class BertPreTrainingOutput(ModelOutput):
     """
 
     nsp_logits: torch.Tensor | None = None
-
-
-def _top1(scores: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
-    """Share of the (N, V) rows whose target (N,) scores highest (a tie with another token counts as right).
-
-    The same as ``(scores.argmax(-1) == target).mean()`` but for exact ties; a row maximum is one
-    vectorised pass where CPU's ``argmax`` is several times slower.
-    """
-    return (scores.gather(1, target[:, None]).squeeze(1) >= scores.amax(-1)).float().mean()
 
 
 class BertEmbeddings(nn.Module):
@@ -417,7 +408,7 @@ class BertForPreTraining(ClsSepReading, PretrainedModel):
             # the mean cross-entropy, in fp32 under autocast too, its gradient made in one pass over the scores
             mean = torch.full(target.shape, 1.0 / len(target), device=target.device)
             mlm_loss = cross_entropy_rows(logits, target, mean)[0]
-            metrics["mlm_acc"] = _top1(logits.detach().float(), target)  # a row maximum over bf16 is slow on CPU
+            metrics["mlm_acc"] = top1_share(logits.detach().float(), target)  # a row maximum over bf16 is slow on CPU
         else:  # no masked token in the batch: a zero loss that still reaches every MLM parameter
             mlm_loss = logits.sum() * 0.0
             metrics["mlm_acc"] = torch.zeros((), device=h.device)

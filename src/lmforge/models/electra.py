@@ -55,6 +55,7 @@ from torch import nn
 from ..data.bert import RECIPE_FIELDS
 from ..errors import ConfigError
 from ..nn.cpu_ops import Linear, linear
+from ..nn.losses import cross_entropy_rows, top1_share
 from ..nn.transformer import TransformerBlock, document_mask, init_weights, padding_mask
 from .base import ModelOutput, PretrainedModel
 from .bert import SUPPORTED_ACTS, BertEmbeddings, ClsSepReading
@@ -339,7 +340,11 @@ class ElectraForPreTraining(ClsSepReading, PretrainedModel):
         # 1. the generator: a masked LM, scored at the masked positions only
         g = self.generator(input_ids, attention_mask, token_type_ids, document_ids)  # (B, T, C_g)
         gen_logits = self.generator.scores(g[sel]).float()  # (N, V), fp32 under autocast too
-        gen_loss = F.cross_entropy(gen_logits, target) if target.numel() else gen_logits.sum() * 0.0
+        if target.numel():  # the mean cross-entropy, its gradient made in one pass over the scores (as BERT's)
+            gen_loss = cross_entropy_rows(gen_logits, target, torch.full(target.shape, 1.0 / len(target),
+                                                                         device=target.device))[0]
+        else:
+            gen_loss = gen_logits.sum() * 0.0
 
         # 2. its samples replace the masked tokens; they are data, so no gradient passes through them
         sampled = sample_tokens(gen_logits, None if sample_noise is None else sample_noise[sel])  # (N,)
@@ -356,7 +361,7 @@ class ElectraForPreTraining(ClsSepReading, PretrainedModel):
         with torch.no_grad():
             metrics = {
                 "mlm_loss": gen_loss.detach(),
-                "mlm_acc": (gen_logits.argmax(-1) == target).float().mean() if target.numel() else gen_loss * 0.0,
+                "mlm_acc": top1_share(gen_logits.detach(), target) if target.numel() else gen_loss * 0.0,
                 "rtd_loss": disc_loss.detach(),
                 "rtd_acc": ((logits[real] > 0) == replaced[real]).float().mean(),
                 "replaced": replaced[real].float().mean(),
