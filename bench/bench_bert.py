@@ -42,6 +42,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+import malloc_setting  # noqa: E402
 import onednn_setting  # noqa: E402
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -201,10 +202,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--device", default="cpu", help="cpu or cuda (a GPU: fp32 matmuls without TF32)")
     ap.add_argument("--record", default=None, metavar="FILE", help="write the figures as a JSON run record")
     onednn_setting.add_flag(ap)
+    malloc_setting.add_flag(ap)
     args = ap.parse_args(argv)
     rc = onednn_setting.apply(args.onednn, __file__, sys.argv[1:] if argv is None else argv, json_flag="--record")
     if rc is not None:
         return rc
+    malloc = malloc_setting.apply(args.malloc)
 
     import transformers
 
@@ -228,7 +231,7 @@ def main(argv: list[str] | None = None) -> int:
     where = torch.cuda.get_device_name() if dev.startswith("cuda") else describe_machine()
     load_start = os.getloadavg()[0]
     print(f"{where}; transformers {transformers.__version__}; load average {load_start:.2f} at the start")
-    print(f"settings: {vars(args)}\nlmforge routes: {describe_routes()}")
+    print(f"settings: {vars(args)}\nlmforge routes: {describe_routes()}\nallocator: {malloc}")
     peak = measure_peak_gflops(device=dev)
     print(f"measured fp32 matmul peak: {peak:.1f} GFLOP/s (re-measured at the end; the higher one is used)")
 
@@ -359,7 +362,7 @@ def main(argv: list[str] | None = None) -> int:
         from lmforge.utils import atomic_write_text
 
         record = {
-            "bench": "bert", **provenance(), "settings": vars(args), "routes": routes,
+            "bench": "bert", **provenance(), "settings": vars(args), "malloc": malloc, "routes": routes,
             "optimizer": {"name": "AdamW", "fused": bool(opt_o.defaults.get("fused"))},
             "matmul_peak_gflops": max(peak, peak_end),
             "inference": {"tokens_per_s": infer_tps, "ratio": infer_ratio},

@@ -36,6 +36,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 sys.path.insert(0, str(ROOT / "bench"))
 
+import malloc_setting  # noqa: E402
 import onednn_setting  # noqa: E402
 
 
@@ -107,10 +108,12 @@ def main() -> int:
     ap.add_argument("--skip", default="", help="comma list of sections to skip: train,infer,gen,bf16")
     ap.add_argument("--record", default=None, metavar="FILE", help="write the figures as a JSON run record")
     onednn_setting.add_flag(ap)
+    malloc_setting.add_flag(ap)
     args = ap.parse_args()
     rc = onednn_setting.apply(args.onednn, __file__, sys.argv[1:], json_flag="--record")
     if rc is not None:
         return rc
+    malloc = malloc_setting.apply(args.malloc)
     # imported once --onednn has set LMFORGE_ONEDNN, which lmforge reads at import
     from lmforge.interop.gpt2 import import_hf
     from lmforge.nn.cpu_ops import chosen_routes, describe_routes
@@ -156,11 +159,12 @@ def main() -> int:
         "transformers": transformers.__version__,
         "device": dev if not dev.startswith("cuda") else torch.cuda.get_device_name(),
         "routes_setting": describe_routes(),
+        "malloc": malloc,
         "load_average": {"start": os.getloadavg()[0]},
     }
     print(f"{describe_machine()}, {dev}; transformers {transformers.__version__}; load average "
           f"{res['load_average']['start']:.2f} at the start\nsettings: {res['settings']}\n"
-          f"lmforge routes: {res['routes_setting']}")
+          f"lmforge routes: {res['routes_setting']}\nallocator: {malloc}")
 
     # -- same weights, same losses -------------------------------------------------------------------
     hf.train()

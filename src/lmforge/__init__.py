@@ -1,4 +1,4 @@
-"""lmforge: pretrain word2vec, ELMo, GPT and BERT on your own corpus and transfer them to your tasks."""
+"""lmforge: pretrain word2vec, ELMo, GPT, BERT and ELECTRA on your own corpus and transfer them to your tasks."""
 
 from __future__ import annotations
 

@@ -19,6 +19,7 @@ from .errors import LmforgeError
 from .folder_writing import recover_folder
 from .folders import os_error_line
 from .guards import check_numbers, check_paths, command_paths
+from .malloc import keep_freed_memory
 from .utils import setup_logging
 
 
@@ -92,6 +93,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.print_help()
         return 1
     setup_logging(logging.WARNING if args.quiet else logging.INFO)
+    logging.getLogger(__name__).debug("allocator: %s", keep_freed_memory())  # lmforge/malloc.py says why
     try:
         check_args(args)
         rc = args.func(args)
