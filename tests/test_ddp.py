@@ -53,16 +53,20 @@ assert not a.ddp_model.find_unused_parameters
 c.train()
 
 # Real families through the driver: BERT without NSP (an unused head) and ELMo (an int16 buffer gloo
-# cannot broadcast) used to break DDP.
+# cannot broadcast) used to break DDP; ELECTRA shares its embeddings between two encoders.
 from lmforge.train.pretrain import pretrain, run_configs
 small = dict(max_steps=2, batch_size=2, eval_batches=1, device="cpu")
 rbert = pretrain("bert", sys.argv[2], out + "/bert", *run_configs("bert", "tiny", **small, next_sentence=False,
                  max_seq_length=32, max_position_embeddings=64), progress=False)
 relmo = pretrain("elmo", sys.argv[3], out + "/elmo", *run_configs("elmo", "tiny", **small, seq_len=16),
                  progress=False)
-assert rbert.step == 2 and relmo.step == 2
+# ELECTRA: one embedding table read by both the generator and the discriminator, samples drawn on each rank
+relectra = pretrain("electra", sys.argv[2], out + "/electra", *run_configs("electra", "tiny", **small,
+                    max_seq_length=32, max_position_embeddings=64), progress=False)
+assert rbert.step == 2 and relmo.step == 2 and relectra.step == 2
 if a.env.rank == 0:
-    json.dump({{"a": ra.val, "b": rb.val, "tokens": ra.tokens_seen, "bert": rbert.val, "elmo": relmo.val}},
+    json.dump({{"a": ra.val, "b": rb.val, "tokens": ra.tokens_seen, "bert": rbert.val, "elmo": relmo.val,
+               "electra": relectra.val}},
               open(out + "/val.json", "w"))
 a.close()
 """
@@ -110,3 +114,4 @@ def test_two_process_ddp_equals_one_process_with_the_global_batch(tmp_path, word
     assert ddp_val["tokens"] == 3 * 4 * 16  # tokens summed over both ranks
     assert math.isfinite(ddp_val["bert"]["mlm_loss"]) and "nsp_loss" not in ddp_val["bert"]
     assert math.isfinite(ddp_val["elmo"]["fwd_loss"])
+    assert math.isfinite(ddp_val["electra"]["rtd_loss"]) and math.isfinite(ddp_val["electra"]["mlm_loss"])

@@ -339,6 +339,23 @@ def test_init_starts_from_the_folder_weights(bpe_shards, wordpiece_shards, tmp_p
         assert rc == 2 and msg in err and "Traceback" not in err and len(err.strip().splitlines()) == 1, err
 
 
+def test_init_continues_an_electra_generator_and_discriminator(wordpiece_shards, tmp_path):
+    from lmforge.utils import load_safetensors
+
+    kw = dict(batch_size=2, eval_batches=2, device="cpu", max_seq_length=32, max_position_embeddings=64,
+              warmup_steps=1)
+    base = tmp_path / "base"
+    r0 = pretrain("electra", wordpiece_shards, base, *run_configs("electra", "tiny", **kw, max_steps=6, lr=3e-3))
+    cont = tmp_path / "cont"
+    r1 = pretrain("electra", wordpiece_shards, cont, None, run_configs("electra", **kw, max_steps=1, lr=1e-12)[1],
+                  init=base)
+    # the generator's masked LM starts where the folder's ended (the replaced-token loss depends on its samples)
+    assert abs(r1.val["mlm_loss"] - r0.val["mlm_loss"]) < 1e-4, (r0.val, r1.val)
+    a, b = load_safetensors(base / "model.safetensors"), load_safetensors(cont / "model.safetensors")
+    assert any(k.startswith("generator.") for k in a) and a.keys() == b.keys()
+    assert all(torch.allclose(a[k], b[k], atol=1e-7) for k in a)
+
+
 # -- evaluate lm: a model folder's own objective on other shards ------------------------------------------
 @pytest.mark.parametrize(
     ("family", "shards_fixture", "sets"),
