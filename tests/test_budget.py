@@ -176,13 +176,14 @@ def test_small_data_caps_the_epochs_and_warns(bpe_shards):
     assert plan.candidates == [c for c in plan.candidates if c["name"] == "tiny"]  # --config: one candidate
 
 
-def test_bert_plans_up_to_twice_the_passes(wordpiece_shards):
-    """Masked-LM pretraining draws new masks on every pass: BERT's cap is 32 passes, the others' 16."""
-    assert B.max_epochs("bert") == 32.0 and B.max_epochs("gpt") == B.max_epochs("elmo") == B.MAX_EPOCHS == 16.0
+@pytest.mark.parametrize("family", ["bert", "electra"])
+def test_masked_families_plan_up_to_twice_the_passes(wordpiece_shards, family):
+    """Masked-LM pretraining draws new masks on every pass (ELECTRA's too): their cap is 32 passes, the others' 16."""
+    assert B.max_epochs(family) == 32.0 and B.max_epochs("gpt") == B.max_epochs("elmo") == B.MAX_EPOCHS == 16.0
     shards = Shards.open(wordpiece_shards)
     unique = shards.counts("train")["tokens"]
-    plan = B.plan_budget("bert", shards, "500Mtok", model="tiny", recipe=MaskedLMRecipe(max_seq_length=32))
-    assert 31 < plan.epochs <= 32
+    plan = B.plan_budget(family, shards, "500Mtok", model="tiny", recipe=MaskedLMRecipe(max_seq_length=32))
+    assert plan.family == family and 31 < plan.epochs <= 32
     assert plan.max_steps == int(32 * unique / plan.tokens_per_step)
     assert any("more than 32 passes" in w for w in plan.warnings)
 
