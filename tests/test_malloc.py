@@ -42,6 +42,8 @@ def test_kept_memory_is_reused_without_page_faults():
     kept, said = _faults()
     system, said_system = _faults(LMFORGE_MALLOC="system")
     assert said.startswith("glibc, keeping freed memory"), said
+    if "mmap threshold 1024 MiB" not in said:
+        pytest.skip(f"this glibc keeps blocks up to 32 MiB only, below the probe's 64 MiB: {said}")
     assert said_system == "glibc's defaults (LMFORGE_MALLOC=system)"
     # glibc's defaults map eight fresh 64 MiB blocks, each faulted in page by page: 8 x 16,384 faults of 4 KiB
     # (at least 8 x 32 where transparent huge pages fault 2 MiB at a time); kept memory is reused (a round may

@@ -59,6 +59,8 @@ def keep_freed_memory() -> str:
     except (OSError, AttributeError):
         return "the system's allocator (no glibc)"
     mallopt.argtypes, mallopt.restype = (ctypes.c_int, ctypes.c_int), ctypes.c_int
-    if mallopt(_M_MMAP_THRESHOLD, MMAP_THRESHOLD) != 1 or mallopt(_M_TRIM_THRESHOLD, TRIM_THRESHOLD) != 1:
+    # a glibc that caps the mmap threshold at its default maximum (32 MiB on 64-bit) still gets that much
+    mmap = next((size for size in (MMAP_THRESHOLD, 32 << 20) if mallopt(_M_MMAP_THRESHOLD, size) == 1), None)
+    if mmap is None or mallopt(_M_TRIM_THRESHOLD, TRIM_THRESHOLD) != 1:
         return "glibc's defaults (mallopt refused the thresholds)"
-    return "glibc, keeping freed memory (mmap and trim thresholds 1 GiB)"
+    return f"glibc, keeping freed memory (mmap threshold {mmap >> 20} MiB, trim threshold {TRIM_THRESHOLD >> 20} MiB)"
