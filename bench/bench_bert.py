@@ -9,6 +9,7 @@ that the two compute the same loss.
     python bench/bench_bert.py --steps 10      # shorter
     python bench/bench_bert.py --bf16-steps 0  # training and inference only
     python bench/bench_bert.py --onednn both   # once with lmforge's oneDNN linear on, once off
+    python bench/bench_bert.py --malloc keep   # both models keeping freed memory, as the lmforge command does
     python bench/bench_bert.py --threads 2 --record bert.json   # also a JSON run record (provenance, settings)
     python bench/bench_bert.py --device cuda --hidden 768 --layers 12 --heads 12 --intermediate 3072 \
         --vocab 30522 --batch 32               # BERT-base on a GPU (TF32 off: fp32 against fp32)

@@ -13,8 +13,9 @@ noisy machine slows both alike.  Reported:
 Times are medians over steps of wall-clock time and, on CPU, also of the process CPU time (steadier
 when other jobs share the cores).  The matmul peak always includes oneDNN's kernel, so MFUs compare
 across ``--onednn`` settings.
-Run: ``python bench/bench_gpt.py [--steps 10] [--threads N] [--onednn both] [--record FILE]``
-(``--onednn both`` runs everything once with lmforge's oneDNN linear on and once with it off; ``--record``
+Run: ``python bench/bench_gpt.py [--steps 10] [--threads N] [--onednn both] [--malloc keep] [--record FILE]``
+(``--onednn both`` runs everything once with lmforge's oneDNN linear on and once with it off; ``--malloc keep``
+runs both models with freed memory kept for reuse, as the ``lmforge`` command does; ``--record``
 writes the figures with their provenance and every setting as JSON).  Both models train with the
 Trainer's AdamW (fused where torch has the kernel).
 """
