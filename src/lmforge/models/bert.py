@@ -29,7 +29,7 @@ from torch import nn
 from ..data.bert import RECIPE_FIELDS
 from ..errors import ConfigError, DataError, LmforgeError
 from ..nn.cpu_ops import Dropout, Linear, compiling, linear
-from ..nn.losses import cross_entropy_rows, top1_share
+from ..nn.losses import mean_cross_entropy, top1_share
 from ..nn.transformer import TransformerBlock, document_mask, init_weights, padding_mask
 from .base import ModelOutput, PretrainedModel
 
@@ -403,16 +403,11 @@ class BertForPreTraining(ClsSepReading, PretrainedModel):
         h, h_sel = self._top_states(sel, input_ids, attention_mask, token_type_ids, document_ids)
         nsp_logits = self.cls.seq_relationship(self.bert.pooler(h))  # (B, 2)
         logits = self.cls.predictions(h_sel)  # (N, V)
-        metrics: dict[str, torch.Tensor] = {}
-        if target.numel():
-            # the mean cross-entropy, in fp32 under autocast too, its gradient made in one pass over the scores
-            mean = torch.full(target.shape, 1.0 / len(target), device=target.device)
-            mlm_loss = cross_entropy_rows(logits, target, mean)[0]
-            metrics["mlm_acc"] = top1_share(logits.detach().float(), target)  # a row maximum over bf16 is slow on CPU
-        else:  # no masked token in the batch: a zero loss that still reaches every MLM parameter
-            mlm_loss = logits.sum() * 0.0
-            metrics["mlm_acc"] = torch.zeros((), device=h.device)
-        metrics["mlm_loss"] = mlm_loss.detach()
+        # in fp32 under autocast too; a batch without a masked token: a zero loss that still reaches the MLM head
+        mlm_loss = mean_cross_entropy(logits, target)
+        # the accuracy in fp32: a row maximum over bf16 is slow on CPU
+        mlm_acc = top1_share(logits.detach().float(), target) if target.numel() else torch.zeros((), device=h.device)
+        metrics: dict[str, torch.Tensor] = {"mlm_acc": mlm_acc, "mlm_loss": mlm_loss.detach()}
         loss = mlm_loss
         if next_sentence_label is not None and self.config.next_sentence:
             nsp_scores = nsp_logits.float()

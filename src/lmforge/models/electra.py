@@ -55,7 +55,7 @@ from torch import nn
 from ..data.bert import RECIPE_FIELDS
 from ..errors import ConfigError
 from ..nn.cpu_ops import Linear, linear
-from ..nn.losses import cross_entropy_rows, top1_share
+from ..nn.losses import mean_cross_entropy, top1_share
 from ..nn.transformer import TransformerBlock, document_mask, init_weights, padding_mask
 from .base import ModelOutput, PretrainedModel
 from .bert import SUPPORTED_ACTS, BertEmbeddings, ClsSepReading
@@ -340,11 +340,7 @@ class ElectraForPreTraining(ClsSepReading, PretrainedModel):
         # 1. the generator: a masked LM, scored at the masked positions only
         g = self.generator(input_ids, attention_mask, token_type_ids, document_ids)  # (B, T, C_g)
         gen_logits = self.generator.scores(g[sel]).float()  # (N, V), fp32 under autocast too
-        if target.numel():  # the mean cross-entropy, its gradient made in one pass over the scores (as BERT's)
-            gen_loss = cross_entropy_rows(gen_logits, target, torch.full(target.shape, 1.0 / len(target),
-                                                                         device=target.device))[0]
-        else:
-            gen_loss = gen_logits.sum() * 0.0
+        gen_loss = mean_cross_entropy(gen_logits, target)  # its gradient made in one pass over the scores, as BERT's
 
         # 2. its samples replace the masked tokens; they are data, so no gradient passes through them
         sampled = sample_tokens(gen_logits, None if sample_noise is None else sample_noise[sel])  # (N,)

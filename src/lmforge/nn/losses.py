@@ -231,6 +231,14 @@ def cross_entropy_rows(
     return _CrossEntropyRows.apply(logits, targets, weights, max(chunk_rows, 1), need_grad)
 
 
+def mean_cross_entropy(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """Mean cross-entropy of the (N, V) rows against ``targets`` (N,), in fp32, made by :func:`cross_entropy_rows`
+    in one pass over the scores; with no rows, a zero that still reaches every parameter behind ``logits``."""
+    if not targets.numel():
+        return logits.sum() * 0.0
+    return cross_entropy_rows(logits, targets, torch.full(targets.shape, 1.0 / len(targets), device=targets.device))[0]
+
+
 def top1_share(scores: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
     """Share of the (N, V) rows whose target (N,) scores highest (a tie with another token counts as right).
 
