@@ -57,6 +57,7 @@ def test_kept_memory_is_reused_without_page_faults():
     ({"LD_PRELOAD": "/usr/lib/x86_64-linux-gnu/libjemalloc.so.2"}, "jemalloc (LD_PRELOAD)"),
     ({"GLIBC_TUNABLES": "glibc.malloc.trim_threshold=1"}, "glibc, as the environment tunes it"),
     ({"MALLOC_MMAP_THRESHOLD_": "65536"}, "glibc, as the environment tunes it"),
+    ({"LMFORGE_MALLOC": "keep"}, None),
     ({}, None),
 ])
 def test_the_environment_decides_first(monkeypatch, env, said):
@@ -67,6 +68,19 @@ def test_the_environment_decides_first(monkeypatch, env, said):
     assert malloc.environment_choice() == said
     if said is not None:
         assert malloc.keep_freed_memory() == said  # and mallopt is not called
+
+
+def test_an_unknown_setting_is_one_line(tmp_path, capsys, monkeypatch):
+    from lmforge import cli
+
+    monkeypatch.setenv("LMFORGE_MALLOC", "off")
+    text = tmp_path / "a.txt"
+    text.write_text("one line of text\n", encoding="utf-8")
+    rc = cli.main(["tokenizer", "train", "--kind", "wordpiece", "--vocab-size", "60", "--out", str(tmp_path / "tok"),
+                   str(text)])
+    err = capsys.readouterr().err
+    assert rc == 2 and "LMFORGE_MALLOC='off': use keep" in err and len(err.strip().splitlines()) == 1, err
+    assert not (tmp_path / "tok").exists()  # refused before any work
 
 
 def test_the_command_sets_it_before_the_work(monkeypatch, tmp_path, capsys):

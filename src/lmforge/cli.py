@@ -93,8 +93,8 @@ def main(argv: list[str] | None = None) -> int:
         parser.print_help()
         return 1
     setup_logging(logging.WARNING if args.quiet else logging.INFO)
-    logging.getLogger(__name__).debug("allocator: %s", keep_freed_memory())  # lmforge/malloc.py says why
     try:
+        logging.getLogger(__name__).debug("allocator: %s", keep_freed_memory())  # lmforge/malloc.py says why
         check_args(args)
         rc = args.func(args)
     except LmforgeError as e:

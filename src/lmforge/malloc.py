@@ -19,7 +19,9 @@ import ctypes
 import os
 import sys
 
-ENV = "LMFORGE_MALLOC"  # "system": leave glibc's defaults
+from .errors import ConfigError
+
+ENV = "LMFORGE_MALLOC"  # "keep" (the default): keep freed memory; "system": leave glibc's defaults
 MMAP_THRESHOLD = 1 << 30  # blocks up to 1 GiB come from the heap, whose freed memory is reused
 TRIM_THRESHOLD = 1 << 30  # up to 1 GiB free at the top of the heap stays with the process
 _M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3  # mallopt's parameter numbers (malloc.h)
@@ -27,8 +29,16 @@ _OTHER_ALLOCATORS = ("jemalloc", "tcmalloc", "mimalloc")
 
 
 def environment_choice() -> str | None:
-    """Why the environment already decides the allocator's behaviour, or ``None`` when it does not."""
-    if os.environ.get(ENV, "").strip().lower() == "system":
+    """Why the environment already decides the allocator's behaviour, or ``None`` when it does not.
+
+    Raises:
+        ConfigError: ``LMFORGE_MALLOC`` is set to something other than ``keep`` or ``system``.
+    """
+    setting = os.environ.get(ENV, "keep").strip().lower()
+    if setting not in ("keep", "system"):
+        raise ConfigError(f"{ENV}={os.environ[ENV]!r}: use keep (the default: freed memory is reused) or system "
+                          "(glibc's defaults)")
+    if setting == "system":
         return f"glibc's defaults ({ENV}=system)"
     preload = os.environ.get("LD_PRELOAD", "")
     for name in _OTHER_ALLOCATORS:
