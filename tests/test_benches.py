@@ -1,0 +1,43 @@
+"""The speed benches run as docs/bert.md and docs/gpt.md show them (tiny shapes here: nothing is timed against
+anything), with both models under the allocator setting asked for and recorded."""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+TINY = {
+    "bench_bert.py": ["--steps", "1", "--infer-steps", "1", "--bf16-steps", "0", "--warmup", "1", "--hidden", "32",
+                      "--layers", "1", "--heads", "2", "--intermediate", "64", "--vocab", "128", "--seq", "16",
+                      "--batch", "2"],
+    "bench_gpt.py": ["--n-embd", "32", "--n-layer", "1", "--n-head", "2", "--vocab", "128", "--seq", "16", "--batch",
+                     "2", "--steps", "1", "--warmup", "1", "--gen-tokens", "4", "--gen-runs", "1", "--skip", "bf16"],
+}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("script", sorted(TINY))
+@pytest.mark.parametrize("malloc", ["system", "keep"])
+def test_bench_runs_and_records_its_allocator(script, malloc, tmp_path):
+    record = tmp_path / "record.json"
+    env_free = {"LMFORGE_MALLOC", "GLIBC_TUNABLES", "LD_PRELOAD"}
+    env = {k: v for k, v in os.environ.items() if k not in env_free and not k.startswith("MALLOC_")}
+    out = subprocess.run([sys.executable, str(ROOT / "bench" / script), *TINY[script], "--threads", "1",
+                          "--malloc", malloc, "--record", str(record)],
+                         env=env, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]  # the benches exit 1 when losses disagree
+    rec = json.loads(record.read_text())
+    assert rec["settings"]["malloc"] == malloc and f"allocator: {rec['malloc']}" in out.stdout
+    if malloc == "system":
+        assert rec["malloc"] == "glibc's defaults"
+    elif sys.platform.startswith("linux") and platform.libc_ver()[0] == "glibc":
+        assert rec["malloc"].startswith("glibc, keeping freed memory"), rec["malloc"]
+    if script == "bench_gpt.py":
+        assert rec["loss_check"]["max_abs_diff"] < 1e-4 and rec["gen"]["same_tokens"]
