@@ -41,3 +41,18 @@ def test_bench_runs_and_records_its_allocator(script, malloc, tmp_path):
         assert rec["malloc"].startswith("glibc, keeping freed memory"), rec["malloc"]
     if script == "bench_gpt.py":
         assert rec["loss_check"]["max_abs_diff"] < 1e-4 and rec["gen"]["same_tokens"]
+
+
+@pytest.mark.slow
+def test_encode_bench_checks_the_vectors_against_transformers(bert_dir, tiny_corpus, tmp_path):
+    texts = tmp_path / "texts.txt"
+    lines = [line for line in tiny_corpus.read_text(encoding="utf-8").splitlines() if line.strip()]
+    texts.write_text("\n".join(lines[:60]) + "\n", encoding="utf-8")
+    record = tmp_path / "record.json"
+    out = subprocess.run([sys.executable, str(ROOT / "bench" / "bench_encode.py"), "--model", str(bert_dir), "--texts",
+                          str(texts), "--n", "60", "--batch", "8", "--rounds", "1", "--threads", "1",
+                          "--record", str(record)], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]  # exit 1 when the vectors disagree
+    rec = json.loads(record.read_text())
+    assert rec["max_vector_diff"] < 1e-3 and 0 < rec["texts"] <= 60
+    assert set(rec["texts_per_s"]) == {"lmforge", "lmforge, input order", "transformers"}

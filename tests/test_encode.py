@@ -116,6 +116,40 @@ def test_short_texts_are_unchanged_by_batching(request):
         torch.testing.assert_close(a.cls, b.cls, atol=1e-5, rtol=1e-5)
 
 
+def test_embed_batches_windows_of_similar_length_and_keeps_the_text_order(request, monkeypatch):
+    model = small_model("bert", request)
+    words = one_token_words(model.tokenizer, 40)
+    texts = [" ".join(words[:n]) for n in (3, 40, 5, 14, 2, 9)]  # the 40-word text is read in windows
+    alone = [model.embed([t])[0] for t in texts]
+    widths = []
+    real = model.hidden_states
+    monkeypatch.setattr(model, "hidden_states", lambda ids, mask: widths.append(ids.shape[1]) or real(ids, mask))
+    together = model.embed(texts, batch_size=2)
+    assert widths == sorted(widths) and len(widths) >= 4  # shortest windows first: each batch pads little
+    for a, b in zip(together, alone):
+        assert a.tokens == b.tokens
+        torch.testing.assert_close(a.layers, b.layers, atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(a.cls, b.cls, atol=1e-5, rtol=1e-5)
+
+
+def test_encode_batches_texts_by_length_and_returns_rows_in_input_order(request):
+    model = small_model("gpt", request)
+    texts = ["a b c d e f g h", "a", "a b c d", "a b", "a b c d e f", "a b c"]
+    seen = []
+
+    class Recording:  # a stand-in body: encode needs only embed
+        hidden_size = model.hidden_size
+
+        def embed(self, chunk):
+            seen.append(chunk)
+            return model.embed(chunk)
+
+    vecs = encode(Recording(), texts, batch_size=2)
+    assert [len(t) for chunk in seen for t in chunk] == sorted(len(t) for t in texts)
+    for i, text in enumerate(texts):
+        np.testing.assert_allclose(vecs[i], model.encode([text])[0], atol=1e-5)
+
+
 # -- model.encode -------------------------------------------------------------------------------------
 @pytest.mark.parametrize("name", list(FAMILIES))
 def test_encode_pools_embed(name, request):

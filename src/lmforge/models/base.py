@@ -165,7 +165,7 @@ class PretrainedModel(nn.Module):
 
         Args:
             texts: raw strings.
-            batch_size: windows per forward pass.
+            batch_size: windows per forward pass (shortest first, so a batch holds windows of similar length).
         Returns:
             One :class:`TokenLayers` per text: its tokens (no special tokens), their character offsets and
             layers (L, n_tokens, C); ``cls`` holds the first window's vectors of the first special token
@@ -177,6 +177,7 @@ class PretrainedModel(nn.Module):
         encoded = [self.tokenizer.encode_with_offsets(t) for t in texts]
         rows = [(t, w) for t, (ids, _, _) in enumerate(encoded)
                 for w in plan_windows(len(ids), self.embed_window(), self.embed_causal)]
+        rows.sort(key=lambda row: row[1].end - row[1].start)  # similar lengths share a batch: little padding
         n_layers, width = len(self.layer_names()), self.hidden_size
         out = [TokenLayers(list(tokens), [tuple(o) for o in offsets], torch.zeros(n_layers, len(ids), width),
                            self.layer_names()) for ids, tokens, offsets in encoded]

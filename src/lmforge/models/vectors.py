@@ -54,7 +54,8 @@ def encode(
             counts from the top (-1 = the top); None = the top layer.
         pool: ``mean``, ``max`` or ``cls`` (see the module docstring).
         normalize: scale each vector to unit L2 norm (an all-zero vector stays zero).
-        batch_size: texts per ``embed`` call.
+        batch_size: texts per ``embed`` call; texts are batched shortest first, so a batch holds texts of
+            similar length (the rows of the result keep the order of ``texts``).
         progress: True shows a tqdm bar on stderr; a callable is called with the number of texts done after
             each batch (the CLI's plain progress lines).
     Returns:
@@ -68,14 +69,16 @@ def encode(
     if not texts:
         return np.zeros((0, body.hidden_size), dtype=np.float32)
     out = None
+    # Texts of similar length share a batch, so little of each forward pass is padding; row i stays text i.
+    order = sorted(range(len(texts)), key=lambda i: len(texts[i]))
     with progress_updates(progress, len(texts)) as update:
-        for start in range(0, len(texts), batch_size):
-            chunk = texts[start : start + batch_size]
-            for i, token_layers in enumerate(body.embed(chunk)):
-                vector = _pool_one(token_layers, layer, pool, start + i, body)
+        for start in range(0, len(order), batch_size):
+            chunk = order[start : start + batch_size]
+            for i, token_layers in zip(chunk, body.embed([texts[i] for i in chunk])):
+                vector = _pool_one(token_layers, layer, pool, i, body)
                 if out is None:  # the width from the vectors themselves: a stand-in body needs only embed
                     out = np.zeros((len(texts), vector.shape[0]), dtype=np.float32)
-                out[start + i] = vector
+                out[i] = vector
             update(len(chunk))
     if normalize:
         norms = np.linalg.norm(out, axis=1, keepdims=True)
