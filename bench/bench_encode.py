@@ -5,7 +5,7 @@ mean-pool the top layer over each text's own tokens, 32 texts a batch:
 
 * ``lmforge``: ``model.encode(texts)``, which batches texts shortest first;
 * ``lmforge, input order``: ``model.encode`` called on 32 texts at a time in the order given, so every
-  batch pads to its longest text (how ``encode`` batched before it sorted);
+  batch pads to its longest text;
 * ``transformers``: ``AutoTokenizer`` + ``AutoModel`` on the export, batches in the order given, padded
   to the longest text of each batch (``padding=True``), mean over the tokens that are not special.
 
