@@ -8,8 +8,8 @@ the sections (``--only``, comma-separated; default all but ``nanogpt`` without `
   losses; the same runs with ``--precision bf16`` on the GPU; and ``--precision auto`` says bf16;
 - ``resume``: ``--resume`` on the GPU (half the steps, then the rest) against the uninterrupted run;
 - ``torchrun``: ``torchrun --nproc_per_node 1`` (the NCCL process group) against the plain GPU run;
-- ``transfer``: ``lmforge finetune`` (finetune and features modes) and greedy ``lmforge generate`` with
-  ``--device cuda`` against ``--device cpu``;
+- ``transfer``: ``lmforge finetune`` (finetune and features modes), greedy ``lmforge generate`` and
+  ``lmforge encode`` with ``--device cuda`` against ``--device cpu``;
 - ``step``: the Trainer's step on the GPU: fused AdamW, and the host syncs per step (``torch.cuda``'s
   sync debug mode; the Trainer itself adds none, a model's data-dependent shapes may);
 - ``throughput``: BERT 'base' and GPT 'gpt2-small' pretraining tokens/s in bf16 through the CLI;
@@ -36,6 +36,8 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+
+import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
@@ -269,7 +271,7 @@ def main() -> int:
 
 
 def transfer_checks(args, out, lm, log, env, lines, results, check, pretrain) -> None:
-    """finetune (both modes) and greedy generate on the GPU against the CPU."""
+    """finetune (both modes), greedy generate and encode on the GPU against the CPU."""
     for family in ("bert", "gpt"):
         if not (out / f"{family}-cpu").exists():
             pretrain(family, f"{family}-cpu", "cpu")
@@ -304,6 +306,17 @@ def transfer_checks(args, out, lm, log, env, lines, results, check, pretrain) ->
     results["generate"] = texts
     check("greedy generate cpu vs cuda", texts["cpu"] == texts["cuda"] and not texts["cpu"].startswith("(exit"),
           repr(texts["cuda"][:80]))
+    (out / "texts.txt").write_text("\n".join(rows[:400]) + "\n", encoding="utf-8")
+    vectors = {}
+    for device in ("cpu", "cuda"):
+        dev = device if device == "cpu" else args.gpu
+        sh([*lm, "encode", str(out / "bert-cpu"), "--file", str(out / "texts.txt"), "--out",
+            str(out / f"vectors-{device}.npy"), "--device", dev], log, env)
+        vectors[device] = np.load(out / f"vectors-{device}.npy", allow_pickle=False)
+    gap = float(np.abs(vectors["cpu"] - vectors["cuda"]).max())
+    results["encode"] = dict(texts=len(vectors["cpu"]), max_abs_diff=gap)
+    check("encode cpu vs cuda", vectors["cpu"].shape == vectors["cuda"].shape and gap < 1e-3,
+          f"{len(vectors['cpu'])} vectors, largest difference {gap:.1e}")
 
 
 if __name__ == "__main__":

@@ -2,6 +2,8 @@
 
 - :func:`add_compute_args`: ``--device`` and ``--precision``, the same on every training command
   (pretrain, finetune, benchmark curve, demo); :mod:`lmforge.train.precision` resolves them.
+- :func:`add_device_arg` and :func:`on_device`: ``--device`` of the commands that only run a model (encode,
+  generate, serve, ...): the model goes to that device.
 - :func:`add_json_arg` and :func:`show`: a short human summary by default, the full record as JSON with
   ``--json``.
 - :func:`refuse_flag_keys`: a ``--set`` key that a flag owns is refused, naming the flag (one way to say
@@ -44,12 +46,28 @@ def device_arg(text: str) -> str:
         raise argparse.ArgumentTypeError(str(e)) from None
 
 
+DEVICE_HELP = "cpu, cuda, cuda:N or auto (default: auto = cuda when torch sees a GPU, else cpu)"
+RUN_DEVICE_HELP = ("cpu, cuda, cuda:N or auto (= cuda when torch sees a GPU, else cpu); default: the run's own "
+                   "--device, which is auto unless finetune was told otherwise")
+
+
+def add_device_arg(p: argparse.ArgumentParser, default: str | None = "auto", help: str = DEVICE_HELP) -> None:
+    """``--device`` of a command that runs a trained model (no training, so no precision to choose)."""
+    p.add_argument("--device", type=device_arg, default=default, metavar="DEVICE", help=help)
+
+
+def on_device(model, name: str):
+    """``model`` moved to the device ``--device`` names (a one-line error for a GPU torch does not see)."""
+    from ..train.precision import resolve_device  # imports torch: only when a command runs
+
+    return model.to(resolve_device(name))
+
+
 def add_compute_args(p: argparse.ArgumentParser) -> None:
     """``--device`` and ``--precision`` (default ``None``: the run config's, else ``auto``)."""
     g = p.add_argument_group("where and in which precision to compute")
     g.add_argument(
-        "--device", type=device_arg, default=None, metavar="DEVICE",
-        help="cpu, cuda, cuda:N or auto (default: auto = cuda when torch sees a GPU, else cpu)",
+        "--device", type=device_arg, default=None, metavar="DEVICE", help=DEVICE_HELP,
     )
     g.add_argument(
         "--precision", choices=PRECISIONS, default=None,

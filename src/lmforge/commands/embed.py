@@ -8,7 +8,7 @@ from ..errors import LmforgeError
 from ..evaluate import load_models
 from ..evaluate.polysemy import format_polysemy, polysemy_table
 from . import command_help
-from ._common import add_json_arg, show
+from ._common import add_device_arg, add_json_arg, show
 
 
 def register(sub) -> None:
@@ -26,6 +26,7 @@ def register(sub) -> None:
     p.add_argument("--word", required=True, help="the word to compare (whole word, case-insensitive; found inside "
                    "unsegmented Chinese/Japanese text too, e.g. --word 苹果)")
     p.add_argument("--reference", choices=["minilm"], help="add the real all-MiniLM-L6-v2 as a reference row")
+    add_device_arg(p)
     add_json_arg(p)
     p.set_defaults(func=run, reads=("items",))
 
@@ -42,7 +43,7 @@ def run(args) -> int:
     sentences = [i for i in args.items if not _is_model_dir(i)]
     if len(sentences) < 2:
         raise LmforgeError(f"give at least two sentences after the model folders (got {len(sentences)})")
-    models = load_models(model_dirs, args.reference)
+    models = load_models(model_dirs, args.reference, device=args.device)
     rows = polysemy_table(models, sentences, args.word)
     record = {"word": args.word, "sentences": sentences, "rows": [
         {"model": r.model, "layer": r.layer, "mean": r.mean,

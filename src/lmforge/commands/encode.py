@@ -10,7 +10,7 @@ from pathlib import Path
 from ..errors import LmforgeError
 from ..models import load
 from . import command_help
-from ._common import add_json_arg, show
+from ._common import add_device_arg, add_json_arg, on_device, show
 
 EPILOG = """\
 examples:
@@ -45,6 +45,7 @@ def register(sub) -> None:
                    help="mean or max over the text's tokens, or the [CLS] vector (BERT only); default mean")
     p.add_argument("--normalize", action="store_true", help="scale every vector to unit length")
     p.add_argument("--batch-size", type=int, default=32, metavar="N", help="texts per forward pass (default 32)")
+    add_device_arg(p)
     add_json_arg(p)
     p.set_defaults(func=run, reads=("model_dir", "--file"), writes=("--out",))
 
@@ -60,7 +61,7 @@ def run(args) -> int:
     if args.batch_size < 1:
         raise LmforgeError(f"--batch-size must be >= 1, not {args.batch_size}")
     texts = read_texts(args.file, args.text_field, args.format)
-    model = load(args.model_dir)
+    model = on_device(load(args.model_dir), args.device)
     start = time.perf_counter()
     with _Progress(len(texts), quiet=args.quiet) as progress:
         vectors = model.encode(texts, layer=args.layer, pool=args.pool, normalize=args.normalize,

@@ -18,7 +18,7 @@ from ..transfer import load_run
 from ..utils import atomic_write_text
 from . import command_help
 from ._columns import add_column_args
-from ._common import add_json_arg, pairs, show
+from ._common import RUN_DEVICE_HELP, add_device_arg, add_json_arg, pairs, show
 from ._runconfig import split_sets
 
 
@@ -39,6 +39,7 @@ def register(sub) -> None:
     w.add_argument("model_dirs", nargs="*", metavar="MODEL_DIR", help="lmforge model folders")
     w.add_argument("--max-pairs", type=int, default=2000, help="pairs to build (default 2000; 0 = all)")
     w.add_argument("--reference", choices=["minilm"], help="add the real all-MiniLM-L6-v2 as a reference row")
+    add_device_arg(w)
     add_json_arg(w)
     w.set_defaults(func=run_wic, reads=("model_dirs",))
     r = tasks.add_parser(
@@ -50,6 +51,7 @@ def register(sub) -> None:
     r.add_argument("run_dir", help="folder written by `lmforge finetune --out`")
     r.add_argument("--test", required=True, help="labelled data file in the run's task format")
     r.add_argument("--out", default=None, help="also write one record per example (gold and prediction) as JSONL")
+    add_device_arg(r, default=None, help=RUN_DEVICE_HELP)
     add_json_arg(r)
     r.set_defaults(func=run_run, reads=("run_dir", "--test"), writes=("--out",))
     add_column_args(r, files=("test",))
@@ -76,6 +78,7 @@ def register(sub) -> None:
         metavar="KEY=VALUE",
         help="model-config keys of the sampler, e.g. next_sentence=false for single-sentence documents",
     )
+    add_device_arg(m)
     add_json_arg(m)
     m.set_defaults(func=run_lm, reads=("model_dir", "--data"))
 
@@ -84,7 +87,7 @@ def run_wic(args) -> int:
 
     if args.max_pairs < 0:
         raise LmforgeError(f"--max-pairs must be >= 0, got {args.max_pairs}")
-    models = load_models(args.model_dirs, args.reference)
+    models = load_models(args.model_dirs, args.reference, device=args.device)
     rows, info = wic_table(models, max_pairs=args.max_pairs or None)
     import dataclasses
 
@@ -95,7 +98,7 @@ def run_wic(args) -> int:
 def run_run(args) -> int:
     import json
 
-    run_ = load_run(args.run_dir)
+    run_ = load_run(args.run_dir, device=args.device)
     task = run_.cfg.task
     data = load_task(args.test, task)
     check_labels(TaskData(task, [], list(run_.labels), f"the run {args.run_dir}"), data)
@@ -134,6 +137,7 @@ def run_lm(args) -> int:
         batch_size=args.batch_size,
         **_lm_keys(args.model_dir, args.overrides),
         seed=args.seed,
+        device=args.device,
     )
     if not math.isfinite(val.get("loss", 0.0)):
         raise LmforgeError(

@@ -6,7 +6,7 @@ from __future__ import annotations
 from ..errors import LmforgeError
 from ..models import FAMILIES, get_family, load
 from . import command_help
-from ._common import add_json_arg, show
+from ._common import add_device_arg, add_json_arg, on_device, show
 
 
 def register(sub) -> None:
@@ -14,13 +14,14 @@ def register(sub) -> None:
     p.add_argument("model_dir", help="BERT or ELECTRA model folder (from `lmforge pretrain` or `lmforge import-hf`)")
     p.add_argument("text", help='text with one or more [MASK], e.g. "my dog is [MASK] ."')
     p.add_argument("--top-k", type=int, default=5, help="candidates to show per [MASK] (default 5)")
+    add_device_arg(p)
     add_json_arg(p)
     p.set_defaults(func=run, reads=("model_dir",))
 
 
 def run(args) -> int:
 
-    model = load(args.model_dir)
+    model = on_device(load(args.model_dir), args.device)
     if not get_family(model.model_type).fills_mask:
         which = " or ".join(f.label for f in FAMILIES.values() if f.fills_mask)
         raise LmforgeError(f"{args.model_dir} holds a '{model.model_type}' model; fill-mask needs a {which} model")

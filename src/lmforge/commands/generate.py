@@ -10,7 +10,7 @@ from ..errors import LmforgeError
 from ..generation import check_generation_args, generate_text
 from ..models import FAMILIES, get_family, load
 from . import command_help
-from ._common import add_json_arg, device_arg, fmt, show
+from ._common import add_device_arg, add_json_arg, fmt, on_device, show
 
 #: the most tokens one `lmforge generate` adds (more is capped, with a message)
 MAX_NEW_TOKENS = 4096
@@ -35,15 +35,12 @@ def register(sub) -> None:
     )
     p.add_argument("--seed", type=int, default=None, help="seed for sampling (same seed, same text)")
     p.add_argument("--no-cache", action="store_true", help="recompute the whole context every step (slow)")
-    p.add_argument("--device", type=device_arg, default="auto", metavar="DEVICE",
-                   help="cpu, cuda, cuda:N or auto (default: auto = cuda when torch sees a GPU, else cpu)")
+    add_device_arg(p)
     add_json_arg(p)
     p.set_defaults(func=run, reads=("model_dir",))
 
 
 def run(args) -> int:
-    from ..train.precision import resolve_device  # imports torch: only when run
-
     check_generation_args(args.max_new_tokens, args.temperature, args.top_k, args.top_p, args.seed)
     max_new = args.max_new_tokens
     if max_new > MAX_NEW_TOKENS:
@@ -56,7 +53,7 @@ def run(args) -> int:
         raise LmforgeError(f"{args.model_dir} holds a '{model.model_type}' model; generate needs a {makers}")
     if model.tokenizer is None:
         raise LmforgeError(f"{args.model_dir} has no tokenizer files; generate needs tokenizer.json beside the model")
-    model.to(resolve_device(args.device))
+    on_device(model, args.device)
     stream = None if args.json else sys.stdout  # --json: one record at the end, nothing streamed
     if stream is not None:
         stream.write(args.prompt)

@@ -8,7 +8,7 @@ import sys
 from ..errors import LmforgeError
 from ..models import load
 from . import command_help
-from ._common import add_json_arg, show
+from ._common import add_device_arg, add_json_arg, on_device, show
 
 EPILOG = """\
 examples:
@@ -37,6 +37,7 @@ def register(sub) -> None:
     p.add_argument("--min-count", type=int, default=1, metavar="N",
                    help="contextual models: only words seen at least N times in --corpus (default 1)")
     p.add_argument("--batch-size", type=int, default=32, metavar="N", help="corpus texts per forward pass")
+    add_device_arg(p)
     add_json_arg(p)
     p.set_defaults(func=run, reads=("model_dir", "--corpus"))
 
@@ -46,7 +47,7 @@ def run(args) -> int:
 
     if args.batch_size < 1:
         raise LmforgeError(f"--batch-size must be >= 1, not {args.batch_size}")
-    model = load(args.model_dir)
+    model = on_device(load(args.model_dir), args.device)
     if model.contextual and args.corpus is None:
         raise LmforgeError(f"{model.model_type} vectors depend on the sentence: give --corpus FILE (texts using "
                            f"'{args.word}'); each word's neighbours come from its mean vector over the corpus")

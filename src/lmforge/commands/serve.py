@@ -7,6 +7,7 @@ import argparse
 
 from ..errors import LmforgeError
 from . import command_help
+from ._common import add_device_arg
 
 EPILOG = """\
 endpoints (JSON; errors are one line with a 4xx/5xx status; OpenAPI docs at /docs):
@@ -48,6 +49,8 @@ def register(sub) -> None:
     p.add_argument("paths", nargs="+", metavar="MODEL_OR_RUN_DIR", help="model folders, runs, or training folders")
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1: this machine only)")
     p.add_argument("--port", type=int, default=8000, help="port (default 8000)")
+    add_device_arg(p, help="where every folder computes: cpu, cuda, cuda:N or auto (default: auto = cuda when torch "
+                           "sees a GPU, else cpu)")
     access = p.add_argument_group("access")
     access.add_argument(
         "--api-key",
@@ -122,7 +125,7 @@ def run(args) -> int:
         max_batch=args.max_batch,
         batch_wait_ms=args.batch_wait_ms,
     )
-    app = create_app(args.paths, limits, access_for(args.host, key, hosts, origins))
+    app = create_app(args.paths, limits, access_for(args.host, key, hosts, origins), device=args.device)
     if not loopback and key is None:
         logging.getLogger("lmforge").warning(
             "binding %s without an API key (--insecure): anyone who can reach this address can use it", args.host

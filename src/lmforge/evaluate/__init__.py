@@ -21,6 +21,7 @@ from ..models import load
 from ..models.base import TokenLayers
 from ..tokenization import Tokenizer
 from ..tokenizer_pipelines import is_cjk
+from ..train.precision import resolve_device
 
 _WORD_CHAR = re.compile(r"\w")
 
@@ -176,17 +177,19 @@ def load_reference(name: str):
     return model, "all-MiniLM-L6-v2 (bert, reference)"
 
 
-def load_models(model_dirs: list[str], reference: str | None = None) -> list[tuple[str, object]]:
-    """Open model folders with :func:`lmforge.load` (plus an optional reference) as ``(label, model)``."""
+def load_models(model_dirs: list[str], reference: str | None = None, device: str = "cpu") -> list[tuple[str, object]]:
+    """Open model folders with :func:`lmforge.load` (plus an optional reference) as ``(label, model)``, each on
+    ``device`` (``cpu``, ``cuda``, ``cuda:N`` or ``auto``)."""
+    where = resolve_device(device)
     models = []
     for d in model_dirs:
         model = load(d)
         if getattr(model, "tokenizer", None) is None:
             raise LmforgeError(f"{d} has no tokenizer files; it cannot embed text")
-        models.append((model_label(model, d), model))
+        models.append((model_label(model, d), model.to(where)))
     if reference is not None:
         model, label = load_reference(reference)
-        models.append((label, model))
+        models.append((label, model.to(where)))
     if not models:
         raise LmforgeError("give at least one model folder (or --reference minilm)")
     return models

@@ -126,7 +126,7 @@ class Server:
                 return current
             stamp = folder_stamp(current.path)
             try:
-                new = await anyio.to_thread.run_sync(open_entry, current.path, current.name)
+                new = await anyio.to_thread.run_sync(open_entry, current.path, current.name, current.device)
             except Exception as ex:
                 when = time.strftime("%H:%M:%S", time.localtime(current.loaded_at))
                 current.stale = (
@@ -343,7 +343,10 @@ def pca_2d(vectors: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 
 
 def create_app(
-    paths: list[str | Path] | dict[str, Entry], limits: ServeLimits | None = None, access: ServeAccess | None = None
+    paths: list[str | Path] | dict[str, Entry],
+    limits: ServeLimits | None = None,
+    access: ServeAccess | None = None,
+    device: str | None = None,
 ) -> FastAPI:
     """The FastAPI app serving ``paths`` (model folders, runs, folders being pretrained).
 
@@ -353,12 +356,14 @@ def create_app(
         access: API key, allowed ``Host`` names and web origins (default :class:`ServeAccess`: no key, any
             Host, no other origin).  ``lmforge serve`` and :func:`lmforge.serve.run_server` derive the Host
             names from the address they bind.
+        device: where the folders compute (``cpu``, ``cuda``, ``cuda:N``, ``auto``); None: models on the CPU,
+            runs where their own config says.
     Returns:
         The app; run it with uvicorn (``lmforge serve``) or test it with ``fastapi.testclient.TestClient``.
     """
     limits = limits or ServeLimits()
     access = access or ServeAccess()
-    entries = paths if isinstance(paths, dict) else open_entries(list(paths))
+    entries = paths if isinstance(paths, dict) else open_entries(list(paths), device)
     server = Server(entries, limits)
     app = FastAPI(
         title="lmforge serve",

@@ -21,6 +21,7 @@ from ..config import load_json
 from ..errors import CheckpointError
 from ..models import load
 from ..models.registry import get_family
+from ..train.precision import resolve_device
 from ..transfer import load_run
 
 logger = logging.getLogger(__name__)
@@ -44,6 +45,8 @@ class Entry:
         loaded_at: when it was opened (seconds since the epoch).
         reloads: how often the server has reopened it since it started.
         stale: why the folder on disk is not what is served (it changed but could not be reopened), or None.
+        device: the ``--device`` it was opened with (a reload opens it there again); None = a model on the CPU,
+            a run where its own config says.
     """
 
     name: str
@@ -56,6 +59,7 @@ class Entry:
     loaded_at: float = dataclasses.field(default_factory=time.time)
     reloads: int = 0
     stale: str | None = None
+    device: str | None = None
 
     def changed_on_disk(self) -> bool:
         return folder_stamp(self.path) != self.stamp
@@ -72,6 +76,8 @@ class Entry:
             "reloads": self.reloads,
             "stale": self.stale,
         }
+        if self.obj is not None:
+            d["device"] = str(self.obj.device if self.kind == "run" else next(self.obj.parameters()).device)
         if self.kind == "model":
             d["parameters"] = int(self.obj.num_parameters())
         if self.kind == "run":
@@ -116,16 +122,17 @@ def _has_curves(p: Path) -> bool:
     return (p / METRICS_FILE).is_file()
 
 
-def open_entry(path: str | Path, name: str) -> Entry:
-    """Open one folder as an :class:`Entry` (a CheckpointError with one line when it is none of the kinds)."""
+def open_entry(path: str | Path, name: str, device: str | None = None) -> Entry:
+    """Open one folder as an :class:`Entry` (a CheckpointError with one line when it is none of the kinds), its
+    model on ``device`` (``cpu``, ``cuda``, ``cuda:N``, ``auto``; None: see :attr:`Entry.device`)."""
     p = Path(path)
     stamp = folder_stamp(p)  # taken first: a change while loading shows up on the next check
-    entry = _open(p, name)
-    entry.stamp = stamp
+    entry = _open(p, name, device)
+    entry.stamp, entry.device = stamp, device
     return entry
 
 
-def _open(p: Path, name: str) -> Entry:
+def _open(p: Path, name: str, device: str | None) -> Entry:
     if not p.is_dir():
         raise CheckpointError(
             f"{p} is not a folder; give model folders, runs from `lmforge finetune`, or model folders being pretrained"
@@ -133,12 +140,14 @@ def _open(p: Path, name: str) -> Entry:
     curves = ("curves",) if _has_curves(p) or (p / "train_config.json").is_file() else ()
     cfg_path = p / "config.json"
     if cfg_path.is_file() and (p / "head.safetensors").is_file():
-        run = load_run(p)
+        run = load_run(p, device=device)
         return Entry(name, p, "run", run.family, run, ("predict",) + curves)
     if cfg_path.is_file() and (p / "model.safetensors").is_file():
         data = load_json(cfg_path)
         if "model_type" in data:
             model = load(p)
+            if device is not None:
+                model.to(resolve_device(device))
             ops = family_operations(model.model_type) if model.tokenizer is not None else ()
             if model.tokenizer is None:
                 logger.warning("%s has no tokenizer files: it serves no text operation", p)
@@ -154,8 +163,9 @@ def _open(p: Path, name: str) -> Entry:
     )
 
 
-def open_entries(paths: list[str | Path]) -> dict[str, Entry]:
-    """Open every folder; names are the folder names, made unique with ``-2``, ``-3``, ..."""
+def open_entries(paths: list[str | Path], device: str | None = None) -> dict[str, Entry]:
+    """Open every folder on ``device`` (see :func:`open_entry`); names are the folder names, made unique with
+    ``-2``, ``-3``, ..."""
     if not paths:
         raise CheckpointError("give at least one model folder or run to serve")
     entries: dict[str, Entry] = {}
@@ -164,7 +174,7 @@ def open_entries(paths: list[str | Path]) -> dict[str, Entry]:
         name, k = base, 2
         while name in entries:
             name, k = f"{base}-{k}", k + 1
-        entry = open_entry(path, name)
+        entry = open_entry(path, name, device)
         entries[name] = entry
         logger.info("serving %s as '%s' (%s%s)", path, name, entry.kind, f", {entry.family}" if entry.family else "")
     return entries

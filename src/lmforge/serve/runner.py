@@ -54,8 +54,10 @@ def run_server(
     port: int = 8000,
     limits: ServeLimits | None = None,
     api_key: str | None = None,
+    device: str | None = None,
 ) -> None:
-    """Load ``paths`` and serve them with uvicorn until SIGTERM or Ctrl-C (Host names checked for ``host``)."""
+    """Load ``paths`` on ``device`` and serve them with uvicorn until SIGTERM or Ctrl-C (Host names checked for
+    ``host``); ``device`` as :func:`lmforge.serve.create_app` takes it."""
     from .app import create_app
 
-    serve(create_app(paths, limits, access_for(host, api_key)), host, port)
+    serve(create_app(paths, limits, access_for(host, api_key), device), host, port)

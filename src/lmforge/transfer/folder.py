@@ -9,6 +9,7 @@ plus its model card ``README.md``. :func:`save_run` writes one, :func:`load_run`
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 from collections.abc import Callable
@@ -20,6 +21,7 @@ from torch import nn
 from ..cards import update_card
 from ..config import load_json, save_json, to_dict
 from ..data.tasks import TaskData, check_labels, load_task
+from ..devices import check_device
 from ..errors import CheckpointError, LmforgeError
 from ..models import load
 from ..train.precision import describe
@@ -61,8 +63,13 @@ def save_run(run: TransferRun, out_dir: str | Path, metrics: dict, records: list
     return out
 
 
-def load_run(run_dir: str | Path) -> TransferRun:
-    """Open a finished run folder for prediction: body (+ fine-tuned weights) and trained head."""
+def load_run(run_dir: str | Path, device: str | None = None) -> TransferRun:
+    """Open a finished run folder for prediction: body (+ fine-tuned weights) and trained head.
+
+    Args:
+        run_dir: a folder written by ``lmforge finetune``.
+        device: where to predict (``cpu``, ``cuda``, ``cuda:N``, ``auto``); None = the run's own setting.
+    """
     p = Path(run_dir)
     if not (p / "config.json").is_file() or not (p / "head.safetensors").is_file():
         raise CheckpointError(
@@ -72,6 +79,8 @@ def load_run(run_dir: str | Path) -> TransferRun:
     if "transfer" not in data:
         raise CheckpointError(f"{p / 'config.json'} is not a transfer run config")
     cfg = saved_config(data, p)
+    if device is not None:
+        cfg = dataclasses.replace(cfg, device=check_device(device))
     model_dir = data.get("model_dir")
     if not model_dir or not Path(model_dir).is_dir():
         raise CheckpointError(f"the run's model folder {model_dir} is gone; the run needs it to predict")

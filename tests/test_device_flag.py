@@ -1,0 +1,121 @@
+"""Every command that runs a trained model takes ``--device``: the model goes there, a GPU that torch does not
+see is one line before anything is written, and a run keeps its own setting unless the flag is given."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+import numpy as np
+import pytest
+import torch
+from test_cli_consistency import _subparser, one_line_error, run_cli
+from test_transfer_families import rows, tiny_bert, tiny_gpt
+
+from lmforge.cli import build_parser
+from lmforge.commands._common import device_arg
+from lmforge.transfer import load_run, run_transfer
+
+MODEL_COMMANDS = (("encode",), ("embed",), ("neighbors",), ("fill-mask",), ("generate",), ("serve",),
+                  ("evaluate", "wic"), ("evaluate", "lm"))
+RUN_COMMANDS = (("predict",), ("evaluate", "run"))
+CONVERTS = {"export-hf"}  # reads a folder and writes its weights in another layout: nothing runs
+NO_GPU = pytest.mark.skipif(torch.cuda.is_available(), reason="checks the answer of a machine without a CUDA GPU")
+
+
+def _device_action(path):
+    return next(a for a in _subparser(*path)._actions if a.dest == "device")
+
+
+@pytest.mark.parametrize("path", MODEL_COMMANDS + RUN_COMMANDS, ids=" ".join)
+def test_every_command_that_runs_a_model_takes_device(path):
+    action = _device_action(path)
+    assert action.option_strings == ["--device"] and action.type is device_arg
+    assert action.default == ("auto" if path in MODEL_COMMANDS else None)  # a run: its own saved setting
+    parser = _subparser(*path)
+    with pytest.raises(SystemExit):
+        parser.parse_args(["--device", "tpu"])
+
+
+def test_no_command_that_runs_a_model_is_left_without_device():
+    """Any command that loads a model folder or a run (it names one among its inputs) to run it takes --device."""
+    missing = []
+
+    def walk(parser, path):
+        subs = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+        for sub in subs:
+            for name, child in sub.choices.items():
+                walk(child, (*path, name))
+        if subs:
+            return
+        reads = parser.get_default("reads") or ()
+        dests = {a.dest for a in parser._actions}
+        runs_one = any(r in ("model_dir", "model_dirs", "run_dir", "items", "paths") for r in reads)
+        if runs_one and "device" not in dests and " ".join(path) not in CONVERTS:
+            missing.append(" ".join(path))
+
+    walk(build_parser(), ())
+    assert not missing, f"these commands run a model but take no --device: {missing}"
+
+
+@pytest.fixture(scope="module")
+def folders(tmp_path_factory, wordpiece_tokenizer, bpe_tokenizer):
+    root = tmp_path_factory.mktemp("device")
+    bert, gpt = root / "bert", root / "gpt"
+    tiny_bert(wordpiece_tokenizer).save_pretrained(bert, wordpiece_tokenizer)
+    tiny_gpt(bpe_tokenizer).save_pretrained(gpt, bpe_tokenizer)
+    data = root / "cls.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in rows(16, 1)))
+    run = root / "run"
+    run_transfer(bert, "classify", data, data, mode="frozen", out_dir=run, epochs=1, max_len=32, seed=0,
+                 device="cpu")
+    texts = root / "texts.txt"
+    texts.write_text("the python is a snake\npython is a language\nand god said\n")
+    return {"bert": bert, "gpt": gpt, "run": run, "data": data, "texts": texts}
+
+
+def test_encode_on_the_cpu_named_or_chosen_gives_the_same_vectors(folders, tmp_path, capsys):
+    for device in ("cpu", "auto"):
+        rc, _, err = run_cli(capsys, "encode", folders["bert"], "--file", folders["texts"], "--out",
+                             tmp_path / f"{device}.npy", "--device", device)
+        assert rc == 0, err
+    if not torch.cuda.is_available():  # auto is the CPU here
+        assert np.array_equal(np.load(tmp_path / "cpu.npy"), np.load(tmp_path / "auto.npy"))
+
+
+@NO_GPU
+@pytest.mark.parametrize("argv", [
+    ["encode", "{bert}", "--file", "{texts}", "--out", "{out}/v.npy"],
+    ["fill-mask", "{bert}", "the [MASK] is a snake"],
+    ["generate", "{gpt}", "--prompt", "the python", "--max-new-tokens", "2"],
+    ["neighbors", "{bert}", "python", "--corpus", "{texts}"],
+    ["embed", "{bert}", "python is a snake", "python is a language", "--word", "python"],
+    ["predict", "{run}", "--text", "a good day"],
+    ["evaluate", "run", "{run}", "--test", "{data}"],
+], ids=lambda argv: argv[0] if argv[0] != "evaluate" else "evaluate run")
+def test_a_gpu_torch_does_not_see_is_one_line_and_nothing_is_written(folders, tmp_path, capsys, argv):
+    names = {**{k: str(v) for k, v in folders.items()}, "out": str(tmp_path)}
+    rc, _, err = run_cli(capsys, *[a.format(**names) for a in argv], "--device", "cuda")
+    one_line_error(rc, err, "--device cuda: torch sees no CUDA GPU here")
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_run_keeps_its_own_device_unless_told(folders):
+    saved = json.loads((folders["run"] / "config.json").read_text())["transfer"]["device"]
+    assert saved == "cpu"
+    assert load_run(folders["run"]).device == torch.device("cpu")
+    assert load_run(folders["run"], device="auto").cfg.device == "auto"
+    with pytest.raises(Exception, match="device must be auto, cpu, cuda or cuda:N"):
+        load_run(folders["run"], device="tpu")
+
+
+def test_serve_lists_where_each_folder_computes(folders):
+    from fastapi.testclient import TestClient
+
+    from lmforge.serve import create_app
+
+    with TestClient(create_app([folders["bert"], folders["run"]], device="cpu")) as client:
+        listed = {m["id"]: m for m in client.get("/v1/models").json()["data"]}
+        assert listed["bert"]["device"] == "cpu" and listed["run"]["device"] == "cpu"
+        app = client.app
+        assert {e.device for e in app.state.server.entries.values()} == {"cpu"}  # a reload opens them there again
