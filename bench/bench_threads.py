@@ -9,7 +9,11 @@ fresh process for each setting, since libgomp reads its environment once at star
 
 * threads: 1 and all cores;
 * ``OMP_WAIT_POLICY``: unset (libgomp's spinning default) and ``PASSIVE`` (threads sleep at barriers);
-* load: quiet, and with ``--busy`` processes spinning in pure Python beside it (default: 1).
+* load: quiet, and with ``--busy`` processes spinning in pure Python beside it (default: 1);
+* ``--quota CPUS``: also inside a cgroup allowed that many CPUs' worth of time (what ``docker --cpus``
+  sets; root and a writable cgroup mount needed, ``bench/cgroup_quota.py``), at all cores (torch's
+  default, which does not see the quota) and at the quota's whole CPUs (what the ``lmforge`` command
+  runs, :mod:`lmforge.cpu_quota`).
 
 Each cell is the median step time of ``--steps`` steps after ``--warmup``; the table gives tokens/s
 and each setting's ratio to the unset-policy run at all cores on the same load.
@@ -17,6 +21,7 @@ and each setting's ratio to the unset-policy run at all cores on the same load.
     python bench/bench_threads.py                      # default: 12 steps, 1 busy process
     python bench/bench_threads.py --steps 20 --busy 2  # a machine fully taken by others
     python bench/bench_threads.py --record threads.json
+    sudo python bench/bench_threads.py --quota 1 --busy 0   # under a 1-CPU quota as well
 
 Settings only reach a child process: run it on an otherwise idle machine, alone.
 """
@@ -64,18 +69,41 @@ def spin(stop) -> None:  # a process that keeps one core busy, as another user's
         sum(range(10_000))
 
 
-def run_child(threads: int, policy: str | None, args) -> dict:
+def run_child(threads: int, policy: str | None, args, procs: Path | None = None) -> dict:
     env = dict(os.environ, OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads))
     env.pop("OMP_WAIT_POLICY", None)
     if policy:
         env["OMP_WAIT_POLICY"] = policy
     src = str(Path(args.checkout).resolve() / "src")
     env["PYTHONPATH"] = src + os.pathsep + env.get("PYTHONPATH", "")
-    out = subprocess.run([sys.executable, "-c", CHILD, str(args.steps), str(args.warmup), str(args.batch),
-                          str(args.seq)], env=env, capture_output=True, text=True, timeout=1800)
+    cmd = [sys.executable, "-c", CHILD, str(args.steps), str(args.warmup), str(args.batch), str(args.seq)]
+    if procs is not None:  # join the cgroup, then become the child
+        cmd = ["sh", "-c", 'echo $$ > "$0" && exec "$@"', str(procs), *cmd]
+    out = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=1800)
     if out.returncode:
         raise SystemExit(f"child failed: {out.stderr.strip().splitlines()[-1]}")
     return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def quota_rows(args, cores: int, child_cgroup) -> list[dict]:
+    """torch's default thread count against the quota's whole CPUs, alternating, inside a cgroup with the quota."""
+    mine = max(1, int(args.quota))
+    settings = [cores, mine] if mine < cores else [cores]
+    rows, times = [], {t: [] for t in settings}
+    with child_cgroup(args.quota) as procs:
+        for r in range(2):
+            for threads in settings if r == 0 else settings[::-1]:
+                times[threads].append(run_child(threads, None, args, procs))
+    base = None
+    for threads in settings:
+        tok_s = max(x["tokens"] / x["step_s"] for x in times[threads])  # the better of two runs of each
+        base = base or tok_s
+        who = "torch's default" if threads == cores else "lmforge under the quota"
+        rows.append({"load": f"quota {args.quota:g} CPUs", "threads": threads, "OMP_WAIT_POLICY": "unset",
+                     "tokens_per_s": round(tok_s), "vs_unset_all_cores": round(tok_s / base, 2), "who": who})
+        print(f"quota {args.quota:g}  threads {threads} ({who})  {tok_s:9,.0f} tok/s  {tok_s / base:5.2f}x",
+              flush=True)
+    return rows
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -86,13 +114,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--batch", type=int, default=16)
     ap.add_argument("--seq", type=int, default=128)
-    ap.add_argument("--busy", type=int, default=1, help="spinning processes beside the busy runs")
+    ap.add_argument("--busy", type=int, default=1, help="spinning processes beside the busy runs (0: no busy runs)")
+    ap.add_argument("--quota", type=float, default=None, metavar="CPUS",
+                    help="also run inside a cgroup with this CPU quota (needs root)")
     ap.add_argument("--record", default=None, metavar="FILE", help="also write the table as JSON")
     args = ap.parse_args(argv)
     cores = os.cpu_count() or 1
     settings = [(cores, None), (cores, "PASSIVE"), (1, None)]
     rows = []
-    for load in ("quiet", "busy"):
+    for load in ("quiet", "busy") if args.busy else ("quiet",):
         stop, procs = mp.Event(), []
         if load == "busy":
             procs = [mp.Process(target=spin, args=(stop,), daemon=True) for _ in range(args.busy)]
@@ -114,13 +144,18 @@ def main(argv: list[str] | None = None) -> int:
             stop.set()
             for p in procs:
                 p.join()
+    if args.quota is not None:
+        from cgroup_quota import child_cgroup
+
+        rows += quota_rows(args, cores, child_cgroup)
     if args.record:
         sys.path.insert(0, str(Path(args.checkout).resolve() / "src"))
         from lmforge.provenance import machine  # the CPU, its flags and torch, beside the figures
 
         record = {"bench": "bench_threads", "machine": machine(), "rows": rows, "cores": cores,
                   "settings": {"steps": args.steps, "warmup": args.warmup, "batch": args.batch, "seq": args.seq,
-                               "busy": args.busy, "shape": "BERT hidden 256, 4 layers, 4 heads, vocab 8192"}}
+                               "busy": args.busy, "quota": args.quota,
+                               "shape": "BERT hidden 256, 4 layers, 4 heads, vocab 8192"}}
         Path(args.record).write_text(json.dumps(record, indent=1) + "\n")
     return 0
 

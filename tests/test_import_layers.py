@@ -17,7 +17,7 @@ SRC = Path(lmforge.__file__).resolve().parent
 
 # top-level name under lmforge -> layer (higher = may import everything below)
 LAYERS = {
-    "errors": 0, "config": 0, "utils": 0, "provenance": 0, "devices": 0, "malloc": 0,
+    "errors": 0, "config": 0, "utils": 0, "provenance": 0, "devices": 0, "malloc": 0, "cpu_quota": 0,
     "nn": 1, "data": 1, "tokenization": 1, "tokenizer_pipelines": 1, "folders": 1, "folder_writing": 1,
     "model_checks": 1, "guards": 1, "cards": 1,
     "models": 2, "generation": 2,

@@ -1,0 +1,126 @@
+"""torch's threads sized to a container's CPU quota.
+
+``docker run --cpus 2`` and a Kubernetes CPU limit do not hide any core: they give the process's cgroup a
+quota of CPU time per scheduler period (cgroup v2 ``cpu.max``, v1 ``cpu.cfs_quota_us`` over
+``cpu.cfs_period_us``).  torch still starts one thread per core it sees, its team spends the quota in a
+fraction of each period, and then every thread is held until the next one; since every operator ends at
+a barrier, the whole step waits.  A team no larger than the quota is never held.
+
+:func:`quota_cores` reads the quota that binds this process (the smallest along its cgroup's path, v2 or
+v1), :func:`cap_threads_to_quota` sets ``OMP_NUM_THREADS`` to its whole CPUs (rounded down: one thread
+more than the quota gets the team throttled) when that is fewer than the CPUs the process sees.  The
+``lmforge`` command calls it before any work, unless ``OMP_NUM_THREADS`` is set (the user's choice wins);
+the library leaves the thread count alone.  ``bench/bench_cpu_quota.py`` measures both under a real quota.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+CGROUP_ROOT = "/sys/fs/cgroup"
+PROC_CGROUP = "/proc/self/cgroup"
+_V1_MOUNTS = ("cpu", "cpu,cpuacct", "cpuacct,cpu")
+
+
+def _v2_limit(folder: Path) -> float | None:
+    """``cpu.max`` of a cgroup v2 folder: ``"200000 100000"`` is 2.0 CPUs, ``"max 100000"`` no limit."""
+    quota, period = (folder / "cpu.max").read_text().split()[:2]
+    return None if quota == "max" else int(quota) / int(period)
+
+
+def _v1_limit(folder: Path) -> float | None:
+    """``cpu.cfs_quota_us / cpu.cfs_period_us`` of a cgroup v1 folder; a quota of -1 is no limit."""
+    quota = int((folder / "cpu.cfs_quota_us").read_text())
+    period = int((folder / "cpu.cfs_period_us").read_text())
+    return quota / period if quota > 0 and period > 0 else None
+
+
+def _along(base: Path, path: str, limit: Callable[[Path], float | None]) -> list[float]:
+    """The limits of the cgroup at ``path`` under ``base`` and of each ancestor that has one.
+
+    Inside a container the path may name the host's hierarchy, which the container's mount does not
+    show; the folders that do not exist are passed over, down to ``base`` itself.
+    """
+    parts = [p for p in path.strip("/").split("/") if p]
+    found = []
+    for k in range(len(parts), -1, -1):
+        folder = base.joinpath(*parts[:k])
+        try:
+            value = limit(folder)
+        except (OSError, ValueError, IndexError, ZeroDivisionError):
+            continue
+        if value is not None:
+            found.append(value)
+    return found
+
+
+def quota_cores(root: str = CGROUP_ROOT, proc_cgroup: str = PROC_CGROUP) -> float | None:
+    """The CPUs' worth of time per period this process may use (e.g. 2.5), or None: no quota, or no cgroup
+    files to read (not Linux)."""
+    try:
+        lines = Path(proc_cgroup).read_text().splitlines()
+    except OSError:
+        return None
+    limits: list[float] = []
+    for line in lines:
+        fields = line.split(":", 2)
+        if len(fields) != 3:
+            continue
+        hierarchy, controllers, path = fields
+        if hierarchy == "0" and not controllers:  # the unified (v2) hierarchy
+            limits += _along(Path(root), path, _v2_limit)
+        elif "cpu" in controllers.split(","):  # v1's cpu controller
+            mount = next((Path(root) / m for m in _V1_MOUNTS if (Path(root) / m).is_dir()), None)
+            if mount is not None:
+                limits += _along(mount, path, _v1_limit)
+    return min(limits) if limits else None
+
+
+def visible_cpus() -> int:
+    """The CPUs this process may be scheduled on (its affinity mask; elsewhere the machine's count)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
+
+
+def quota_threads(quota: float | None, visible: int) -> int | None:
+    """The thread count for ``quota`` CPUs when it is fewer than ``visible``, else None."""
+    if quota is None:
+        return None
+    threads = max(1, int(quota))
+    return threads if threads < visible else None
+
+
+def cap_threads_to_quota(environ: dict | None = None, quota: float | None = None) -> str | None:
+    """Set ``OMP_NUM_THREADS`` (and torch's threads, if torch is loaded) to the quota's whole CPUs.
+
+    Args:
+        environ: the environment to read and set (default ``os.environ``).
+        quota: the quota in CPUs (default :func:`quota_cores`).
+    Returns:
+        The line saying what was set and why, or None: ``OMP_NUM_THREADS`` was already set, no quota binds,
+        or the quota is no smaller than the CPUs this process sees.
+    """
+    environ = os.environ if environ is None else environ
+    if "OMP_NUM_THREADS" in environ:
+        return None
+    quota = quota_cores() if quota is None else quota
+    visible = visible_cpus()
+    threads = quota_threads(quota, visible)
+    if threads is None:
+        return None
+    environ["OMP_NUM_THREADS"] = str(threads)
+    torch = sys.modules.get("torch")
+    if torch is not None and hasattr(torch, "set_num_threads"):  # already loaded: the variable comes too late
+        torch.set_num_threads(threads)
+    cpus = f"{quota:g} CPU{'' if quota == 1 else 's'}"
+    return (f"this process may use {cpus} of the {visible} it sees (a cgroup CPU quota, as docker --cpus or a "
+            f"Kubernetes CPU limit sets): torch runs {threads} thread{'s' if threads > 1 else ''}, since a larger "
+            f"team is held at every step once it spends the quota (OMP_NUM_THREADS overrides this)")
+
+
+__all__ = ["quota_cores", "visible_cpus", "quota_threads", "cap_threads_to_quota"]
