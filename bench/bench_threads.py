@@ -12,8 +12,8 @@ fresh process for each setting, since libgomp reads its environment once at star
 * load: quiet, and with ``--busy`` processes spinning in pure Python beside it (default: 1);
 * ``--quota CPUS``: also inside a cgroup allowed that many CPUs' worth of time (what ``docker --cpus``
   sets; root and a writable cgroup mount needed, ``bench/cgroup_quota.py``), at all cores (torch's
-  default, which does not see the quota) and at the quota's whole CPUs (what the ``lmforge`` command
-  runs, :mod:`lmforge.cpu_quota`).
+  default, which does not see the quota), at the quota's whole CPUs and at one more; the row the
+  ``lmforge`` command would run (:mod:`lmforge.cpu_quota`) is marked.
 
 Each cell is the median step time of ``--steps`` steps after ``--warmup``; the table gives tokens/s
 and each setting's ratio to the unset-policy run at all cores on the same load.
@@ -86,9 +86,14 @@ def run_child(threads: int, policy: str | None, args, procs: Path | None = None)
 
 
 def quota_rows(args, cores: int, child_cgroup) -> list[dict]:
-    """torch's default thread count against the quota's whole CPUs, alternating, inside a cgroup with the quota."""
-    mine = max(1, int(args.quota))
-    settings = [cores, mine] if mine < cores else [cores]
+    """Inside a cgroup with the quota, alternating, twice each: torch's default (all cores), the quota's whole
+    CPUs and one more; ``who`` marks torch's default and the count the ``lmforge`` command picks."""
+    sys.path.insert(0, str(Path(args.checkout).resolve() / "src"))
+    from lmforge.cpu_quota import quota_threads
+
+    whole = max(1, int(args.quota))
+    settings = sorted({cores, whole, min(cores, whole + 1)}, reverse=True)
+    chosen = quota_threads(args.quota, cores) or cores
     rows, times = [], {t: [] for t in settings}
     with child_cgroup(args.quota) as procs:
         for r in range(2):
@@ -98,10 +103,10 @@ def quota_rows(args, cores: int, child_cgroup) -> list[dict]:
     for threads in settings:
         tok_s = max(x["tokens"] / x["step_s"] for x in times[threads])  # the better of two runs of each
         base = base or tok_s
-        who = "torch's default" if threads == cores else "lmforge under the quota"
+        who = ", ".join(w for w, t in (("torch's default", cores), ("lmforge", chosen)) if t == threads)
         rows.append({"load": f"quota {args.quota:g} CPUs", "threads": threads, "OMP_WAIT_POLICY": "unset",
                      "tokens_per_s": round(tok_s), "vs_unset_all_cores": round(tok_s / base, 2), "who": who})
-        print(f"quota {args.quota:g}  threads {threads} ({who})  {tok_s:9,.0f} tok/s  {tok_s / base:5.2f}x",
+        print(f"quota {args.quota:g}  threads {threads:<3} {tok_s:9,.0f} tok/s  {tok_s / base:5.2f}x  {who}",
               flush=True)
     return rows
 

@@ -63,9 +63,10 @@ def test_missing_or_malformed_files_mean_no_quota(tmp_path, content):
     assert Q.quota_cores(str(tmp_path / "fs"), str(tmp_path / "absent")) is None
 
 
-@pytest.mark.parametrize(("quota", "visible", "threads"), [(2.5, 8, 2), (0.5, 8, 1), (7.99, 8, 7), (8.0, 8, None),
-                                                           (16.0, 8, None), (None, 8, None), (1.0, 1, None)])
-def test_threads_round_the_quota_down_and_only_cap(quota, visible, threads):
+@pytest.mark.parametrize(("quota", "visible", "threads"), [
+    (0.5, 8, 1), (1.0, 8, 1), (1.25, 8, 1), (1.5, 8, 2), (1.75, 8, 2), (2.5, 8, 2), (2.6, 8, 3), (3.9, 8, 4),
+    (4.9, 16, 4), (7.99, 16, 7), (1.5, 2, None), (8.0, 8, None), (16.0, 8, None), (None, 8, None), (1.0, 1, None)])
+def test_threads_are_the_quotas_whole_cpus_or_one_more_and_only_cap(quota, visible, threads):
     assert Q.quota_threads(quota, visible) == threads
 
 
@@ -81,14 +82,14 @@ def test_the_users_thread_count_wins_and_no_quota_changes_nothing(monkeypatch):
 def test_the_command_caps_torch_before_its_work(monkeypatch, capsys):
     before = torch.get_num_threads()
     monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
-    monkeypatch.setattr(Q, "quota_cores", lambda: 1.5)
+    monkeypatch.setattr(Q, "quota_cores", lambda: 1.2)
     monkeypatch.setattr(Q, "visible_cpus", lambda: 8)
     try:
         rc = main(["predict", "/nonexistent/run", "--text", "a text"])  # fails after the cap, before any model
         assert rc == 2
         assert os.environ["OMP_NUM_THREADS"] == "1" and torch.get_num_threads() == 1
         err = capsys.readouterr().err
-        assert "may use 1.5 CPUs of the 8 it sees" in err and "torch runs 1 thread," in err
+        assert "may use 1.2 CPUs of the 8 it sees" in err and "torch runs 1 thread," in err
     finally:
         os.environ.pop("OMP_NUM_THREADS", None)
         torch.set_num_threads(before)

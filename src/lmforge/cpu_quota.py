@@ -7,8 +7,9 @@ fraction of each period, and then every thread is held until the next one; since
 a barrier, the whole step waits.  A team no larger than the quota is never held.
 
 :func:`quota_cores` reads the quota that binds this process (the smallest along its cgroup's path, v2 or
-v1), :func:`cap_threads_to_quota` sets ``OMP_NUM_THREADS`` to its whole CPUs (rounded down: one thread
-more than the quota gets the team throttled) when that is fewer than the CPUs the process sees.  The
+v1), :func:`cap_threads_to_quota` sets ``OMP_NUM_THREADS`` to :func:`quota_threads` of it when that is
+fewer than the CPUs the process sees: the quota's whole CPUs, or one thread more when the quota's fraction
+pays for the time a team larger than the quota is held (see :data:`THROTTLED_SHARE`).  The
 ``lmforge`` command calls it before any work, unless ``OMP_NUM_THREADS`` is set (the user's choice wins);
 the library leaves the thread count alone.  ``bench/bench_cpu_quota.py`` measures both under a real quota.
 """
@@ -23,6 +24,11 @@ from pathlib import Path
 CGROUP_ROOT = "/sys/fs/cgroup"
 PROC_CGROUP = "/proc/self/cgroup"
 _V1_MOUNTS = ("cpu", "cpu,cpuacct", "cpuacct,cpu")
+#: the share of its ideal speed a team of more threads than the quota keeps: with ``n > q`` threads it runs
+#: ``q / n`` of each period, and loses about a fifth more to being held mid-step (``bench/bench_threads.py
+#: --quota``: 0.71-0.87 for 2 threads under quotas of 1 to 1.75 CPUs on an Intel Xeon). One thread more than
+#: the whole CPUs ``w`` wins when ``q * THROTTLED_SHARE > w``: 1.5 CPUs run 2 threads, 2.5 CPUs run 2.
+THROTTLED_SHARE = 0.8
 
 
 def _v2_limit(folder: Path) -> float | None:
@@ -88,10 +94,12 @@ def visible_cpus() -> int:
 
 
 def quota_threads(quota: float | None, visible: int) -> int | None:
-    """The thread count for ``quota`` CPUs when it is fewer than ``visible``, else None."""
+    """The thread count for ``quota`` CPUs (see :data:`THROTTLED_SHARE`) when it is fewer than ``visible``,
+    else None."""
     if quota is None:
         return None
-    threads = max(1, int(quota))
+    whole = int(quota)
+    threads = max(1, whole + 1 if quota * THROTTLED_SHARE > whole else whole)
     return threads if threads < visible else None
 
 
