@@ -16,6 +16,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from .cpu_quota import quota_cores
+
 # CPU features that change which kernels and precisions are fast.
 _NOTABLE_FLAGS = ("avx2", "avx512f", "avx512_bf16", "amx_bf16", "amx_tile")
 
@@ -61,9 +63,13 @@ def git_commit(start: str | Path | None = None) -> str | None:
 
 
 def machine() -> dict:
-    """The CPU model and its notable flags, the thread count torch uses, the core count and the accelerator."""
+    """The CPU model and its notable flags, the thread count torch uses, the core count, the cgroup CPU quota
+    where one binds (``cpu_quota``, in CPUs) and the accelerator."""
     info = cpu_info()
     out = {"cpu": info["model"], "cpu_flags": info["flags"], "cores": os.cpu_count(), "threads": None}
+    quota = quota_cores()
+    if quota is not None:
+        out["cpu_quota"] = quota
     torch = sys.modules.get("torch")
     if torch is not None:  # never import torch just to describe the machine
         out["threads"] = torch.get_num_threads()
@@ -80,6 +86,8 @@ def describe_machine(m: dict | None = None) -> str:
     parts = [f"{m['cpu']}{flags}"]
     if m.get("threads"):
         parts.append(f"{m['threads']} thread{'s' if m['threads'] != 1 else ''}")
+    if m.get("cpu_quota"):
+        parts.append(f"a quota of {m['cpu_quota']:g} CPUs")
     if m.get("gpu"):
         parts.append(m["gpu"])
     if m.get("torch"):
