@@ -76,9 +76,11 @@ def folders(tmp_path_factory, wordpiece_tokenizer, bpe_tokenizer):
 
 def test_encode_on_the_cpu_named_or_chosen_gives_the_same_vectors(folders, tmp_path, capsys):
     for device in ("cpu", "auto"):
-        rc, _, err = run_cli(capsys, "encode", folders["bert"], "--file", folders["texts"], "--out",
-                             tmp_path / f"{device}.npy", "--device", device)
+        rc, out, err = run_cli(capsys, "encode", folders["bert"], "--file", folders["texts"], "--out",
+                               tmp_path / f"{device}.npy", "--device", device, "--json")
         assert rc == 0, err
+        expected = "cuda:0" if device == "auto" and torch.cuda.is_available() else "cpu"
+        assert json.loads(out)["device"] == expected
     if not torch.cuda.is_available():  # auto is the CPU here
         assert np.array_equal(np.load(tmp_path / "cpu.npy"), np.load(tmp_path / "auto.npy"))
 

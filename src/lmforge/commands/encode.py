@@ -72,7 +72,8 @@ def run(args) -> int:
     layer = resolve_layer(args.layer, n_layers)
     record = {"out": str(out), "model": str(args.model_dir), "model_type": model.model_type, "texts": len(texts),
               "dim": int(vectors.shape[1]), "layer": layer, "layers": n_layers, "pool": args.pool,
-              "normalize": args.normalize, "seconds": seconds, "texts_per_s": len(texts) / max(seconds, 1e-9)}
+              "normalize": args.normalize, "device": str(next(model.parameters()).device), "seconds": seconds,
+              "texts_per_s": len(texts) / max(seconds, 1e-9)}
     show(args, record, [
         f"wrote {len(texts)} vectors of {vectors.shape[1]} floats to {out} ({model.model_type}, layer {layer} of "
         f"0..{n_layers - 1}, {args.pool} pooling{', normalized' if args.normalize else ''}; "
