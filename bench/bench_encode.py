@@ -7,7 +7,9 @@ mean-pool the top layer over each text's own tokens, 32 texts a batch:
 * ``lmforge, input order``: ``model.encode`` called on 32 texts at a time in the order given, so every
   batch pads to its longest text;
 * ``transformers``: ``AutoTokenizer`` + ``AutoModel`` on the export, batches in the order given, padded
-  to the longest text of each batch (``padding=True``), mean over the tokens that are not special.
+  to the longest text of each batch (``padding=True``), mean over the tokens that are not special;
+* with ``--bf16``, ``lmforge, bf16``: ``encode`` under bf16 autocast (``lmforge encode --precision bf16``);
+  its vectors are compared by cosine with fp32's, not timed against them blind.
 
 Texts longer than the model's positions are left out (``transformers`` would cut them, lmforge reads
 them in windows), so both sides do the same work; the vectors must agree before anything is timed.
@@ -69,6 +71,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--n", type=int, default=2000, help="texts drawn at random (seed 0)")
     ap.add_argument("--batch", type=int, default=32)
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--bf16", action="store_true", help="also time encode under bf16 autocast")
     ap.add_argument("--threads", type=int, default=torch.get_num_threads())
     ap.add_argument("--record", default=None, metavar="FILE", help="write the figures as a JSON run record")
     malloc_setting.add_flag(ap)
@@ -112,6 +115,16 @@ def main(argv: list[str] | None = None) -> int:
     }
     check = {name: run() for name, run in runs.items()}
     gap = max(float(np.abs(v - check["transformers"]).max()) for v in check.values())
+    cosine = None
+    if args.bf16:
+        def bf16():
+            with torch.autocast("cpu", dtype=torch.bfloat16):
+                return ours.encode(texts, batch_size=args.batch)
+
+        a, b = check["lmforge"], bf16()
+        cosine = float(((a * b).sum(1) / np.linalg.norm(a, axis=1) / np.linalg.norm(b, axis=1)).min())
+        print(f"bf16 against fp32 vectors: smallest cosine {cosine:.5f}")
+        runs["lmforge, bf16"] = bf16
     print(f"largest difference between the three sets of vectors: {gap:.1e}")
     if gap > 1e-3:
         print("the vectors disagree; the comparison would be meaningless", file=sys.stderr)
@@ -128,11 +141,13 @@ def main(argv: list[str] | None = None) -> int:
         print(f"  {name:<22} {tps[name]:8.0f} texts/s  ({statistics.median(times[name]):.2f} s)")
     ratio = tps["lmforge"] / tps["transformers"]
     print(f"  ratio lmforge / transformers: {ratio:.2f}; lmforge sorted / input order: "
-          f"{tps['lmforge'] / tps['lmforge, input order']:.2f}")
+          f"{tps['lmforge'] / tps['lmforge, input order']:.2f}"
+          + (f"; bf16 / fp32: {tps['lmforge, bf16'] / tps['lmforge']:.2f}" if args.bf16 else ""))
     if args.record:
         record = {"bench": "encode", "settings": {**vars(args), "allocator": malloc}, "texts": len(texts),
                   "tokens_per_text": {"mean": statistics.mean(n_tok), "max": max(n_tok)},
-                  "texts_per_s": tps, "ratio": ratio, "max_vector_diff": gap, "provenance": provenance()}
+                  "texts_per_s": tps, "ratio": ratio, "max_vector_diff": gap, "bf16_min_cosine": cosine,
+                  "provenance": provenance()}
         Path(args.record).write_text(json.dumps(record, indent=2) + "\n")
     return 0
 

@@ -51,8 +51,9 @@ def test_encode_bench_checks_the_vectors_against_transformers(bert_dir, tiny_cor
     record = tmp_path / "record.json"
     out = subprocess.run([sys.executable, str(ROOT / "bench" / "bench_encode.py"), "--model", str(bert_dir), "--texts",
                           str(texts), "--n", "60", "--batch", "8", "--rounds", "1", "--threads", "1",
-                          "--record", str(record)], capture_output=True, text=True, timeout=300)
+                          "--bf16", "--record", str(record)], capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]  # exit 1 when the vectors disagree
     rec = json.loads(record.read_text())
     assert rec["max_vector_diff"] < 1e-3 and 0 < rec["texts"] <= 60
-    assert set(rec["texts_per_s"]) == {"lmforge", "lmforge, input order", "transformers"}
+    assert set(rec["texts_per_s"]) == {"lmforge", "lmforge, input order", "transformers", "lmforge, bf16"}
+    assert rec["bf16_min_cosine"] > 0.99

@@ -249,3 +249,38 @@ def test_cli_never_overwrites_its_input(bert_dir, tmp_path, capsys):
     assert src.read_text(encoding="utf-8") == "a snake\n"
     assert main(["encode", str(bert_dir), "--file", str(src), "--out", str(tmp_path / "v.csv")]) == 2
     assert "must end in .npy or .parquet" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("name", list(FAMILIES))
+def test_cli_bf16_vectors_follow_fp32_for_every_family(name, request, tmp_path, capsys):
+    model = small_model(name, request)
+    folder = tmp_path / name
+    model.save_pretrained(folder, model.tokenizer)
+    texts = tmp_path / "texts.txt"
+    texts.write_text("\n".join(TEXTS) + "\n")
+    out = {}
+    for precision in ("fp32", "bf16"):
+        capsys.readouterr()
+        assert main(["encode", str(folder), "--file", str(texts), "--out", str(tmp_path / f"{precision}.npy"),
+                     "--precision", precision, "--json"]) == 0
+        assert json.loads(capsys.readouterr().out)["precision"] == precision
+        out[precision] = np.load(tmp_path / f"{precision}.npy")
+    np.testing.assert_array_equal(out["fp32"], model.encode(TEXTS))  # fp32: exactly what the API gives
+    cos = (out["fp32"] * out["bf16"]).sum(1) / np.linalg.norm(out["fp32"], axis=1) / np.linalg.norm(out["bf16"], axis=1)
+    assert out["bf16"].dtype == np.float32 and cos.min() > 0.99, cos
+    if name in ("bert", "gpt", "electra"):  # bf16 matmuls: the vectors move, a little
+        assert not np.array_equal(out["fp32"], out["bf16"])
+
+
+def test_cli_precision_auto_and_fp16_on_a_cpu(bert_dir, tmp_path, capsys):
+    texts = tmp_path / "texts.txt"
+    texts.write_text("\n".join(TEXTS) + "\n")
+    capsys.readouterr()
+    assert main(["encode", str(bert_dir), "--file", str(texts), "--out", str(tmp_path / "a.npy"), "--precision",
+                 "auto", "--device", "cpu", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["precision"] == "fp32"  # width 32: below where bf16 gains on a CPU
+    assert main(["encode", str(bert_dir), "--file", str(texts), "--out", str(tmp_path / "b.npy"), "--precision",
+                 "fp16", "--device", "cpu"]) == 2
+    err = capsys.readouterr().err
+    assert "--precision fp16 needs a CUDA GPU" in err and len(err.strip().splitlines()) == 1
+    assert not (tmp_path / "b.npy").exists()
