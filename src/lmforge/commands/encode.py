@@ -57,7 +57,7 @@ def register(sub) -> None:
 
 def run(args) -> int:
     from ..models.vectors import read_texts, resolve_layer, save_vectors  # imports torch: only when run
-    from ..train.precision import autocast, choose_precision, resolve_device
+    from ..train.precision import autocast, choose_precision, resolve_device  # imports torch, as above
 
     out = Path(args.out)
     if out.suffix not in (".npy", ".parquet"):
