@@ -13,6 +13,7 @@ from lmforge.errors import LmforgeError
 from lmforge.models import FAMILIES, load
 from lmforge.models.vectors import encode, load_vectors
 from lmforge.models.windows import plan_windows
+from lmforge.train.precision import native_bf16
 
 WINDOW = 16  # text tokens per window of the small BERT and GPT below
 
@@ -278,7 +279,12 @@ def test_cli_precision_auto_and_fp16_on_a_cpu(bert_dir, tmp_path, capsys):
     capsys.readouterr()
     assert main(["encode", str(bert_dir), "--file", str(texts), "--out", str(tmp_path / "a.npy"), "--precision",
                  "auto", "--device", "cpu", "--json"]) == 0
-    assert json.loads(capsys.readouterr().out)["precision"] == "fp32"  # width 32: below where bf16 gains on a CPU
+    cap = capsys.readouterr()
+    assert json.loads(cap.out)["precision"] == "fp32"  # width 32: below where bf16 gains on a CPU
+    if native_bf16(torch.device("cpu")):
+        assert "precision fp32 (auto: the model's width 32 is below 64" in cap.err
+    else:
+        assert "precision fp32 (auto: this CPU has no native bf16" in cap.err
     assert main(["encode", str(bert_dir), "--file", str(texts), "--out", str(tmp_path / "b.npy"), "--precision",
                  "fp16", "--device", "cpu"]) == 2
     err = capsys.readouterr().err

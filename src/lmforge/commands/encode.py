@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import logging
 import sys
 import time
 from pathlib import Path
@@ -57,7 +58,7 @@ def register(sub) -> None:
 
 def run(args) -> int:
     from ..models.vectors import read_texts, resolve_layer, save_vectors  # imports torch: only when run
-    from ..train.precision import autocast, choose_precision, resolve_device  # imports torch, as above
+    from ..train.precision import autocast, choose_precision, describe, resolve_device  # imports torch too
 
     out = Path(args.out)
     if out.suffix not in (".npy", ".parquet"):
@@ -72,7 +73,10 @@ def run(args) -> int:
         raise LmforgeError("--precision fp16 needs a CUDA GPU; on a CPU use bf16 (fast where the CPU has native "
                            "bf16) or fp32")
     model = load(args.model_dir).to(device)
-    precision = choose_precision(args.precision, device, model).precision
+    choice = choose_precision(args.precision, device, model)
+    precision = choice.precision
+    if args.precision == "auto":  # say what auto chose and why, as pretrain does
+        logging.getLogger("lmforge").info("%s", describe(args.precision, precision, device, choice.reason))
     start = time.perf_counter()
     with _Progress(len(texts), quiet=args.quiet) as progress, autocast(device, precision):
         vectors = model.encode(texts, layer=args.layer, pool=args.pool, normalize=args.normalize,
