@@ -121,6 +121,12 @@ class RunModel:
     def body_needs_grad(self) -> bool:
         return self.body_trains or self.trains_task_rows
 
+    @property
+    def body_stays_fixed(self) -> bool:
+        """Frozen mode with nothing of the body training and no auxiliary LM loss: the eval-mode body gives
+        every example the same vectors in every epoch, so one pass can serve the whole fit."""
+        return self.cfg.mode == "frozen" and not self.body_needs_grad and self.recipe.lm_weight == 0
+
     def _wte(self) -> nn.Parameter:
         return self.body.wte.weight
 

@@ -193,6 +193,8 @@ class TransferRun(RunModel, RunFeatures):
         full = None
         if cfg.mode == "features":
             full = store if store is not None else self.features(train)
+        elif self.body_stays_fixed:  # the same vectors every epoch: one body pass, kept in memory
+            full = self.features(train, use_cache=False)
         refit = cfg.refit and bool(val_idx)
         start = snapshot(self.model) if refit or len(cfg.lr_grid or []) > 1 else None
         plan = self._train_plan(train, val, full, fit_idx, val_idx, metric)
@@ -255,7 +257,7 @@ class TransferRun(RunModel, RunFeatures):
         standardised over it (off for a validation split)."""
         encs = self.encode(data)
         # standardised vectors, as in features mode
-        if standardize and self.cfg.mode == "frozen" and encs:
+        if standardize and self.cfg.mode == "frozen" and encs and store is None:
             mean, std = RowStore(*self.extract(encs)).stats()
             self.model.head.set_standardization(*self._head_stats(mean, std))
         if store is not None:
