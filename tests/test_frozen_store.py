@@ -5,6 +5,7 @@ Where the body does train (GPT's task-token rows), every step still runs it."""
 from __future__ import annotations
 
 import json
+import logging
 
 import pytest
 import torch
@@ -57,3 +58,15 @@ def test_a_body_that_trains_still_runs_in_every_step(bpe_tokenizer):
     cfg = TransferConfig(task="classify", mode="frozen", epochs=1, seed=0, max_len=32, precision="fp32", device="cpu")
     run = TransferRun(tiny_gpt(bpe_tokenizer), cfg, ["neg", "pos"])
     assert run.trains_task_rows and not run.body_stays_fixed  # GPT's task-token rows train through the body
+
+
+def test_vectors_too_large_to_keep_fall_back_to_a_body_pass_per_step(wordpiece_tokenizer, train_file, monkeypatch,
+                                                                      caplog):
+    import lmforge.transfer.run as R
+
+    monkeypatch.setattr(R, "KEEP_VECTORS_BYTES", 1000)  # far below 60 examples x 3 layers x 32 floats
+    monkeypatch.setattr(logging.getLogger("lmforge"), "propagate", True)  # the CLI's setup, if run, turns it off
+    with caplog.at_level("INFO", logger="lmforge"):
+        facts, _, passes = _fit(tiny_bert(wordpiece_tokenizer), train_file)
+    assert "so the body runs in every step instead" in caplog.text
+    assert passes > 60 // 8 * 4 and facts["steps"] > 0  # a pass per step of each of the 4 epochs

@@ -44,6 +44,8 @@ from .stored import RunFeatures
 
 logger = logging.getLogger(__name__)
 
+#: frozen mode keeps its training examples' vectors in memory up to this size (one body pass for the whole fit)
+KEEP_VECTORS_BYTES = 2 << 30
 MIN_VAL_EXAMPLES = 8  # fewer held-out examples than this choose nothing: train on all, for the recipe's epochs
 
 
@@ -194,7 +196,7 @@ class TransferRun(RunModel, RunFeatures):
         if cfg.mode == "features":
             full = store if store is not None else self.features(train)
         elif self.body_stays_fixed:  # the same vectors every epoch: one body pass, kept in memory
-            full = self.features(train, use_cache=False)
+            full = self._kept_vectors(train)
         refit = cfg.refit and bool(val_idx)
         start = snapshot(self.model) if refit or len(cfg.lr_grid or []) > 1 else None
         plan = self._train_plan(train, val, full, fit_idx, val_idx, metric)
@@ -214,6 +216,18 @@ class TransferRun(RunModel, RunFeatures):
             "val_score": out["val_score"] if plan.val is not None else None,
             "choices": self.choices,
         }
+
+    def _kept_vectors(self, train: TaskData) -> RowStore | None:
+        """Frozen mode's vectors of ``train`` from one body pass, or None (a body pass in every step) when they
+        would take more than :data:`KEEP_VECTORS_BYTES` of memory (long token-level inputs of a wide model)."""
+        encs = self.encode(train)
+        rows = sum(len(e.mean_segments) if e.mean_segments else len(e.rows) for e in encs)
+        size = rows * len(self.extract_ids) * int(self.body.hidden_size) * 4  # float32, as RowStore keeps them
+        if size > KEEP_VECTORS_BYTES:
+            logger.info("frozen: the vectors of %d rows would take %.1f GB, so the body runs in every step instead",
+                        rows, size / 1e9)
+            return None
+        return self.features(train, encs, use_cache=False)
 
     def _train_plan(self, train: TaskData, val: TaskData | None, full: RowStore | None, fit_idx: list[int],
                     val_idx: list[int], metric: str) -> FitPlan:
