@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import logging
 
+import numpy as np
 import pytest
 import torch
 from test_transfer_families import rows, tiny_bert, tiny_elmo, tiny_gpt
@@ -70,3 +71,29 @@ def test_vectors_too_large_to_keep_fall_back_to_a_body_pass_per_step(wordpiece_t
         facts, _, passes = _fit(tiny_bert(wordpiece_tokenizer), train_file)
     assert "so the body runs in every step instead" in caplog.text
     assert passes > 60 // 8 * 4 and facts["steps"] > 0  # a pass per step of each of the 4 epochs
+
+
+def test_a_learning_curve_scores_every_frozen_run_on_one_pass_over_its_test_set(wordpiece_tokenizer, monkeypatch):
+    from lmforge.data.tasks import TaskData, TextExample
+    from lmforge.transfer import learning_curve
+
+    def data(n, seed):
+        return TaskData("classify", [TextExample(r["text"], None, r["label"]) for r in rows(n, seed)], ["neg", "pos"])
+
+    pool, test = data(80, 3), data(40, 4)
+    options = dict(max_len=32, batch_size=8, precision="fp32", device="cpu", epochs=3)
+    passes = []
+    real = TransferRun.features
+    monkeypatch.setattr(TransferRun, "features",
+                        lambda self, d, *a, **k: passes.append(len(d)) or real(self, d, *a, **k))
+    body = tiny_bert(wordpiece_tokenizer)
+    res = learning_curve(body, "classify", pool, test, sizes=(20,), seeds=(0, 1, 2), modes=["frozen"], min_steps=1,
+                         **options)
+    assert passes.count(len(test)) == 1 and passes.count(20) == 3  # the test set once, each draw's training set
+    for rec in res["runs"]:  # each score as a run of its own gives it, scoring the test set with its body
+        idx = np.random.default_rng(rec["seed"]).choice(len(pool), size=20, replace=False).tolist()
+        run = TransferRun(body, TransferConfig(task="classify", mode="frozen", seed=rec["seed"], **options),
+                          ["neg", "pos"])
+        run.fit(pool.subset(idx))
+        scores, _ = run.evaluate(test)
+        assert scores["accuracy"] == pytest.approx(rec["score"], abs=1e-6)

@@ -166,6 +166,7 @@ class _Curve:
         self.metric = main_metric(pool)
         self.shaped: dict[str, nn.Module] = {}  # scratch:PRESET -> its randomly initialised body
         self.stores: dict[str, RowStore] = {}  # features: the vectors of the pool and of the test set
+        self.frozen_test: RowStore | None = None  # frozen (a body that stays fixed): the test set's vectors
 
     def config(self, mode: str, n: int, seed: int) -> TransferConfig:
         """The run config of ``mode`` on ``n`` examples drawn with ``seed``."""
@@ -186,6 +187,10 @@ class _Curve:
         if "features" in self.modes:  # the body runs once over the whole pool and the test set; subsets select rows
             frun = TransferRun(self.body, self.config("features", n, seed), self.pool.labels, self.model_dir)
             self.stores = {"pool": frun.features(self.pool), "test": frun.features(self.test)}
+        if "frozen" in self.modes:  # every frozen run scores the same test set with the same fixed body: run it once
+            frozen = TransferRun(self.body, self.config("frozen", n, seed), self.pool.labels, self.model_dir)
+            if frozen.body_stays_fixed:
+                self.frozen_test = frozen.features(self.test, use_cache=False)
         return choice.precision
 
     def draw(self, n: int, seed: int) -> tuple[list[int], TaskData]:
@@ -205,7 +210,11 @@ class _Curve:
             # frozen GPT trains its task-token rows, so every trained mode gets its own copy
             b = self.body if mode == "features" else _copy_body(self.shaped.get(mode, self.body))
             run = TransferRun(b, self.config(mode, n, seed), self.pool.labels, self.model_dir)
-            part = (self.stores["pool"].subset(idx), self.stores["test"]) if mode == "features" else (None, None)
+            part = (None, None)
+            if mode == "features":
+                part = (self.stores["pool"].subset(idx), self.stores["test"])
+            elif mode == "frozen":  # its own pass over its training draw, the shared test vectors
+                part = (None, self.frozen_test)
             rec = _run_record(run, sub, self.test, part, self.metric, mode, n, seed)
             records.append(rec)
             line = f"n={n} seed={seed} {mode}: {self.metric} {rec['score']:.4f} ({rec['seconds']:.1f}s)"
@@ -262,15 +271,11 @@ def _usable_sizes(sizes: Sequence[int], pool_size: int) -> list[int]:
 
 def _run_record(run: TransferRun, sub: TaskData, test_d: TaskData, stores: tuple, metric: str, mode: str, n: int,
                 seed: int) -> dict:
-    """Fit one run on ``sub``, score it on ``test_d`` (features: on the stored vectors) and record it."""
+    """Fit one run on ``sub``, score it on ``test_d`` (on stored vectors where ``stores`` has them); its record."""
     t0, epochs = time.time(), run.cfg.epochs
     pool_store, test_store = stores
-    if pool_store is not None:
-        facts = run.fit(sub, store=pool_store)
-        scores, _ = run.evaluate(test_d, store=test_store)
-    else:
-        facts = run.fit(sub)
-        scores, _ = run.evaluate(test_d)
+    facts = run.fit(sub) if pool_store is None else run.fit(sub, store=pool_store)
+    scores, _ = run.evaluate(test_d, store=test_store)
     rec = {
         "mode": mode,
         "n": n,

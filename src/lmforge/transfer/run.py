@@ -324,6 +324,8 @@ class TransferRun(RunModel, RunFeatures):
         self.model.eval()
         if self.cfg.mode == "features":
             store = self._head_store(store if store is not None else self.features(data, encs, use_cache))
+        elif store is not None:  # frozen: vectors its fixed body gave (a learning curve's shared test set)
+            store = self._head_store(store)
         out: list[torch.Tensor | None] = [None] * len(encs)
         order = sorted(range(len(encs)), key=lambda i: len(encs[i].input_ids))
         for k in range(0, len(order), self.cfg.batch_size):
@@ -345,7 +347,8 @@ class TransferRun(RunModel, RunFeatures):
         Args:
             data: the examples.
             use_cache: features mode: read/write the vector cache (off for one-off texts).
-            store: features mode: the stored vectors of ``data`` already at hand.
+            store: the stored vectors of ``data`` already at hand (features mode, or frozen mode with a body that
+                stays fixed, as learning curves share them).
 
         Returns:
             classify/pair: ``{"label", "probs"}``; tokens: ``{"words", "tags"}``; qa: ``{"id", "answer"}``;
