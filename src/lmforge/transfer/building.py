@@ -5,8 +5,9 @@ the data half: encoding, fitting, predicting). It reads the attributes the run s
 ``spec``, ``recipe``, ``labels``, ``family``, ``device``, ``fmt``, ``layer``, ``pooler``, ``pair_rows``,
 ``task_token_ids``, ``num_states``, ``extract_ids`` and ``model``.
 
-- ``frozen``: the body is frozen (eval mode) and runs inside every training step; only the head (and,
-  for ELMo, the ScalarMix) trains.
+- ``frozen``: the body is frozen (eval mode); only the head (and, for ELMo, the ScalarMix) trains.  Where
+  nothing of the body trains (:attr:`RunModel.body_stays_fixed`) it runs once and the head trains on the kept
+  vectors; GPT's task-token rows train through it, so GPT runs it inside every training step.
 - ``finetune``: body and head train together; ``freeze_layers=K`` keeps items ``0..K`` of
   ``body.transfer_layers()`` (the embeddings and the lowest K layers) fixed, and ``layer_lr_decay=d``
   gives item ``i`` of ``n`` the learning rate ``lr * d ** (n - 1 - i)``.  ``from_scratch=True``
