@@ -85,12 +85,14 @@ def run_child(threads: int, policy: str | None, args, procs: Path | None = None)
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
-def quota_rows(args, cores: int, child_cgroup) -> list[dict]:
-    """Inside a cgroup with the quota, alternating, twice each: torch's default (all cores), the quota's whole
-    CPUs and one more; ``who`` marks torch's default and the count the ``lmforge`` command picks."""
+def quota_rows(args, child_cgroup) -> list[dict]:
+    """Inside a cgroup with the quota, alternating, twice each: torch's default (a thread per physical core),
+    the quota's whole CPUs and one more; ``who`` marks torch's default and the count the ``lmforge`` command
+    picks."""
     sys.path.insert(0, str(Path(args.checkout).resolve() / "src"))
-    from lmforge.cpu_quota import quota_threads
+    from lmforge.cpu_quota import quota_threads, torch_default_threads
 
+    cores = torch_default_threads()
     whole = max(1, int(args.quota))
     settings = sorted({cores, whole, min(cores, whole + 1)}, reverse=True)
     chosen = quota_threads(args.quota, cores) or cores
@@ -152,7 +154,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.quota is not None:
         from cgroup_quota import child_cgroup
 
-        rows += quota_rows(args, cores, child_cgroup)
+        rows += quota_rows(args, child_cgroup)
     if args.record:
         sys.path.insert(0, str(Path(args.checkout).resolve() / "src"))
         from lmforge.provenance import machine  # the CPU, its flags and torch, beside the figures

@@ -63,15 +63,27 @@ def test_missing_or_malformed_files_mean_no_quota(tmp_path, content):
     assert Q.quota_cores(str(tmp_path / "fs"), str(tmp_path / "absent")) is None
 
 
-@pytest.mark.parametrize(("quota", "visible", "threads"), [
+@pytest.mark.parametrize(("quota", "default", "threads"), [
     (0.5, 8, 1), (1.0, 8, 1), (1.25, 8, 1), (1.5, 8, 2), (1.75, 8, 2), (2.5, 8, 2), (2.6, 8, 3), (3.9, 8, 4),
     (4.9, 16, 4), (7.99, 16, 7), (1.5, 2, None), (8.0, 8, None), (16.0, 8, None), (None, 8, None), (1.0, 1, None)])
-def test_threads_are_the_quotas_whole_cpus_or_one_more_and_only_cap(quota, visible, threads):
-    assert Q.quota_threads(quota, visible) == threads
+def test_threads_are_the_quotas_whole_cpus_or_one_more_and_only_cap(quota, default, threads):
+    assert Q.quota_threads(quota, default) == threads
+
+
+def test_torch_default_counts_physical_cores_once(tmp_path):
+    def cpu(n, phys, core):
+        return f"processor\t: {n}\nphysical id\t: {phys}\ncore id\t\t: {core}\nflags\t\t: avx2\n"
+
+    info = tmp_path / "cpuinfo"
+    info.write_text("\n".join(cpu(n, n // 4, n % 2) for n in range(8)))  # 2 sockets x 2 cores x 2 hyperthreads
+    assert Q.torch_default_threads(str(info)) == 4
+    info.write_text("processor\t: 0\nflags\t\t: neon\n\nprocessor\t: 1\n")  # no core ids: one per CPU
+    assert Q.torch_default_threads(str(info)) == (os.cpu_count() or 1)
+    assert Q.torch_default_threads(str(tmp_path / "absent")) == (os.cpu_count() or 1)
 
 
 def test_the_users_thread_count_wins_and_no_quota_changes_nothing(monkeypatch):
-    monkeypatch.setattr(Q, "visible_cpus", lambda: 8)
+    monkeypatch.setattr(Q, "torch_default_threads", lambda: 8)
     env = {"OMP_NUM_THREADS": "6"}
     assert Q.cap_threads_to_quota(env, quota=2.0) is None and env == {"OMP_NUM_THREADS": "6"}
     env = {}
@@ -83,13 +95,13 @@ def test_the_command_caps_torch_before_its_work(monkeypatch, capsys):
     before = torch.get_num_threads()
     monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
     monkeypatch.setattr(Q, "quota_cores", lambda: 1.2)
-    monkeypatch.setattr(Q, "visible_cpus", lambda: 8)
+    monkeypatch.setattr(Q, "torch_default_threads", lambda: 8)
     try:
         rc = main(["predict", "/nonexistent/run", "--text", "a text"])  # fails after the cap, before any model
         assert rc == 2
         assert os.environ["OMP_NUM_THREADS"] == "1" and torch.get_num_threads() == 1
         err = capsys.readouterr().err
-        assert "may use 1.2 CPUs of the 8 it sees" in err and "torch runs 1 thread," in err
+        assert "may use 1.2 CPUs" in err and "torch runs 1 thread, not one per core (8)" in err
     finally:
         os.environ.pop("OMP_NUM_THREADS", None)
         torch.set_num_threads(before)
@@ -97,8 +109,8 @@ def test_the_command_caps_torch_before_its_work(monkeypatch, capsys):
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="cgroups are Linux's")
 def test_a_real_quota_reaches_torch(tmp_path):
-    if Q.visible_cpus() < 2:
-        pytest.skip("one CPU: no quota can be smaller than what the process sees")
+    if Q.torch_default_threads() < 2:
+        pytest.skip("one core: torch's default of one thread is already no larger than any quota")
     code = ("from lmforge.cpu_quota import cap_threads_to_quota, quota_cores; q = quota_cores(); "
             "line = cap_threads_to_quota(); import torch; print(q, torch.get_num_threads()); print(line)")
     env = {k: v for k, v in os.environ.items() if k != "OMP_NUM_THREADS"}
@@ -111,4 +123,4 @@ def test_a_real_quota_reaches_torch(tmp_path):
     assert out.returncode == 0, out.stderr[-2000:]
     first, line = out.stdout.splitlines()[:2]
     assert first == "1.0 1", out.stdout
-    assert "may use 1 CPU of the" in line
+    assert "may use 1 CPU (" in line and "torch runs 1 thread, not one per core" in line

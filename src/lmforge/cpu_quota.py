@@ -2,16 +2,17 @@
 
 ``docker run --cpus 2`` and a Kubernetes CPU limit do not hide any core: they give the process's cgroup a
 quota of CPU time per scheduler period (cgroup v2 ``cpu.max``, v1 ``cpu.cfs_quota_us`` over
-``cpu.cfs_period_us``).  torch still starts one thread per core it sees, its team spends the quota in a
+``cpu.cfs_period_us``).  torch still starts one thread per physical core, its team spends the quota in a
 fraction of each period, and then every thread is held until the next one; since every operator ends at
 a barrier, the whole step waits.  A team no larger than the quota is never held.
 
 :func:`quota_cores` reads the quota that binds this process (the smallest along its cgroup's path, v2 or
 v1), :func:`cap_threads_to_quota` sets ``OMP_NUM_THREADS`` to :func:`quota_threads` of it when that is
-fewer than the CPUs the process sees: the quota's whole CPUs, or one thread more when the quota's fraction
-pays for the time a team larger than the quota is held (see :data:`THROTTLED_SHARE`).  The
-``lmforge`` command calls it before any work, unless ``OMP_NUM_THREADS`` is set (the user's choice wins);
-the library leaves the thread count alone.  ``bench/bench_cpu_quota.py`` measures both under a real quota.
+fewer than the one thread per physical core torch would start: the quota's whole CPUs, or one thread more
+when the quota's fraction pays for the time a team larger than the quota is held (see
+:data:`THROTTLED_SHARE`).  The ``lmforge`` command calls it before any work, unless ``OMP_NUM_THREADS`` is
+set (the user's choice wins); the library leaves the thread count alone.  ``bench/bench_threads.py --quota``
+measures the thread counts under a real quota.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from pathlib import Path
 
 CGROUP_ROOT = "/sys/fs/cgroup"
 PROC_CGROUP = "/proc/self/cgroup"
+CPUINFO = "/proc/cpuinfo"
 _V1_MOUNTS = ("cpu", "cpu,cpuacct", "cpuacct,cpu")
 #: the share of its ideal speed a team of more threads than the quota keeps: with ``n > q`` threads it runs
 #: ``q / n`` of each period, and loses about a fifth more to being held mid-step (``bench/bench_threads.py
@@ -85,22 +87,30 @@ def quota_cores(root: str = CGROUP_ROOT, proc_cgroup: str = PROC_CGROUP) -> floa
     return min(limits) if limits else None
 
 
-def visible_cpus() -> int:
-    """The CPUs this process may be scheduled on (its affinity mask; elsewhere the machine's count)."""
+def torch_default_threads(cpuinfo: str = CPUINFO) -> int:
+    """The threads torch starts when nothing sets them: one per physical core of the machine (the distinct
+    ``physical id`` / ``core id`` pairs of ``/proc/cpuinfo``, so hyperthread siblings count once), else one
+    per CPU."""
     try:
-        return len(os.sched_getaffinity(0))
-    except (AttributeError, OSError):
+        text = Path(cpuinfo).read_text()
+    except OSError:
         return os.cpu_count() or 1
+    cores = set()
+    for block in text.split("\n\n"):
+        fields = {k.strip(): v.strip() for k, _, v in (line.partition(":") for line in block.splitlines())}
+        if "core id" in fields:
+            cores.add((fields.get("physical id", "0"), fields["core id"]))
+    return len(cores) or os.cpu_count() or 1
 
 
-def quota_threads(quota: float | None, visible: int) -> int | None:
-    """The thread count for ``quota`` CPUs (see :data:`THROTTLED_SHARE`) when it is fewer than ``visible``,
-    else None."""
+def quota_threads(quota: float | None, default: int) -> int | None:
+    """The thread count for ``quota`` CPUs (see :data:`THROTTLED_SHARE`) when it is fewer than the ``default``
+    torch would start, else None (a quota never raises the count)."""
     if quota is None:
         return None
     whole = int(quota)
     threads = max(1, whole + 1 if quota * THROTTLED_SHARE > whole else whole)
-    return threads if threads < visible else None
+    return threads if threads < default else None
 
 
 def cap_threads_to_quota(environ: dict | None = None, quota: float | None = None) -> str | None:
@@ -111,14 +121,14 @@ def cap_threads_to_quota(environ: dict | None = None, quota: float | None = None
         quota: the quota in CPUs (default :func:`quota_cores`).
     Returns:
         The line saying what was set and why, or None: ``OMP_NUM_THREADS`` was already set, no quota binds,
-        or the quota is no smaller than the CPUs this process sees.
+        or the quota is no smaller than torch's default thread count.
     """
     environ = os.environ if environ is None else environ
     if "OMP_NUM_THREADS" in environ:
         return None
     quota = quota_cores() if quota is None else quota
-    visible = visible_cpus()
-    threads = quota_threads(quota, visible)
+    default = torch_default_threads()
+    threads = quota_threads(quota, default)
     if threads is None:
         return None
     environ["OMP_NUM_THREADS"] = str(threads)
@@ -126,9 +136,9 @@ def cap_threads_to_quota(environ: dict | None = None, quota: float | None = None
     if torch is not None and hasattr(torch, "set_num_threads"):  # already loaded: the variable comes too late
         torch.set_num_threads(threads)
     cpus = f"{quota:g} CPU{'' if quota == 1 else 's'}"
-    return (f"this process may use {cpus} of the {visible} it sees (a cgroup CPU quota, as docker --cpus or a "
-            f"Kubernetes CPU limit sets): torch runs {threads} thread{'s' if threads > 1 else ''}, since a larger "
+    return (f"this process may use {cpus} (a cgroup CPU quota, as docker --cpus or a Kubernetes CPU limit sets): "
+            f"torch runs {threads} thread{'s' if threads > 1 else ''}, not one per core ({default}), since a larger "
             f"team is held at every step once it spends the quota (OMP_NUM_THREADS overrides this)")
 
 
-__all__ = ["quota_cores", "visible_cpus", "quota_threads", "cap_threads_to_quota"]
+__all__ = ["quota_cores", "torch_default_threads", "quota_threads", "cap_threads_to_quota"]
