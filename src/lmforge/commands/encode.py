@@ -50,8 +50,9 @@ def register(sub) -> None:
     add_device_arg(p)
     p.add_argument("--precision", choices=PRECISIONS, default="fp32",
                    help="fp32 (default: the vectors model.encode gives); bf16 or fp16 (CUDA) run the model under "
-                        "autocast, faster on a GPU or a CPU with native bf16, vectors within about 1e-3; auto: bf16 "
-                        "where the device computes it natively and the model is wide enough to gain")
+                        "autocast, faster on a GPU or a CPU with native bf16, their vectors close to fp32's "
+                        "(docs/vectors.md); auto: bf16 where the device computes it natively and the model is wide "
+                        "enough to gain")
     add_json_arg(p)
     p.set_defaults(func=run, reads=("model_dir", "--file"), writes=("--out",))
 
