@@ -14,8 +14,9 @@ from lmforge import malloc
 
 GLIBC = sys.platform.startswith("linux") and platform.libc_ver()[0] == "glibc"
 
-# allocates and fills a 64 MiB tensor ten times; prints the minor page faults of the last eight rounds (the heap
-# settles in the first two)
+# allocates and fills a 64 MiB tensor 34 times; prints the minor page faults of the last 32 rounds. The heap may grow
+# to hold a few such blocks before it settles, and small allocations between rounds shift it, so a handful of rounds
+# (at most 4 of 32 in 30 runs on the machine that wrote this) still land on fresh pages; the rest reuse them
 PROBE = textwrap.dedent("""
     import resource, sys, torch
     from lmforge.malloc import keep_freed_memory
@@ -23,7 +24,7 @@ PROBE = textwrap.dedent("""
     torch.ones(16 << 20).sum()
     torch.ones(16 << 20).sum()
     before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
-    for _ in range(8):
+    for _ in range(32):
         torch.ones(16 << 20).sum()
     print(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
 """)
@@ -45,10 +46,9 @@ def test_kept_memory_is_reused_without_page_faults():
     if "mmap threshold 1024 MiB" not in said:
         pytest.skip(f"this glibc keeps blocks up to 32 MiB only, below the probe's 64 MiB: {said}")
     assert said_system == "glibc's defaults (LMFORGE_MALLOC=system)"
-    # glibc's defaults map eight fresh 64 MiB blocks, each faulted in page by page: 8 x 16,384 faults of 4 KiB
-    # (at least 8 x 32 where transparent huge pages fault 2 MiB at a time); kept memory is reused (a round may
-    # still land on new pages when the heap's layout shifts)
-    assert system >= 8 * 32, system
+    # glibc's defaults map 32 fresh 64 MiB blocks, each faulted in page by page: 32 x 16,384 faults of 4 KiB
+    # (at least 32 x 32 where transparent huge pages fault 2 MiB at a time); kept memory is mostly reused
+    assert system >= 32 * 32, system
     assert kept < system / 3, (kept, system)
 
 
