@@ -63,6 +63,22 @@ def on_device(model, name: str):
     return model.to(resolve_device(name))
 
 
+INFERENCE_PRECISION_HELP = (
+    "fp32 (default: exactly the model's fp32 results); bf16 or fp16 (CUDA only) run the model under autocast, "
+    "faster on a GPU or a CPU with native bf16, with results close to fp32's (docs/vectors.md measures them); "
+    "auto: bf16 where the device computes it natively and the model is wide enough to gain")
+
+
+RUN_PRECISION_HELP = ("fp32, bf16, fp16 (CUDA only) or auto (bf16 where the device computes it natively and the "
+                      "body is wide enough to gain); default: the precision the run was fine-tuned in")
+
+
+def add_inference_precision_arg(p: argparse.ArgumentParser, default: str | None = "fp32",
+                                help: str = INFERENCE_PRECISION_HELP) -> None:
+    """``--precision`` of a command that runs a trained model (default fp32: the library's own results)."""
+    p.add_argument("--precision", choices=PRECISIONS, default=default, help=help)
+
+
 def add_compute_args(p: argparse.ArgumentParser) -> None:
     """``--device`` and ``--precision`` (default ``None``: the run config's, else ``auto``)."""
     g = p.add_argument_group("where and in which precision to compute")

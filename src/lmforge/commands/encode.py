@@ -3,16 +3,14 @@
 from __future__ import annotations
 
 import argparse
-import logging
 import sys
 import time
 from pathlib import Path
 
-from ..devices import PRECISIONS
 from ..errors import LmforgeError
 from ..models import load
 from . import command_help
-from ._common import add_device_arg, add_json_arg, show
+from ._common import add_device_arg, add_inference_precision_arg, add_json_arg, show
 
 EPILOG = """\
 examples:
@@ -48,18 +46,14 @@ def register(sub) -> None:
     p.add_argument("--normalize", action="store_true", help="scale every vector to unit length")
     p.add_argument("--batch-size", type=int, default=32, metavar="N", help="texts per forward pass (default 32)")
     add_device_arg(p)
-    p.add_argument("--precision", choices=PRECISIONS, default="fp32",
-                   help="fp32 (default: the vectors model.encode gives); bf16 or fp16 (CUDA) run the model under "
-                        "autocast, faster on a GPU or a CPU with native bf16, their vectors close to fp32's "
-                        "(docs/vectors.md); auto: bf16 where the device computes it natively and the model is wide "
-                        "enough to gain")
+    add_inference_precision_arg(p)
     add_json_arg(p)
     p.set_defaults(func=run, reads=("model_dir", "--file"), writes=("--out",))
 
 
 def run(args) -> int:
     from ..models.vectors import read_texts, resolve_layer, save_vectors  # imports torch: only when run
-    from ..train.precision import autocast, choose_precision, describe, resolve_device  # imports torch too
+    from ..train.precision import autocast, inference_precision, resolve_device  # imports torch too
 
     out = Path(args.out)
     if out.suffix not in (".npy", ".parquet"):
@@ -70,14 +64,8 @@ def run(args) -> int:
         raise LmforgeError(f"--batch-size must be >= 1, not {args.batch_size}")
     texts = read_texts(args.file, args.text_field, args.format)
     device = resolve_device(args.device)
-    if args.precision == "fp16" and device.type != "cuda":
-        raise LmforgeError("--precision fp16 needs a CUDA GPU; on a CPU use bf16 (fast where the CPU has native "
-                           "bf16) or fp32")
     model = load(args.model_dir).to(device)
-    choice = choose_precision(args.precision, device, model)
-    precision = choice.precision
-    if args.precision == "auto":  # say what auto chose and why, as pretrain does
-        logging.getLogger("lmforge").info("%s", describe(args.precision, precision, device, choice.reason))
+    precision = inference_precision(args.precision, device, model)
     start = time.perf_counter()
     with _Progress(len(texts), quiet=args.quiet) as progress, autocast(device, precision):
         vectors = model.encode(texts, layer=args.layer, pool=args.pool, normalize=args.normalize,

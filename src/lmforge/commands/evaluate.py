@@ -18,7 +18,15 @@ from ..transfer import load_run
 from ..utils import atomic_write_text
 from . import command_help
 from ._columns import add_column_args
-from ._common import RUN_DEVICE_HELP, add_device_arg, add_json_arg, pairs, show
+from ._common import (
+    RUN_DEVICE_HELP,
+    RUN_PRECISION_HELP,
+    add_device_arg,
+    add_inference_precision_arg,
+    add_json_arg,
+    pairs,
+    show,
+)
 from ._runconfig import split_sets
 
 
@@ -52,6 +60,7 @@ def register(sub) -> None:
     r.add_argument("--test", required=True, help="labelled data file in the run's task format")
     r.add_argument("--out", default=None, help="also write one record per example (gold and prediction) as JSONL")
     add_device_arg(r, default=None, help=RUN_DEVICE_HELP)
+    add_inference_precision_arg(r, default=None, help=RUN_PRECISION_HELP)
     add_json_arg(r)
     r.set_defaults(func=run_run, reads=("run_dir", "--test"), writes=("--out",))
     add_column_args(r, files=("test",))
@@ -98,7 +107,7 @@ def run_wic(args) -> int:
 def run_run(args) -> int:
     import json
 
-    run_ = load_run(args.run_dir, device=args.device)
+    run_ = load_run(args.run_dir, device=args.device, precision=args.precision)
     task = run_.cfg.task
     data = load_task(args.test, task)
     check_labels(TaskData(task, [], list(run_.labels), f"the run {args.run_dir}"), data)

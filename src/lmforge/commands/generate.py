@@ -9,8 +9,9 @@ import time
 from ..errors import LmforgeError
 from ..generation import check_generation_args, generate_text
 from ..models import FAMILIES, get_family, load
+from ..train.precision import autocast, inference_precision
 from . import command_help
-from ._common import add_device_arg, add_json_arg, fmt, on_device, show
+from ._common import add_device_arg, add_inference_precision_arg, add_json_arg, fmt, on_device, show
 
 #: the most tokens one `lmforge generate` adds (more is capped, with a message)
 MAX_NEW_TOKENS = 4096
@@ -36,6 +37,7 @@ def register(sub) -> None:
     p.add_argument("--seed", type=int, default=None, help="seed for sampling (same seed, same text)")
     p.add_argument("--no-cache", action="store_true", help="recompute the whole context every step (slow)")
     add_device_arg(p)
+    add_inference_precision_arg(p)
     add_json_arg(p)
     p.set_defaults(func=run, reads=("model_dir",))
 
@@ -54,6 +56,7 @@ def run(args) -> int:
     if model.tokenizer is None:
         raise LmforgeError(f"{args.model_dir} has no tokenizer files; generate needs tokenizer.json beside the model")
     on_device(model, args.device)
+    precision = inference_precision(args.precision, next(model.parameters()).device, model)
     stream = None if args.json else sys.stdout  # --json: one record at the end, nothing streamed
     if stream is not None:
         stream.write(args.prompt)
@@ -66,26 +69,27 @@ def run(args) -> int:
 
     tokens = []
     start = time.perf_counter()
-    text = generate_text(
-        model,
-        args.prompt,
-        max_new_tokens=max_new,
-        temperature=args.temperature,
-        top_k=args.top_k,
-        top_p=args.top_p,
-        stop=args.stop,
-        seed=args.seed,
-        use_cache=not args.no_cache,
-        on_text=on_text,
-        on_token=tokens.append,
-    )
+    with autocast(next(model.parameters()).device, precision):
+        text = generate_text(
+            model,
+            args.prompt,
+            max_new_tokens=max_new,
+            temperature=args.temperature,
+            top_k=args.top_k,
+            top_p=args.top_p,
+            stop=args.stop,
+            seed=args.seed,
+            use_cache=not args.no_cache,
+            on_text=on_text,
+            on_token=tokens.append,
+        )
     seconds = time.perf_counter() - start
     if stream is not None:
         stream.write("\n")
         stream.flush()
     record = {"model": str(args.model_dir), "prompt": args.prompt, "text": text, "new_tokens": len(tokens),
               "seconds": seconds, "temperature": args.temperature, "top_k": args.top_k, "top_p": args.top_p,
-              "seed": args.seed}
+              "seed": args.seed, "precision": precision}
     if args.json:
         show(args, record, [])
     elif not args.quiet:  # the text is the output; how long it took goes beside it, on stderr

@@ -13,7 +13,7 @@ from ..errors import DataError
 from ..transfer import load_run
 from ..utils import atomic_write_text
 from . import command_help
-from ._common import RUN_DEVICE_HELP, add_device_arg, show
+from ._common import RUN_DEVICE_HELP, RUN_PRECISION_HELP, add_device_arg, add_inference_precision_arg, show
 from ._predict import prediction_line, with_inputs
 
 
@@ -44,6 +44,7 @@ def register(sub) -> None:
     p.add_argument("--json", action="store_true",
                    help="print one JSON record per example (with --out: one JSON record of what was written)")
     add_device_arg(p, default=None, help=RUN_DEVICE_HELP)
+    add_inference_precision_arg(p, default=None, help=RUN_PRECISION_HELP)
     p.set_defaults(func=run, reads=("run_dir", "--file"), writes=("--out",))
 
 
@@ -56,7 +57,7 @@ def run(args) -> int:
     if args.file and os.path.isdir(args.file) and not is_dataset_folder(Path(args.file)):
         raise DataError(f"--file {args.file} is a folder, not a data file; give one file in the task's format "
                         f"(or a folder written by datasets' save_to_disk)")
-    run_ = load_run(args.run_dir, device=args.device)
+    run_ = load_run(args.run_dir, device=args.device, precision=args.precision)
     task = run_.cfg.task
     if args.file:
         data = load_task(args.file, task, labelled=False)

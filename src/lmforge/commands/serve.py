@@ -7,7 +7,7 @@ import argparse
 
 from ..errors import LmforgeError
 from . import command_help
-from ._common import add_device_arg
+from ._common import add_device_arg, add_inference_precision_arg
 
 EPILOG = """\
 endpoints (JSON; errors are one line with a 4xx/5xx status; OpenAPI docs at /docs):
@@ -51,6 +51,11 @@ def register(sub) -> None:
     p.add_argument("--port", type=int, default=8000, help="port (default 8000)")
     add_device_arg(p, help="where every folder computes: cpu, cuda, cuda:N or auto (default: auto = cuda when torch "
                            "sees a GPU, else cpu)")
+    add_inference_precision_arg(
+        p, default=None,
+        help="what every folder computes in: fp32, bf16, fp16 (CUDA only) or auto (bf16 where the device computes it "
+             "natively and the model is wide enough to gain). Default: a model folder in fp32, a run in the "
+             "precision it was fine-tuned in. /v1/models lists each folder's")
     access = p.add_argument_group("access")
     access.add_argument(
         "--api-key",
@@ -125,7 +130,8 @@ def run(args) -> int:
         max_batch=args.max_batch,
         batch_wait_ms=args.batch_wait_ms,
     )
-    app = create_app(args.paths, limits, access_for(args.host, key, hosts, origins), device=args.device)
+    app = create_app(args.paths, limits, access_for(args.host, key, hosts, origins), device=args.device,
+                     precision=args.precision)
     if not loopback and key is None:
         logging.getLogger("lmforge").warning(
             "binding %s without an API key (--insecure): anyone who can reach this address can use it", args.host

@@ -74,10 +74,12 @@ class Server:
             del self.batchers[key]
         wait = self.limits.batch_wait_ms / 1000.0
         if "embed" in e.supports:
-            self.batchers[(name, "embed")] = MicroBatcher(e.obj.embed, self.limits.max_batch, wait, f"embed {name}")
+            self.batchers[(name, "embed")] = MicroBatcher(
+                lambda items, e=e: e.compute(e.obj.embed, items), self.limits.max_batch, wait, f"embed {name}"
+            )
             # one request's texts per call, batched as `lmforge encode` batches them, so the vectors are the same
             self.batchers[(name, "encode")] = MicroBatcher(
-                lambda items, m=e.obj: [encode(m, texts, **options) for texts, options in items], 1, 0.0,
+                lambda items, e=e: [e.compute(encode, e.obj, texts, **options) for texts, options in items], 1, 0.0,
                 f"encode {name}",
             )
         if "predict" in e.supports:
@@ -86,7 +88,8 @@ class Server:
             )
         if "fill-mask" in e.supports:  # one text per forward pass: queued so they do not fight for the cores
             self.batchers[(name, "fill-mask")] = MicroBatcher(
-                lambda items, m=e.obj: [m.fill_mask(t, top_k=k) for t, k in items], 1, 0.0, f"fill-mask {name}"
+                lambda items, e=e: [e.compute(e.obj.fill_mask, t, top_k=k) for t, k in items], 1, 0.0,
+                f"fill-mask {name}",
             )
 
     @staticmethod
@@ -126,7 +129,8 @@ class Server:
                 return current
             stamp = folder_stamp(current.path)
             try:
-                new = await anyio.to_thread.run_sync(open_entry, current.path, current.name, current.device)
+                new = await anyio.to_thread.run_sync(open_entry, current.path, current.name, current.device,
+                                                    current.precision)
             except Exception as ex:
                 when = time.strftime("%H:%M:%S", time.localtime(current.loaded_at))
                 current.stale = (
@@ -203,9 +207,11 @@ class Server:
         )
         if req.stream:
             return self.generations.stream(
-                lambda slot, emit: generate_one(e.obj, req.prompt, options, slot, emit), _generate_events
+                lambda slot, emit: e.compute(generate_one, e.obj, req.prompt, options, slot, emit), _generate_events
             )
-        done = await self.generations.run(request, lambda slot: generate_one(e.obj, req.prompt, options, slot))
+        done = await self.generations.run(
+            request, lambda slot: e.compute(generate_one, e.obj, req.prompt, options, slot)
+        )
         return {"model": req.model, "prompt": req.prompt, "text": done.text}
 
     async def embed(self, req: EmbedRequest) -> dict:
@@ -347,6 +353,7 @@ def create_app(
     limits: ServeLimits | None = None,
     access: ServeAccess | None = None,
     device: str | None = None,
+    precision: str | None = None,
 ) -> FastAPI:
     """The FastAPI app serving ``paths`` (model folders, runs, folders being pretrained).
 
@@ -358,12 +365,14 @@ def create_app(
             names from the address they bind.
         device: where the folders compute (``cpu``, ``cuda``, ``cuda:N``, ``auto``); None: models on the CPU,
             runs where their own config says.
+        precision: what the folders compute in (``fp32``, ``bf16``, ``fp16`` on CUDA, ``auto``); None: models in
+            fp32, runs in the precision they were fine-tuned in.
     Returns:
         The app; run it with uvicorn (``lmforge serve``) or test it with ``fastapi.testclient.TestClient``.
     """
     limits = limits or ServeLimits()
     access = access or ServeAccess()
-    entries = paths if isinstance(paths, dict) else open_entries(list(paths), device)
+    entries = paths if isinstance(paths, dict) else open_entries(list(paths), device, precision)
     server = Server(entries, limits)
     app = FastAPI(
         title="lmforge serve",

@@ -177,7 +177,9 @@ async def completions(server: Server, req: CompletionRequest, request: Request):
     head = {"id": f"cmpl-{uuid.uuid4().hex}", "object": "text_completion", "created": int(time.time()),
             "model": req.model}
     if not req.stream:
-        done = await server.generations.run(request, lambda slot: [generate_one(e.obj, p, o, slot) for _, p, o in jobs])
+        done = await server.generations.run(
+            request, lambda slot: [e.compute(generate_one, e.obj, p, o, slot) for _, p, o in jobs]
+        )
         choices = [
             {"text": (p if echo else "") + g.text, "index": k, "logprobs": None, "finish_reason": _finish(g)}
             for (k, p, _), g in zip(jobs, done)
@@ -189,7 +191,7 @@ async def completions(server: Server, req: CompletionRequest, request: Request):
         for k, p, options in jobs:
             if echo:
                 emit((k, p, None))
-            g = generate_one(e.obj, p, options, slot, lambda piece, k=k: emit((k, piece, None)))
+            g = e.compute(generate_one, e.obj, p, options, slot, lambda piece, k=k: emit((k, piece, None)))
             emit((k, "", _finish(g)))
             done.append(g)
         return done

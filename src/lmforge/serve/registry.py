@@ -14,6 +14,7 @@ import json
 import logging
 import os
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -21,7 +22,7 @@ from ..config import load_json
 from ..errors import CheckpointError
 from ..models import load
 from ..models.registry import get_family
-from ..train.precision import resolve_device
+from ..train.precision import autocast, inference_precision, resolve_device
 from ..transfer import load_run
 
 logger = logging.getLogger(__name__)
@@ -47,6 +48,9 @@ class Entry:
         stale: why the folder on disk is not what is served (it changed but could not be reopened), or None.
         device: the ``--device`` it was opened with (a reload opens it there again); None = a model on the CPU,
             a run where its own config says.
+        precision: the ``--precision`` it was opened with (likewise); None = a model in fp32, a run in the
+            precision it was fine-tuned in.
+        computes_in: the precision it computes in (``fp32``, ``bf16`` or ``fp16``), ``auto`` resolved.
     """
 
     name: str
@@ -60,6 +64,16 @@ class Entry:
     reloads: int = 0
     stale: str | None = None
     device: str | None = None
+    precision: str | None = None
+    computes_in: str = "fp32"
+
+    def compute(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        """``fn(*args, **kwargs)`` in the entry's precision: a model's calls run under autocast (a run's
+        ``predict`` applies its own).  Call it in the thread that computes: autocast is per thread."""
+        if self.kind != "model" or self.computes_in == "fp32":
+            return fn(*args, **kwargs)
+        with autocast(next(self.obj.parameters()).device, self.computes_in):
+            return fn(*args, **kwargs)
 
     def changed_on_disk(self) -> bool:
         return folder_stamp(self.path) != self.stamp
@@ -78,6 +92,7 @@ class Entry:
         }
         if self.obj is not None:
             d["device"] = str(self.obj.device if self.kind == "run" else next(self.obj.parameters()).device)
+            d["precision"] = self.computes_in
         if self.kind == "model":
             d["parameters"] = int(self.obj.num_parameters())
         if self.kind == "run":
@@ -122,17 +137,18 @@ def _has_curves(p: Path) -> bool:
     return (p / METRICS_FILE).is_file()
 
 
-def open_entry(path: str | Path, name: str, device: str | None = None) -> Entry:
+def open_entry(path: str | Path, name: str, device: str | None = None, precision: str | None = None) -> Entry:
     """Open one folder as an :class:`Entry` (a CheckpointError with one line when it is none of the kinds), its
-    model on ``device`` (``cpu``, ``cuda``, ``cuda:N``, ``auto``; None: see :attr:`Entry.device`)."""
+    model on ``device`` (``cpu``, ``cuda``, ``cuda:N``, ``auto``; None: see :attr:`Entry.device`) computing in
+    ``precision`` (``fp32``, ``bf16``, ``fp16``, ``auto``; None: see :attr:`Entry.precision`)."""
     p = Path(path)
     stamp = folder_stamp(p)  # taken first: a change while loading shows up on the next check
-    entry = _open(p, name, device)
-    entry.stamp, entry.device = stamp, device
+    entry = _open(p, name, device, precision)
+    entry.stamp, entry.device, entry.precision = stamp, device, precision
     return entry
 
 
-def _open(p: Path, name: str, device: str | None) -> Entry:
+def _open(p: Path, name: str, device: str | None, precision: str | None) -> Entry:
     if not p.is_dir():
         raise CheckpointError(
             f"{p} is not a folder; give model folders, runs from `lmforge finetune`, or model folders being pretrained"
@@ -140,18 +156,19 @@ def _open(p: Path, name: str, device: str | None) -> Entry:
     curves = ("curves",) if _has_curves(p) or (p / "train_config.json").is_file() else ()
     cfg_path = p / "config.json"
     if cfg_path.is_file() and (p / "head.safetensors").is_file():
-        run = load_run(p, device=device)
-        return Entry(name, p, "run", run.family, run, ("predict",) + curves)
+        run = load_run(p, device=device, precision=precision)
+        return Entry(name, p, "run", run.family, run, ("predict",) + curves, computes_in=run.cfg.precision)
     if cfg_path.is_file() and (p / "model.safetensors").is_file():
         data = load_json(cfg_path)
         if "model_type" in data:
             model = load(p)
             if device is not None:
                 model.to(resolve_device(device))
+            computes_in = inference_precision(precision or "fp32", next(model.parameters()).device, model)
             ops = family_operations(model.model_type) if model.tokenizer is not None else ()
             if model.tokenizer is None:
                 logger.warning("%s has no tokenizer files: it serves no text operation", p)
-            return Entry(name, p, "model", model.model_type, model, tuple(ops) + curves)
+            return Entry(name, p, "model", model.model_type, model, tuple(ops) + curves, computes_in=computes_in)
     if curves:
         family = None
         if cfg_path.is_file():
@@ -163,9 +180,10 @@ def _open(p: Path, name: str, device: str | None) -> Entry:
     )
 
 
-def open_entries(paths: list[str | Path], device: str | None = None) -> dict[str, Entry]:
-    """Open every folder on ``device`` (see :func:`open_entry`); names are the folder names, made unique with
-    ``-2``, ``-3``, ..."""
+def open_entries(paths: list[str | Path], device: str | None = None,
+                 precision: str | None = None) -> dict[str, Entry]:
+    """Open every folder on ``device`` in ``precision`` (see :func:`open_entry`); names are the folder names, made
+    unique with ``-2``, ``-3``, ..."""
     if not paths:
         raise CheckpointError("give at least one model folder or run to serve")
     entries: dict[str, Entry] = {}
@@ -174,9 +192,10 @@ def open_entries(paths: list[str | Path], device: str | None = None) -> dict[str
         name, k = base, 2
         while name in entries:
             name, k = f"{base}-{k}", k + 1
-        entry = open_entry(path, name, device)
+        entry = open_entry(path, name, device, precision)
         entries[name] = entry
-        logger.info("serving %s as '%s' (%s%s)", path, name, entry.kind, f", {entry.family}" if entry.family else "")
+        logger.info("serving %s as '%s' (%s%s%s)", path, name, entry.kind, f", {entry.family}" if entry.family else "",
+                    f", {entry.computes_in}" if entry.obj is not None and entry.computes_in != "fp32" else "")
     return entries
 
 

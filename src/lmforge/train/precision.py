@@ -29,6 +29,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import functools
+import logging
 import statistics
 from collections.abc import Callable
 from pathlib import Path
@@ -168,8 +169,8 @@ def choose_precision(
     """
     check_precision(precision)
     if precision == "fp16" and device.type != "cuda":
-        raise ConfigError("--precision fp16 needs a CUDA GPU (it trains with a gradient scaler); on a CPU use "
-                          "--precision bf16 or fp32")
+        raise ConfigError("--precision fp16 needs a CUDA GPU; on a CPU use --precision bf16 (fast where the CPU "
+                          "computes bf16 natively) or fp32")
     if precision != "auto":
         return PrecisionChoice(precision)
     where = "this CPU" if device.type == "cpu" else f"{device}"
@@ -230,6 +231,18 @@ def describe(requested: str, resolved: str, device: torch.device, reason: str = 
     if resolved == "bf16" and not native_bf16(device):
         note = f"; {where} has no native bf16, so this runs slower than fp32"
     return f"precision {resolved} (asked for){note} on {device}"
+
+
+def inference_precision(precision: str, device: torch.device, model: nn.Module) -> str:
+    """The concrete precision a trained ``model`` runs in on ``device`` (``encode``, ``generate``, ``serve``).
+
+    ``fp16`` off a CUDA GPU is a one-line :class:`ConfigError`, as everywhere; ``auto`` follows
+    :func:`choose_precision` for the model and logs what it chose and why, as a training run does.
+    """
+    choice = choose_precision(precision, device, model)
+    if precision == "auto":
+        logging.getLogger("lmforge").info("%s", describe(precision, choice.precision, device, choice.reason))
+    return choice.precision
 
 
 def autocast(device: torch.device, precision: str):

@@ -21,7 +21,7 @@ from torch import nn
 from ..cards import update_card
 from ..config import load_json, save_json, to_dict
 from ..data.tasks import TaskData, check_labels, load_task
-from ..devices import check_device
+from ..devices import check_device, check_precision
 from ..errors import CheckpointError, LmforgeError
 from ..models import load
 from ..train.precision import describe
@@ -63,12 +63,13 @@ def save_run(run: TransferRun, out_dir: str | Path, metrics: dict, records: list
     return out
 
 
-def load_run(run_dir: str | Path, device: str | None = None) -> TransferRun:
+def load_run(run_dir: str | Path, device: str | None = None, precision: str | None = None) -> TransferRun:
     """Open a finished run folder for prediction: body (+ fine-tuned weights) and trained head.
 
     Args:
         run_dir: a folder written by ``lmforge finetune``.
         device: where to predict (``cpu``, ``cuda``, ``cuda:N``, ``auto``); None = the run's own setting.
+        precision: ``fp32``, ``bf16``, ``fp16`` (CUDA) or ``auto``; None = the precision the run trained in.
     """
     p = Path(run_dir)
     if not (p / "config.json").is_file() or not (p / "head.safetensors").is_file():
@@ -81,6 +82,8 @@ def load_run(run_dir: str | Path, device: str | None = None) -> TransferRun:
     cfg = saved_config(data, p)
     if device is not None:
         cfg = dataclasses.replace(cfg, device=check_device(device))
+    if precision is not None:
+        cfg = dataclasses.replace(cfg, precision=check_precision(precision))
     model_dir = data.get("model_dir")
     if not model_dir or not Path(model_dir).is_dir():
         raise CheckpointError(f"the run's model folder {model_dir} is gone; the run needs it to predict")
