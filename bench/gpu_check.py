@@ -9,7 +9,7 @@ the sections (``--only``, comma-separated; default all but ``nanogpt`` without `
 - ``resume``: ``--resume`` on the GPU (half the steps, then the rest) against the uninterrupted run;
 - ``torchrun``: ``torchrun --nproc_per_node 1`` (the NCCL process group) against the plain GPU run;
 - ``transfer``: ``lmforge finetune`` (finetune and features modes), greedy ``lmforge generate`` and
-  ``lmforge encode`` with ``--device cuda`` against ``--device cpu``;
+  ``lmforge encode`` with ``--device cuda`` against ``--device cpu``, and in bf16 and fp16 against fp32;
 - ``step``: the Trainer's step on the GPU: fused AdamW, and the host syncs per step (``torch.cuda``'s
   sync debug mode; the Trainer itself adds none, a model's data-dependent shapes may);
 - ``throughput``: BERT 'base' and GPT 'gpt2-small' pretraining tokens/s in bf16 through the CLI;
@@ -317,6 +317,15 @@ def transfer_checks(args, out, lm, log, env, lines, results, check, pretrain) ->
     results["encode"] = dict(texts=len(vectors["cpu"]), max_abs_diff=gap)
     check("encode cpu vs cuda", vectors["cpu"].shape == vectors["cuda"].shape and gap < 1e-3,
           f"{len(vectors['cpu'])} vectors, largest difference {gap:.1e}")
+    # the half precisions `encode --precision` (and serve's) run under autocast on the GPU: close to fp32's vectors
+    for precision in ("bf16", "fp16") if args.gpu.startswith("cuda") else ("bf16",):
+        half = out / f"vectors-cuda-{precision}.npy"
+        sh([*lm, "encode", str(out / "bert-cpu"), "--file", str(out / "texts.txt"), "--out", str(half),
+            "--device", args.gpu, "--precision", precision], log, env)
+        v = np.load(half, allow_pickle=False)
+        cos = (v * vectors["cpu"]).sum(1) / np.linalg.norm(v, axis=1) / np.linalg.norm(vectors["cpu"], axis=1)
+        results[f"encode_{precision}"] = dict(min_cosine=float(cos.min()))
+        check(f"encode --precision {precision} vs fp32", float(cos.min()) > 0.999, f"least cosine {cos.min():.5f}")
 
 
 if __name__ == "__main__":
