@@ -242,6 +242,62 @@ def test_cli_bad_input_is_one_line(bert_dir, tmp_path, capsys, content, argv, me
     assert not (tmp_path / "v.npy").exists()
 
 
+def _write_records(folder, fmt: str, texts: list[str]):
+    """``texts`` as a ``fmt`` input beside an id column, named as a user would name the file."""
+    import csv
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    path = folder / {"csv": "in.csv", "tsv-headerless": "in.tsv", "json": "in.json", "parquet": "in.parquet",
+                     "dataset": "ds"}[fmt]
+    if fmt == "csv":
+        with path.open("w", newline="", encoding="utf-8") as f:
+            w = csv.writer(f)
+            w.writerow(["id", "review"])
+            w.writerows(enumerate(texts))
+    elif fmt == "tsv-headerless":
+        path.write_text("".join(f"{i}\t{t}\n" for i, t in enumerate(texts)), encoding="utf-8")
+    elif fmt == "json":
+        path.write_text(json.dumps({"data": [{"id": i, "review": t} for i, t in enumerate(texts)]}), encoding="utf-8")
+    elif fmt == "parquet":
+        pq.write_table(pa.table({"id": list(range(len(texts))), "review": texts}), path)
+    else:
+        datasets = pytest.importorskip("datasets")
+        datasets.Dataset.from_dict({"id": list(range(len(texts))), "review": texts}).save_to_disk(str(path))
+    return path
+
+
+@pytest.mark.parametrize("fmt, column", [("csv", "review"), ("tsv-headerless", "1"), ("json", "review"),
+                                         ("parquet", "review"), ("dataset", "review")])
+def test_cli_reads_texts_from_every_record_format(bert_dir, tmp_path, capsys, fmt, column):
+    """A CSV (a comma inside a quoted text), headerless TSV, JSON, Parquet or `datasets` input gives the vectors of
+    the same texts in a plain-text file, row for row."""
+    texts = TEXTS + ["a snake, a language, and a day"]
+    path = _write_records(tmp_path, fmt, texts)
+    flag = "--text-column" if fmt in ("csv", "tsv-headerless") else "--text-field"
+    assert main(["encode", str(bert_dir), "--file", str(path), flag, column, "--out", str(tmp_path / "v.parquet")]) == 0
+    capsys.readouterr()
+    import pyarrow.parquet as pq
+
+    assert pq.read_table(tmp_path / "v.parquet").column("text").to_pylist() == texts
+    np.testing.assert_array_equal(load_vectors(tmp_path / "v.parquet"), load(bert_dir).encode(texts))
+
+
+@pytest.mark.parametrize("fmt, argv, message", [
+    ("csv", [], "has no column 'text' (columns: id, review); choose one with --text-column NAME"),
+    ("tsv-headerless", ["--text-column", "4"], "has 2 columns, no column 4 (0-based)"),
+    ("parquet", ["--text-field", "id"], "field 'id' is a int, not a string"),
+    ("json", ["--text-field", "review"], ": field 'review' is blank"),
+])
+def test_cli_bad_records_are_one_line(bert_dir, tmp_path, capsys, fmt, argv, message):
+    path = _write_records(tmp_path, fmt, ["a snake", " ", "the python"])
+    assert main(["encode", str(bert_dir), "--file", str(path), "--out", str(tmp_path / "v.npy"), *argv]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and message in err, err
+    assert not (tmp_path / "v.npy").exists()
+
+
 def test_cli_never_overwrites_its_input(bert_dir, tmp_path, capsys):
     src = tmp_path / "texts.npy"  # a text file that happens to end in .npy
     src.write_text("a snake\n", encoding="utf-8")

@@ -7,6 +7,7 @@ import sys
 import time
 from pathlib import Path
 
+from ..data.formats import RECORD_FORMATS
 from ..errors import LmforgeError
 from ..models import load
 from . import command_help
@@ -16,11 +17,13 @@ EPILOG = """\
 examples:
   lmforge encode models/bert --file sentences.txt --out vectors.npy --normalize
   lmforge encode models/gpt --file reviews.jsonl --text-field body --out vectors.parquet --layer -2 --pool max
+  lmforge encode models/bert --file reviews.csv --text-column review --out vectors.npy
 
-Each line of --file is one text (or, for JSON lines, the --text-field of each object); row i of the
-output is the vector of text i. .npy holds a float32 array (numpy.load(path)); .parquet a table with
-a `text` and a `vector` (list<float32>) column. The output is written atomically and never replaces
---file. Python: lmforge.load(MODEL).encode(texts) gives the same array (docs/vectors.md).
+Each line of --file is one text (for JSON lines, CSV, Parquet and the other record formats, the
+--text-field of each record); row i of the output is the vector of text i. .npy holds a float32 array
+(numpy.load(path)); .parquet a table with a `text` and a `vector` (list<float32>) column. The output is
+written atomically and never replaces --file. Python: lmforge.load(MODEL).encode(texts) gives the same
+array (docs/vectors.md).
 """
 
 
@@ -33,12 +36,17 @@ def register(sub) -> None:
     )
     p.add_argument("model_dir", metavar="MODEL", help="model folder (any family)")
     p.add_argument("--file", required=True, metavar="FILE",
-                   help="texts, one per line (UTF-8 .txt or .gz), or JSON lines (.jsonl, or with --text-field)")
+                   help="the texts: one per line (UTF-8, compressed too), or the records of a JSON Lines, JSON, "
+                        "CSV/TSV or Parquet file or a `datasets` folder (told from the content)")
     p.add_argument("--out", required=True, metavar="OUT", help="vectors to write: a .npy or .parquet file")
-    p.add_argument("--text-field", metavar="FIELD", help="read --file as JSON lines and take this field (default "
-                   "'text' for .jsonl files)")
-    p.add_argument("--format", choices=["auto", "lines", "jsonl"], default="auto",
-                   help="how --file is laid out (default: JSON lines for .jsonl or with --text-field, else lines)")
+    p.add_argument("--text-field", "--text-column", dest="text_field", metavar="NAME",
+                   help="the field or column holding the text (default text); a 0-based number reads a CSV/TSV "
+                        "file without a header row; given for a plain-text file, it means JSON lines")
+    p.add_argument("--format", choices=["auto", "lines", *RECORD_FORMATS], default="auto",
+                   help="read --file as this format (default: told from the content and the suffix; lines = one "
+                        "text a line)")
+    p.add_argument("--split", default=None, metavar="NAME",
+                   help="a `datasets` folder with several splits: the one to encode (default train)")
     p.add_argument("--layer", type=int, default=None, metavar="L",
                    help="layer to pool: 0 = the token embedding, -1 = the top (default: the top)")
     p.add_argument("--pool", choices=["mean", "cls", "max"], default="mean",
@@ -62,7 +70,7 @@ def run(args) -> int:
         raise LmforgeError(f"--out {out} is the input file; choose another output file")
     if args.batch_size < 1:
         raise LmforgeError(f"--batch-size must be >= 1, not {args.batch_size}")
-    texts = read_texts(args.file, args.text_field, args.format)
+    texts = read_texts(args.file, args.text_field, args.format, args.split)
     device = resolve_device(args.device)
     model = load(args.model_dir).to(device)
     precision = inference_precision(args.precision, device, model)

@@ -25,6 +25,7 @@ from pathlib import Path
 import numpy as np
 from tqdm import tqdm
 
+from ..data.formats import RECORD_FORMATS, detect, iter_records, record_fields
 from ..data.textfiles import read_lines
 from ..errors import DataError, LmforgeError, require
 from ..utils import atomic_path
@@ -146,18 +147,34 @@ def progress_updates(progress: Progress, total: int) -> Iterator[Callable[[int],
 VECTOR_SUFFIXES = (".npy", ".parquet")
 
 
-def read_texts(path: str | Path, text_field: str | None = None, fmt: str = "auto") -> list[str]:
-    """The texts of a file, one per line: plain UTF-8 lines (.txt, .gz), or one JSON object per line.
+#: the record formats read through :func:`lmforge.data.formats.iter_records` (JSON Lines is read here, line by line)
+_TABLE_FORMATS = tuple(f for f in RECORD_FORMATS if f != "jsonl")
+
+
+def read_texts(path: str | Path, text_field: str | None = None, fmt: str = "auto",
+               split: str | None = None) -> list[str]:
+    """The texts of a file, in file order: plain UTF-8 lines (.txt, compressed too), JSON Lines, or the records
+    of a JSON array, a CSV/TSV file, a Parquet file or a ``datasets`` folder.
 
     Args:
-        path: the file.
-        text_field: the JSON field holding the text (``text`` when None); giving it means JSON lines.
-        fmt: ``lines``, ``jsonl``, or ``auto`` (JSON lines when the suffix is .jsonl or ``text_field`` is given).
+        path: the file (or ``datasets`` folder).
+        text_field: the field or column holding the text (``text`` when None); a 0-based number reads a CSV/TSV
+            file without a header row. Giving it to a plain-text file means JSON lines.
+        fmt: ``auto``, ``lines`` (plain text) or a record format (:data:`lmforge.data.formats.RECORD_FORMATS`);
+            ``auto`` tells a record format from the content (JSON Lines also from
+            a .jsonl suffix or a given ``text_field``), else lines.
+        split: a ``datasets`` folder holding several splits: the one to read (default ``train``).
     Returns:
-        The texts in file order.  A blank line, a line that is not a JSON object or lacks the field, and a
-        plain-lines file whose first line is a JSON object (auto) are DataErrors naming the line.
+        The texts.  A blank text, a record without the field, a field that is not a string, and a plain-lines
+        file whose first line is a JSON object (auto) are DataErrors naming the line or record.
     """
     p = Path(path)
+    if fmt == "auto" and p.exists():
+        found = detect(p)
+        if found in _TABLE_FORMATS:
+            fmt = found
+    if fmt in _TABLE_FORMATS:
+        return _record_texts(p, fmt, text_field or "text", split)
     jsonl = fmt == "jsonl" or (fmt == "auto" and (text_field is not None or p.suffix == ".jsonl"))
     field = text_field or "text"
     texts = []
@@ -172,6 +189,34 @@ def read_texts(path: str | Path, text_field: str | None = None, fmt: str = "auto
         texts.append(line)
     if not texts:
         raise DataError(f"{p} holds no texts; give one text per line")
+    return texts
+
+
+def _record_texts(p: Path, fmt: str, field: str, split: str | None) -> list[str]:
+    """The ``field`` of every record of a JSON, CSV/TSV, Parquet or ``datasets`` input."""
+    if not p.exists():
+        raise DataError(f"{p} does not exist")
+    by_position = fmt in ("csv", "tsv") and field.isdigit()
+    split = split or "train"
+    fields = record_fields(p, fmt, by_position, split)
+    kind, flag = ("column", "--text-column") if fmt in ("csv", "tsv") else ("field", "--text-field")
+    if fields and field not in fields:
+        if by_position:
+            raise DataError(f"{p} has {len(fields)} columns, no column {field} (0-based); give {flag} N, a "
+                            f"position below {len(fields)}")
+        raise DataError(f"{p} ({fmt}) has no {kind} '{field}' ({kind}s: {', '.join(map(str, fields))}); choose "
+                        f"one with {flag} NAME")
+    texts = []
+    for where, record in iter_records(p, fmt, [field], by_position=by_position, split=split):
+        value = record.get(field)
+        if not isinstance(value, str):
+            what = "missing" if value is None else f"a {type(value).__name__}, not a string"
+            raise DataError(f"{where}: {kind} '{field}' is {what}; every record needs a text")
+        if not value.strip():
+            raise DataError(f"{where}: {kind} '{field}' is blank; every record needs a text (drop the blank ones)")
+        texts.append(value)
+    if not texts:
+        raise DataError(f"{p} holds no records; give at least one text")
     return texts
 
 
