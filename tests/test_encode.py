@@ -229,8 +229,8 @@ def test_cli_output_equals_the_api(bert_dir, tmp_path, capsys):
 
 @pytest.mark.parametrize("content, argv, message", [
     ("a snake\n\nthe python\n", [], "line 2 is blank"),
-    ('{"text": "a snake"}\n', [], "looks like JSON lines"),
-    ('{"body": "a snake"}\n', ["--text-field", "text"], "has no field 'text' (found: body)"),
+    ('{"body": "a snake"}\n{"body": "a python"}\n', [], "line 1 has no field 'text' (found: body)"),
+    ('{"body": "a snake"}\n', ["--text-field", "text"], "has no field 'text' (fields: body)"),
     ("a snake\n", ["--pool", "cls", "--layer", "5"], "layer 5 does not exist"),
 ])
 def test_cli_bad_input_is_one_line(bert_dir, tmp_path, capsys, content, argv, message):
@@ -296,6 +296,18 @@ def test_cli_bad_records_are_one_line(bert_dir, tmp_path, capsys, fmt, argv, mes
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and message in err, err
     assert not (tmp_path / "v.npy").exists()
+
+
+def test_json_lines_in_a_txt_file_are_read_as_records_unless_told(bert_dir, tmp_path, capsys):
+    """A file that starts with a JSON object is JSON Lines whatever its suffix (as the corpus readers decide);
+    --format lines encodes its lines as they are."""
+    lines = ['{"text": "a snake"}', '{"text": "the python"}']
+    (tmp_path / "in.txt").write_text("\n".join(lines) + "\n", encoding="utf-8")
+    for argv, texts in (([], ["a snake", "the python"]), (["--format", "lines"], lines)):
+        assert main(["encode", str(bert_dir), "--file", str(tmp_path / "in.txt"), "--out", str(tmp_path / "v.npy"),
+                     *argv]) == 0
+        np.testing.assert_array_equal(np.load(tmp_path / "v.npy"), load(bert_dir).encode(texts))
+    capsys.readouterr()
 
 
 def test_cli_never_overwrites_its_input(bert_dir, tmp_path, capsys):

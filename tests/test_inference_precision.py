@@ -117,8 +117,8 @@ def test_predict_in_bf16_gives_close_probabilities(folders, tmp_path, capsys):
     outs = {}
     for precision in ("fp32", "bf16"):
         out = tmp_path / f"{precision}.jsonl"
-        rc, _, err = run_cli(capsys, "predict", folders["run"], "--file", folders["data"], "--out", out, "--device", "cpu",
-                             "--precision", precision)
+        rc, _, err = run_cli(capsys, "predict", folders["run"], "--file", folders["data"], "--out", out,
+                             "--device", "cpu", "--precision", precision)
         assert rc == 0, err
         outs[precision] = [json.loads(line) for line in out.read_text().splitlines()]
     assert len(outs["fp32"]) == len(outs["bf16"]) == 16

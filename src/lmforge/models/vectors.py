@@ -165,13 +165,14 @@ def read_texts(path: str | Path, text_field: str | None = None, fmt: str = "auto
             a .jsonl suffix or a given ``text_field``), else lines.
         split: a ``datasets`` folder holding several splits: the one to read (default ``train``).
     Returns:
-        The texts.  A blank text, a record without the field, a field that is not a string, and a plain-lines
-        file whose first line is a JSON object (auto) are DataErrors naming the line or record.
+        The texts.  A blank text, a record without the field and a field that is not a string are DataErrors
+        naming the line or record.  ``auto`` reads a file that starts with a JSON object as JSON Lines whatever
+        its suffix; ``lines`` reads its lines as they are.
     """
     p = Path(path)
     if fmt == "auto" and p.exists():
         found = detect(p)
-        if found in _TABLE_FORMATS:
+        if found in RECORD_FORMATS:  # JSON syntax is never taken for text, as the corpus readers decide
             fmt = found
     if fmt in _TABLE_FORMATS:
         return _record_texts(p, fmt, text_field or "text", split)
@@ -181,9 +182,6 @@ def read_texts(path: str | Path, text_field: str | None = None, fmt: str = "auto
     for lineno, line in enumerate(read_lines(p), 1):
         if jsonl:
             line = _json_text(line, field, p, lineno)
-        elif lineno == 1 and fmt == "auto" and _is_json_object(line):
-            raise DataError(f"{p} looks like JSON lines (line 1 is a JSON object); pass --text-field FIELD to "
-                            "encode one of its fields, or --format lines to encode the lines as they are")
         if not line.strip():
             raise DataError(f"{p} line {lineno} is blank; give one text per line (remove blank lines)")
         texts.append(line)
@@ -218,15 +216,6 @@ def _record_texts(p: Path, fmt: str, field: str, split: str | None) -> list[str]
     if not texts:
         raise DataError(f"{p} holds no records; give at least one text")
     return texts
-
-
-def _is_json_object(line: str) -> bool:
-    if not line.lstrip().startswith("{"):
-        return False
-    try:
-        return isinstance(json.loads(line), dict)
-    except ValueError:
-        return False
 
 
 def _json_text(line: str, field: str, p: Path, lineno: int) -> str:
