@@ -180,6 +180,31 @@ def gpt_dir(tmp_path_factory, bpe_tokenizer) -> Path:
     return d
 
 
+@pytest.fixture(scope="module")
+def model_folders(tmp_path_factory, wordpiece_tokenizer, bpe_tokenizer) -> dict[str, Path]:
+    """What the commands that run a trained model read, in folders named ``bert`` and ``gpt`` (as a server names
+    them; the models of :func:`bert_dir` and :func:`gpt_dir`), ``run`` (a frozen classify run on ``bert``, one
+    epoch, fp32), its labelled ``data`` and a ``texts`` file."""
+    import json
+
+    from test_transfer_families import rows, tiny_bert, tiny_gpt
+
+    from lmforge.transfer import run_transfer
+
+    root = tmp_path_factory.mktemp("runs")
+    bert_dir, gpt_dir = root / "bert", root / "gpt"
+    tiny_bert(wordpiece_tokenizer).save_pretrained(bert_dir, wordpiece_tokenizer)
+    tiny_gpt(bpe_tokenizer).save_pretrained(gpt_dir, bpe_tokenizer)
+    data = root / "cls.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in rows(16, 1)))
+    run = root / "run"
+    run_transfer(bert_dir, "classify", data, data, mode="frozen", out_dir=run, epochs=1, max_len=32, seed=0,
+                 device="cpu", precision="fp32")
+    texts = root / "texts.txt"
+    texts.write_text("the python is a snake\npython is a language\nand god said\n")
+    return {"bert": bert_dir, "gpt": gpt_dir, "run": run, "data": data, "texts": texts}
+
+
 @pytest.fixture
 def native_bf16(tmp_path, monkeypatch) -> Path:
     """A CPU with AMX (its /proc/cpuinfo flags) and a fresh choices cache; yields the cache file."""

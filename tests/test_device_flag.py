@@ -10,11 +10,10 @@ import numpy as np
 import pytest
 import torch
 from test_cli_consistency import _subparser, one_line_error, run_cli
-from test_transfer_families import rows, tiny_bert, tiny_gpt
 
 from lmforge.cli import build_parser
 from lmforge.commands._common import device_arg
-from lmforge.transfer import load_run, run_transfer
+from lmforge.transfer import load_run
 
 MODEL_COMMANDS = (("encode",), ("embed",), ("neighbors",), ("fill-mask",), ("generate",), ("serve",),
                   ("evaluate", "wic"), ("evaluate", "lm"))
@@ -58,25 +57,9 @@ def test_no_command_that_runs_a_model_is_left_without_device():
     assert not missing, f"these commands run a model but take no --device: {missing}"
 
 
-@pytest.fixture(scope="module")
-def folders(tmp_path_factory, wordpiece_tokenizer, bpe_tokenizer):
-    root = tmp_path_factory.mktemp("device")
-    bert, gpt = root / "bert", root / "gpt"
-    tiny_bert(wordpiece_tokenizer).save_pretrained(bert, wordpiece_tokenizer)
-    tiny_gpt(bpe_tokenizer).save_pretrained(gpt, bpe_tokenizer)
-    data = root / "cls.jsonl"
-    data.write_text("".join(json.dumps(r) + "\n" for r in rows(16, 1)))
-    run = root / "run"
-    run_transfer(bert, "classify", data, data, mode="frozen", out_dir=run, epochs=1, max_len=32, seed=0,
-                 device="cpu")
-    texts = root / "texts.txt"
-    texts.write_text("the python is a snake\npython is a language\nand god said\n")
-    return {"bert": bert, "gpt": gpt, "run": run, "data": data, "texts": texts}
-
-
-def test_encode_on_the_cpu_named_or_chosen_gives_the_same_vectors(folders, tmp_path, capsys):
+def test_encode_on_the_cpu_named_or_chosen_gives_the_same_vectors(model_folders, tmp_path, capsys):
     for device in ("cpu", "auto"):
-        rc, out, err = run_cli(capsys, "encode", folders["bert"], "--file", folders["texts"], "--out",
+        rc, out, err = run_cli(capsys, "encode", model_folders["bert"], "--file", model_folders["texts"], "--out",
                                tmp_path / f"{device}.npy", "--device", device, "--json")
         assert rc == 0, err
         expected = "cuda:0" if device == "auto" and torch.cuda.is_available() else "cpu"
@@ -95,28 +78,28 @@ def test_encode_on_the_cpu_named_or_chosen_gives_the_same_vectors(folders, tmp_p
     ["predict", "{run}", "--text", "a good day"],
     ["evaluate", "run", "{run}", "--test", "{data}"],
 ], ids=lambda argv: argv[0] if argv[0] != "evaluate" else "evaluate run")
-def test_a_gpu_torch_does_not_see_is_one_line_and_nothing_is_written(folders, tmp_path, capsys, argv):
-    names = {**{k: str(v) for k, v in folders.items()}, "out": str(tmp_path)}
+def test_a_gpu_torch_does_not_see_is_one_line_and_nothing_is_written(model_folders, tmp_path, capsys, argv):
+    names = {**{k: str(v) for k, v in model_folders.items()}, "out": str(tmp_path)}
     rc, _, err = run_cli(capsys, *[a.format(**names) for a in argv], "--device", "cuda")
     one_line_error(rc, err, "--device cuda: torch sees no CUDA GPU here")
     assert list(tmp_path.iterdir()) == []
 
 
-def test_a_run_keeps_its_own_device_unless_told(folders):
-    saved = json.loads((folders["run"] / "config.json").read_text())["transfer"]["device"]
+def test_a_run_keeps_its_own_device_unless_told(model_folders):
+    saved = json.loads((model_folders["run"] / "config.json").read_text())["transfer"]["device"]
     assert saved == "cpu"
-    assert load_run(folders["run"]).device == torch.device("cpu")
-    assert load_run(folders["run"], device="auto").cfg.device == "auto"
+    assert load_run(model_folders["run"]).device == torch.device("cpu")
+    assert load_run(model_folders["run"], device="auto").cfg.device == "auto"
     with pytest.raises(Exception, match="device must be auto, cpu, cuda or cuda:N"):
-        load_run(folders["run"], device="tpu")
+        load_run(model_folders["run"], device="tpu")
 
 
-def test_serve_lists_where_each_folder_computes(folders):
+def test_serve_lists_where_each_folder_computes(model_folders):
     from fastapi.testclient import TestClient
 
     from lmforge.serve import create_app
 
-    with TestClient(create_app([folders["bert"], folders["run"]], device="cpu")) as client:
+    with TestClient(create_app([model_folders["bert"], model_folders["run"]], device="cpu")) as client:
         listed = {m["id"]: m for m in client.get("/v1/models").json()["data"]}
         assert listed["bert"]["device"] == "cpu" and listed["run"]["device"] == "cpu"
         app = client.app

@@ -11,35 +11,17 @@ import numpy as np
 import pytest
 import torch
 from test_cli_consistency import _subparser, one_line_error, run_cli
-from test_transfer_families import rows, tiny_bert, tiny_gpt
 
 import lmforge
 from lmforge.commands import generate as generate_command
 from lmforge.serve import create_app
 from lmforge.serve import registry as serve_registry
-from lmforge.transfer import load_run, run_transfer
+from lmforge.transfer import load_run
 
 fastapi_testclient = pytest.importorskip("fastapi.testclient")
 
 TEXTS = ["the python is a snake", "python is a language", "and god said let there be light"]
 NO_GPU = pytest.mark.skipif(torch.cuda.is_available(), reason="checks the answer of a machine without a CUDA GPU")
-
-
-@pytest.fixture(scope="module")
-def folders(tmp_path_factory, wordpiece_tokenizer, bpe_tokenizer):
-    torch.manual_seed(0)
-    root = tmp_path_factory.mktemp("precision")
-    bert, gpt = root / "bert", root / "gpt"
-    tiny_bert(wordpiece_tokenizer).save_pretrained(bert, wordpiece_tokenizer)
-    tiny_gpt(bpe_tokenizer).save_pretrained(gpt, bpe_tokenizer)
-    data = root / "cls.jsonl"
-    data.write_text("".join(json.dumps(r) + "\n" for r in rows(16, 1)))
-    run = root / "run"
-    run_transfer(bert, "classify", data, data, mode="frozen", out_dir=run, epochs=1, max_len=32, seed=0,
-                 device="cpu", precision="fp32")
-    texts = root / "texts.txt"
-    texts.write_text("\n".join(TEXTS) + "\n")
-    return {"bert": bert, "gpt": gpt, "run": run, "data": data, "texts": texts}
 
 
 @pytest.mark.parametrize("path, default", [(("encode",), "fp32"), (("generate",), "fp32"), (("serve",), None),
@@ -54,8 +36,9 @@ def _cosines(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     return (a * b).sum(1) / np.linalg.norm(a, axis=1) / np.linalg.norm(b, axis=1)
 
 
-def _client(folders, **kw):
-    return fastapi_testclient.TestClient(create_app([folders["bert"], folders["gpt"], folders["run"]], **kw))
+def _client(model_folders, **kw):
+    paths = [model_folders["bert"], model_folders["gpt"], model_folders["run"]]
+    return fastapi_testclient.TestClient(create_app(paths, **kw))
 
 
 def _embeddings(client, model="bert"):
@@ -68,17 +51,17 @@ def _precisions(client):
     return {c["id"]: c["precision"] for c in client.get("/v1/models").json()["data"]}
 
 
-def test_serve_computes_models_in_fp32_unless_told(folders):
-    model = lmforge.load(folders["bert"])
-    with _client(folders) as client:
+def test_serve_computes_models_in_fp32_unless_told(model_folders):
+    model = lmforge.load(model_folders["bert"])
+    with _client(model_folders) as client:
         assert _precisions(client) == {"bert": "fp32", "gpt": "fp32", "run": "fp32"}
         assert np.array_equal(_embeddings(client), model.encode(TEXTS))
 
 
-def test_serve_bf16_runs_every_operation_under_autocast(folders, monkeypatch):
+def test_serve_bf16_runs_every_operation_under_autocast(model_folders, monkeypatch):
     """The vectors come out of bf16 arithmetic (close to fp32's, not equal), and each model operation runs with
     autocast on in its worker thread."""
-    fp32 = lmforge.load(folders["bert"]).encode(TEXTS)
+    fp32 = lmforge.load(model_folders["bert"]).encode(TEXTS)
     seen = {}
     compute = serve_registry.Entry.compute
 
@@ -90,7 +73,7 @@ def test_serve_bf16_runs_every_operation_under_autocast(folders, monkeypatch):
         return compute(self, inner, *args, **kwargs)
 
     monkeypatch.setattr(serve_registry.Entry, "compute", spy)
-    with _client(folders, precision="bf16") as client:
+    with _client(model_folders, precision="bf16") as client:
         assert _precisions(client) == {"bert": "bf16", "gpt": "bf16", "run": "bf16"}
         got = _embeddings(client)
         assert client.post("/v1/fill-mask", json={"model": "bert", "text": "the [MASK] is a snake"}).status_code == 200
@@ -105,19 +88,19 @@ def test_serve_bf16_runs_every_operation_under_autocast(folders, monkeypatch):
     assert _cosines(got, fp32).min() > 0.99
 
 
-def test_a_run_served_in_bf16_predicts_under_its_autocast(folders):
-    run = load_run(folders["run"], device="cpu", precision="bf16")
+def test_a_run_served_in_bf16_predicts_under_its_autocast(model_folders):
+    run = load_run(model_folders["run"], device="cpu", precision="bf16")
     assert run.cfg.precision == "bf16"
-    assert load_run(folders["run"], device="cpu").cfg.precision == "fp32"  # the run's own
+    assert load_run(model_folders["run"], device="cpu").cfg.precision == "fp32"  # the run's own
     with run.autocast():
         assert torch.is_autocast_enabled("cpu") and torch.get_autocast_dtype("cpu") == torch.bfloat16
 
 
-def test_predict_in_bf16_gives_close_probabilities(folders, tmp_path, capsys):
+def test_predict_in_bf16_gives_close_probabilities(model_folders, tmp_path, capsys):
     outs = {}
     for precision in ("fp32", "bf16"):
         out = tmp_path / f"{precision}.jsonl"
-        rc, _, err = run_cli(capsys, "predict", folders["run"], "--file", folders["data"], "--out", out,
+        rc, _, err = run_cli(capsys, "predict", model_folders["run"], "--file", model_folders["data"], "--out", out,
                              "--device", "cpu", "--precision", precision)
         assert rc == 0, err
         outs[precision] = [json.loads(line) for line in out.read_text().splitlines()]
@@ -126,7 +109,7 @@ def test_predict_in_bf16_gives_close_probabilities(folders, tmp_path, capsys):
     assert 0 < max(diffs) < 0.05, max(diffs)
 
 
-def test_generate_runs_under_autocast_and_records_it(folders, capsys, monkeypatch):
+def test_generate_runs_under_autocast_and_records_it(model_folders, capsys, monkeypatch):
     seen = []
     real = generate_command.generate_text
 
@@ -136,16 +119,16 @@ def test_generate_runs_under_autocast_and_records_it(folders, capsys, monkeypatc
 
     monkeypatch.setattr(generate_command, "generate_text", spy)
     for precision in ("fp32", "bf16"):
-        rc, out, err = run_cli(capsys, "generate", folders["gpt"], "--prompt", "the python", "--max-new-tokens", "3",
-                               "--device", "cpu", "--precision", precision, "--json")
+        rc, out, err = run_cli(capsys, "generate", model_folders["gpt"], "--prompt", "the python",
+                               "--max-new-tokens", "3", "--device", "cpu", "--precision", precision, "--json")
         assert rc == 0, err
         assert json.loads(out)["precision"] == precision
     assert seen == [(False, torch.get_autocast_dtype("cpu")), (True, torch.bfloat16)]
 
 
-def test_auto_keeps_fp32_for_a_narrow_model_and_says_why(folders, capsys, tmp_path):
+def test_auto_keeps_fp32_for_a_narrow_model_and_says_why(model_folders, capsys, tmp_path):
     """The tiny model is narrower than bf16 autocast gains at (or the CPU lacks native bf16): fp32, with the reason."""
-    rc, out, err = run_cli(capsys, "encode", folders["bert"], "--file", folders["texts"], "--out",
+    rc, out, err = run_cli(capsys, "encode", model_folders["bert"], "--file", model_folders["texts"], "--out",
                            tmp_path / "v.npy", "--precision", "auto", "--device", "cpu", "--json")
     assert rc == 0, err
     assert json.loads(out)["precision"] == "fp32"
@@ -160,12 +143,12 @@ def _free_port() -> int:
 
 @NO_GPU
 @pytest.mark.parametrize("command", ["encode", "generate", "serve", "predict"])
-def test_fp16_on_a_cpu_is_one_line(folders, tmp_path, capsys, command):
+def test_fp16_on_a_cpu_is_one_line(model_folders, tmp_path, capsys, command):
     args = {
-        "encode": ["encode", folders["bert"], "--file", folders["texts"], "--out", tmp_path / "v.npy"],
-        "generate": ["generate", folders["gpt"], "--prompt", "the python"],
-        "serve": ["serve", folders["bert"], "--port", _free_port()],
-        "predict": ["predict", folders["run"], "--file", folders["data"], "--out", tmp_path / "p.jsonl"],
+        "encode": ["encode", model_folders["bert"], "--file", model_folders["texts"], "--out", tmp_path / "v.npy"],
+        "generate": ["generate", model_folders["gpt"], "--prompt", "the python"],
+        "serve": ["serve", model_folders["bert"], "--port", _free_port()],
+        "predict": ["predict", model_folders["run"], "--file", model_folders["data"], "--out", tmp_path / "p.jsonl"],
     }[command]
     rc, _, err = run_cli(capsys, *args, "--device", "cpu", "--precision", "fp16")
     one_line_error(rc, err, "--precision fp16 needs a CUDA GPU")
