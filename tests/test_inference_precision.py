@@ -77,13 +77,16 @@ def test_serve_bf16_runs_every_operation_under_autocast(model_folders, monkeypat
         assert _precisions(client) == {"bert": "bf16", "gpt": "bf16", "run": "bf16"}
         got = _embeddings(client)
         assert client.post("/v1/fill-mask", json={"model": "bert", "text": "the [MASK] is a snake"}).status_code == 200
+        for route in ("/v1/embed", "/v1/projection"):  # the playground's word across texts, and its 2-D map
+            r = client.post(route, json={"model": "bert", "texts": TEXTS[:2] + ["a python bit him"], "word": "python"})
+            assert r.status_code == 200, r.text
         r = client.post("/v1/generate", json={"model": "gpt", "prompt": "the python", "max_new_tokens": 4})
         assert r.status_code == 200, r.text
         r = client.post("/v1/completions", json={"model": "gpt", "prompt": "the python", "max_tokens": 4})
         assert r.status_code == 200, r.text
         r = client.post("/v1/predict", json={"model": "run", "text": "a good film"})
         assert r.status_code == 200, r.text
-    assert seen == {name: (True, torch.bfloat16) for name in ("encode", "fill_mask", "generate_one")}
+    assert seen == {name: (True, torch.bfloat16) for name in ("encode", "embed", "fill_mask", "generate_one")}
     assert not np.array_equal(got, fp32)
     assert _cosines(got, fp32).min() > 0.99
 
