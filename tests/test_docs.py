@@ -4,8 +4,10 @@ walk-throughs run for real at tiny scale, and the generated pages are fresh.
 Examples come from README.md, docs/**/*.md and the epilog of every ``--help``. A fenced block
 (bash/sh/shell/console) is checked command by command: each ``lmforge ...`` command must be
 accepted by ``lmforge.cli.build_parser()``, and a repository path it names (docs/, bench/, scripts/)
-must exist. A block preceded by the line ``<!-- test: run -->`` is also run with bash, in order
-with the other such blocks of its page, in one fresh folder per page.
+must exist. A block preceded by the line ``<!-- test: run -->`` is also run (bash, or Python for a python block), in
+order with the other such blocks of its page, in one fresh folder per page.  A python block preceded by
+``<!-- test: run while serving FOLDERS -->`` runs while ``lmforge serve FOLDERS`` answers on a free port,
+which replaces the ``127.0.0.1:8000`` of the block.
 """
 
 from __future__ import annotations
@@ -26,7 +28,8 @@ from lmforge.cli import build_parser
 
 ROOT = Path(__file__).resolve().parents[1]
 SHELLS = {"bash", "sh", "shell", "console"}
-RUN_MARK = "<!-- test: run -->"
+RUN_MARK = re.compile(r"^<!-- test: run(?: while serving (?P<serving>[^>]+?))? -->$")
+SERVED_AT = "127.0.0.1:8000"
 FENCE = re.compile(r"^```(\w*)\s*$")
 REPO_PATH = re.compile(r"^(docs|bench|scripts)/[\w./-]+$")
 
@@ -36,8 +39,8 @@ def doc_pages() -> list[Path]:
     return [p for p in pages if p.name != "cli.md" and p.exists()]  # cli.md repeats the epilogs
 
 
-def blocks(text: str) -> list[tuple[int, str, str, bool]]:
-    """(line, language, body, marked to run) of each fenced block of a Markdown page."""
+def blocks(text: str) -> list[tuple[int, str, str, bool, str | None]]:
+    """(line, language, body, marked to run, folders to serve while it runs) of each fenced block of a page."""
     out, lines, i = [], text.splitlines(), 0
     while i < len(lines):
         m = FENCE.match(lines[i])
@@ -49,8 +52,9 @@ def blocks(text: str) -> list[tuple[int, str, str, bool]]:
         while i < len(lines) and not lines[i].startswith("```"):
             body.append(lines[i])
             i += 1
-        marked = any(lines[j].strip() == RUN_MARK for j in range(max(0, start - 2), start))
-        out.append((start + 1, lang, "\n".join(body), marked))
+        marks = [m for j in range(max(0, start - 2), start) if (m := RUN_MARK.match(lines[j].strip()))]
+        serving = marks[0].group("serving") if marks else None
+        out.append((start + 1, lang, "\n".join(body), bool(marks), serving))
         i += 1
     return out
 
@@ -114,7 +118,7 @@ def epilog_examples() -> list[tuple[str, str]]:
 def all_examples() -> list[tuple[str, str]]:
     out = []
     for page in doc_pages():
-        for line, lang, body, _ in blocks(page.read_text(encoding="utf-8")):
+        for line, lang, body, _, _ in blocks(page.read_text(encoding="utf-8")):
             if lang in SHELLS:
                 out += [(f"{page.relative_to(ROOT)}:{line}", c) for c in commands(body)]
     return out + epilog_examples()
@@ -161,18 +165,52 @@ def _run_pages() -> list[Path]:
     return [p for p in doc_pages() if any(b[3] for b in blocks(p.read_text(encoding="utf-8")))]
 
 
+@contextlib.contextmanager
+def _serving(folders: str | None, cwd: Path, env: dict):
+    """``lmforge serve FOLDERS`` on a free loopback port while the block runs; yields the port (None: no server)."""
+    if folders is None:
+        yield None
+        return
+    import socket
+    import time
+    import urllib.request
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    server = subprocess.Popen(["lmforge", "serve", *shlex.split(folders), "--port", str(port)], cwd=cwd, env=env,
+                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 120
+        while True:
+            assert server.poll() is None, f"lmforge serve {folders} ended: {server.stderr.read()[-2000:]}"
+            with contextlib.suppress(OSError):
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2):
+                    break
+            assert time.monotonic() < deadline, f"lmforge serve {folders} did not answer in 120 s"
+            time.sleep(0.2)
+        yield port
+    finally:
+        server.terminate()
+        server.wait(timeout=60)
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("page", _run_pages(), ids=lambda p: str(p.relative_to(ROOT)))
 def test_marked_walkthroughs_run(page, tmp_path):
     env = dict(os.environ)
     env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
     env["LMFORGE_REPO"] = str(ROOT)
-    for line, lang, body, marked in blocks(page.read_text(encoding="utf-8")):
+    for line, lang, body, marked, serving in blocks(page.read_text(encoding="utf-8")):
         if not marked:
             continue
-        assert lang in SHELLS, f"{page.name}:{line}: only shell blocks can be run"
-        proc = subprocess.run(["bash", "-euo", "pipefail", "-c", body], cwd=tmp_path, env=env,
-                              capture_output=True, text=True, timeout=900)
+        assert lang in SHELLS or lang == "python", f"{page.name}:{line}: only shell and python blocks can be run"
+        assert serving is None or (lang == "python" and SERVED_AT in body), (
+            f"{page.name}:{line}: a block run while serving is a python block that reaches {SERVED_AT}")
+        with _serving(serving, tmp_path, env) as port:
+            code = body if port is None else body.replace(SERVED_AT, f"127.0.0.1:{port}")
+            argv = [sys.executable, "-c", code] if lang == "python" else ["bash", "-euo", "pipefail", "-c", code]
+            proc = subprocess.run(argv, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=900)
         assert proc.returncode == 0, (
             f"{page.relative_to(ROOT)}:{line} failed (exit {proc.returncode}):\n{body}\n"
             f"--- stdout\n{proc.stdout[-3000:]}\n--- stderr\n{proc.stderr[-3000:]}"
