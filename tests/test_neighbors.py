@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import re
 
 import numpy as np
@@ -112,3 +113,25 @@ def test_contextual_neighbors_need_a_corpus_that_uses_the_word(bert_dir, tmp_pat
     lines = capsys.readouterr().out.strip().splitlines()
     expected = neighbors(model, "snake", top_k=3, corpus=CORPUS, layer=1)
     assert [line.split() for line in lines] == [[w, f"{s:.4f}"] for w, s in expected]
+
+
+def test_a_corpus_of_records_gives_the_neighbors_of_its_texts(bert_dir, tmp_path, capsys):
+    """A CSV corpus (blank rows left out, as blank lines are) and a JSON Lines .txt give the neighbours of the same
+    texts as a list does."""
+    import csv
+
+    expected = neighbors(load(bert_dir), "snake", top_k=3, corpus=CORPUS)
+    table = tmp_path / "corpus.csv"
+    with table.open("w", newline="", encoding="utf-8") as f:
+        w = csv.writer(f)
+        w.writerow(["id", "body"])
+        w.writerows([(i, t) for i, t in enumerate(CORPUS)] + [(len(CORPUS), "")])
+    jsonl = tmp_path / "corpus.txt"
+    jsonl.write_text("".join(json.dumps({"text": t}) + "\n\n" for t in CORPUS), encoding="utf-8")
+    for argv in (["--corpus", str(table), "--text-column", "body"], ["--corpus", str(jsonl)]):
+        assert main(["neighbors", str(bert_dir), "snake", "--top-k", "3", *argv]) == 0
+        lines = capsys.readouterr().out.strip().splitlines()
+        assert [line.split() for line in lines] == [[w, f"{s:.4f}"] for w, s in expected]
+    assert neighbors(load(bert_dir), "snake", top_k=3, corpus=jsonl) == expected  # the API reads files alike
+    assert main(["neighbors", str(bert_dir), "snake", "--corpus", str(table)]) == 2
+    assert "has no column 'text' (columns: id, body)" in capsys.readouterr().err

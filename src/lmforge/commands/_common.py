@@ -104,6 +104,21 @@ def compute_options(args: argparse.Namespace, defaults: bool = True) -> dict[str
     return out
 
 
+def add_text_file_args(p: argparse.ArgumentParser, file_flag: str) -> None:
+    """How ``file_flag`` (``--file``, ``--corpus``) is read: ``--text-field``/``--text-column``, ``--format``,
+    ``--split``, as :func:`lmforge.models.vectors.read_texts` takes them."""
+    from ..data.formats import RECORD_FORMATS  # no torch: the parser stays light
+
+    p.add_argument("--text-field", "--text-column", dest="text_field", metavar="NAME",
+                   help="the field or column holding the text (default text); a 0-based number reads a CSV/TSV "
+                        "file without a header row; given for a plain-text file, it means JSON lines")
+    p.add_argument("--format", choices=["auto", "lines", *RECORD_FORMATS], default="auto",
+                   help=f"read {file_flag} as this format (default: told from the content and the suffix; lines = "
+                        "one text a line)")
+    p.add_argument("--split", default=None, metavar="NAME",
+                   help="a `datasets` folder with several splits: the one to read (default train)")
+
+
 def add_json_arg(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json", action="store_true",
                    help="print the full record as JSON instead of the short summary")

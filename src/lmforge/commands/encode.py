@@ -7,11 +7,10 @@ import sys
 import time
 from pathlib import Path
 
-from ..data.formats import RECORD_FORMATS
 from ..errors import LmforgeError
 from ..models import load
 from . import command_help
-from ._common import add_device_arg, add_inference_precision_arg, add_json_arg, show
+from ._common import add_device_arg, add_inference_precision_arg, add_json_arg, add_text_file_args, show
 
 EPILOG = """\
 examples:
@@ -39,14 +38,7 @@ def register(sub) -> None:
                    help="the texts: one per line (UTF-8, compressed too), or the records of a JSON Lines, JSON, "
                         "CSV/TSV or Parquet file or a `datasets` folder (told from the content)")
     p.add_argument("--out", required=True, metavar="OUT", help="vectors to write: a .npy or .parquet file")
-    p.add_argument("--text-field", "--text-column", dest="text_field", metavar="NAME",
-                   help="the field or column holding the text (default text); a 0-based number reads a CSV/TSV "
-                        "file without a header row; given for a plain-text file, it means JSON lines")
-    p.add_argument("--format", choices=["auto", "lines", *RECORD_FORMATS], default="auto",
-                   help="read --file as this format (default: told from the content and the suffix; lines = one "
-                        "text a line)")
-    p.add_argument("--split", default=None, metavar="NAME",
-                   help="a `datasets` folder with several splits: the one to encode (default train)")
+    add_text_file_args(p, "--file")
     p.add_argument("--layer", type=int, default=None, metavar="L",
                    help="layer to pool: 0 = the token embedding, -1 = the top (default: the top)")
     p.add_argument("--pool", choices=["mean", "cls", "max"], default="mean",

@@ -8,7 +8,7 @@ import sys
 from ..errors import LmforgeError
 from ..models import load
 from . import command_help
-from ._common import add_device_arg, add_json_arg, on_device, show
+from ._common import add_device_arg, add_json_arg, add_text_file_args, on_device, show
 
 EPILOG = """\
 examples:
@@ -30,8 +30,10 @@ def register(sub) -> None:
     p.add_argument("model_dir", metavar="MODEL", help="model folder (any family)")
     p.add_argument("word", metavar="WORD", help="the word to look up")
     p.add_argument("--top-k", type=int, default=10, metavar="K", help="how many neighbours (default 10)")
-    p.add_argument("--corpus", metavar="FILE", help="texts, one per line, whose words and contexts give BERT, GPT "
-                   "and ELMo their word vectors (required for them; word2vec does not need it)")
+    p.add_argument("--corpus", metavar="FILE", help="texts whose words and contexts give BERT, GPT and ELMo their "
+                   "word vectors (required for them; word2vec does not need it): one per line, or the records of "
+                   "a JSON Lines, JSON, CSV/TSV or Parquet file or a `datasets` folder; blank ones are left out")
+    add_text_file_args(p, "--corpus")
     p.add_argument("--layer", type=int, default=None, metavar="L",
                    help="layer of a contextual model: 0 = the token embedding, -1 = the top (default: the top)")
     p.add_argument("--min-count", type=int, default=1, metavar="N",
@@ -44,6 +46,7 @@ def register(sub) -> None:
 
 def run(args) -> int:
     from ..models.neighbors import neighbors  # imports torch: only when run
+    from ..models.vectors import read_texts  # imports torch too
 
     if args.batch_size < 1:
         raise LmforgeError(f"--batch-size must be >= 1, not {args.batch_size}")
@@ -52,7 +55,10 @@ def run(args) -> int:
         raise LmforgeError(f"{model.model_type} vectors depend on the sentence: give --corpus FILE (texts using "
                            f"'{args.word}'); each word's neighbours come from its mean vector over the corpus")
     bar = sys.stderr.isatty() and not args.quiet
-    found = neighbors(model, args.word, args.top_k, args.corpus, layer=args.layer, min_count=args.min_count,
+    corpus = None
+    if args.corpus is not None:
+        corpus = read_texts(args.corpus, args.text_field, args.format, args.split, skip_blank=True)
+    found = neighbors(model, args.word, args.top_k, corpus, layer=args.layer, min_count=args.min_count,
                       batch_size=args.batch_size, progress=bar)
     record = {"model": str(args.model_dir), "model_type": model.model_type, "word": args.word,
               "neighbors": [{"word": w, "cosine": score} for w, score in found]}

@@ -22,9 +22,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from ..data.textfiles import read_lines
-from ..errors import DataError, LmforgeError
-from .vectors import Progress, progress_updates, resolve_layer
+from ..errors import LmforgeError
+from .vectors import Progress, progress_updates, read_texts, resolve_layer
 from .word2vec import word_index
 
 logger = logging.getLogger(__name__)
@@ -49,8 +48,9 @@ def neighbors(
         model: an lmforge model with its tokenizer (``lmforge.load(MODEL_DIR)``).
         word: the query word.
         top_k: how many neighbours.
-        corpus: texts (a list of strings, or a text file with one text per line) whose words give the
-            contextual families their word vectors; required for them, not used by word2vec.
+        corpus: texts (a list of strings, or a file as :func:`lmforge.models.vectors.read_texts` reads it, blank
+            texts left out) whose words give the contextual families their word vectors; required for them, not
+            used by word2vec.
         layer: the layer of a contextual model (0 = token embedding, -1 or None = the top).
         min_count: contextual families: candidate words must occur at least this often in the corpus.
         batch_size: texts per ``embed`` call over the corpus.
@@ -114,11 +114,8 @@ def cosine_top_k(query: np.ndarray, matrix: np.ndarray, top_k: int) -> list[tupl
 
 
 def _corpus_texts(corpus) -> list[str]:
-    if isinstance(corpus, (str, Path)):
-        texts = [line for line in read_lines(corpus) if line.strip()]
-        if not texts:
-            raise DataError(f"the corpus {corpus} holds no text")
-        return texts
+    if isinstance(corpus, (str, Path)):  # lines, or the `text` of JSON Lines, CSV, Parquet ... records
+        return read_texts(corpus, skip_blank=True)
     texts = [t for t in corpus if t.strip()]
     if not texts:
         raise LmforgeError("the corpus holds no text")

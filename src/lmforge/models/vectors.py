@@ -152,7 +152,7 @@ _TABLE_FORMATS = tuple(f for f in RECORD_FORMATS if f != "jsonl")
 
 
 def read_texts(path: str | Path, text_field: str | None = None, fmt: str = "auto",
-               split: str | None = None) -> list[str]:
+               split: str | None = None, skip_blank: bool = False) -> list[str]:
     """The texts of a file, in file order: plain UTF-8 lines (.txt, compressed too), JSON Lines, or the records
     of a JSON array, a CSV/TSV file, a Parquet file or a ``datasets`` folder.
 
@@ -164,6 +164,7 @@ def read_texts(path: str | Path, text_field: str | None = None, fmt: str = "auto
             ``auto`` tells a record format from the content (JSON Lines also from
             a .jsonl suffix or a given ``text_field``), else lines.
         split: a ``datasets`` folder holding several splits: the one to read (default ``train``).
+        skip_blank: leave blank lines and records out (a corpus) instead of refusing them (one text per row).
     Returns:
         The texts.  A blank text, a record without the field and a field that is not a string are DataErrors
         naming the line or record.  ``auto`` reads a file that starts with a JSON object as JSON Lines whatever
@@ -175,14 +176,16 @@ def read_texts(path: str | Path, text_field: str | None = None, fmt: str = "auto
         if found in RECORD_FORMATS:  # JSON syntax is never taken for text, as the corpus readers decide
             fmt = found
     if fmt in _TABLE_FORMATS:
-        return _record_texts(p, fmt, text_field or "text", split)
+        return _record_texts(p, fmt, text_field or "text", split, skip_blank)
     jsonl = fmt == "jsonl" or (fmt == "auto" and (text_field is not None or p.suffix == ".jsonl"))
     field = text_field or "text"
     texts = []
     for lineno, line in enumerate(read_lines(p), 1):
-        if jsonl:
+        if jsonl and line.strip():
             line = _json_text(line, field, p, lineno)
         if not line.strip():
+            if skip_blank:
+                continue
             raise DataError(f"{p} line {lineno} is blank; give one text per line (remove blank lines)")
         texts.append(line)
     if not texts:
@@ -190,7 +193,7 @@ def read_texts(path: str | Path, text_field: str | None = None, fmt: str = "auto
     return texts
 
 
-def _record_texts(p: Path, fmt: str, field: str, split: str | None) -> list[str]:
+def _record_texts(p: Path, fmt: str, field: str, split: str | None, skip_blank: bool) -> list[str]:
     """The ``field`` of every record of a JSON, CSV/TSV, Parquet or ``datasets`` input."""
     if not p.exists():
         raise DataError(f"{p} does not exist")
@@ -207,6 +210,8 @@ def _record_texts(p: Path, fmt: str, field: str, split: str | None) -> list[str]
     texts = []
     for where, record in iter_records(p, fmt, [field], by_position=by_position, split=split):
         value = record.get(field)
+        if skip_blank and (value is None or isinstance(value, str) and not value.strip()):
+            continue
         if not isinstance(value, str):
             what = "missing" if value is None else f"a {type(value).__name__}, not a string"
             raise DataError(f"{where}: {kind} '{field}' is {what}; every record needs a text")
