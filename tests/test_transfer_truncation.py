@@ -87,3 +87,23 @@ def test_head_tail_reads_the_end_that_head_cuts_away(tmp_path, wordpiece_tokeniz
     err = capsys.readouterr().err.strip()
     assert "cuts whole texts (classify, pair)" in err and len(err.splitlines()) == 1
     assert not (tmp_path / "c").exists()
+
+
+@pytest.mark.parametrize("family", ["bert", "gpt"])
+def test_max_len_above_the_models_positions_is_cut_to_them(tmp_path, wordpiece_tokenizer, bpe_tokenizer, capsys,
+                                                          family):
+    """The default max_len (128) on a model of 64 positions reads inputs of 64 positions, says so and records it,
+    where it used to end in the model's error on the first long text."""
+    from test_transfer_families import tiny_gpt
+
+    tok = wordpiece_tokenizer if family == "bert" else bpe_tokenizer
+    model_dir = tmp_path / family
+    (tiny_bert if family == "bert" else tiny_gpt)(tok).save_pretrained(model_dir, tok)
+    long = " ".join(FILL[i % len(FILL)] for i in range(150))
+    data = tmp_path / "cls.jsonl"
+    data.write_text("".join(f'{{"text": "{long}", "label": "{"ab"[i % 2]}"}}\n' for i in range(12)))
+    assert main(["finetune", str(model_dir), "--task", "classify", "--train", str(data), "--test", str(data),
+                 "--mode", "features", "--out", str(tmp_path / "run"), "--seed", "0"]) == 0
+    err = capsys.readouterr().err
+    assert f"max_len 128 is more than the {family} model's 64 positions: inputs are cut at 64" in err
+    assert load_run(tmp_path / "run").cfg.max_len == 64

@@ -102,6 +102,15 @@ def _choices(out: dict, val_d: TaskData | None, n_train: int, refit_epochs: int 
     return choices
 
 
+def body_positions(body: nn.Module) -> int | None:
+    """The most positions one input of ``body`` may take, special tokens included (None: any length)."""
+    window = getattr(body, "embed_window", lambda: None)()
+    if window is None:
+        return None
+    before, after = body.embed_specials()
+    return int(window) + len(before) + len(after)
+
+
 class TransferRun(RunModel, RunFeatures):
     """One transfer setup: body, config, labels, input format and head.
 
@@ -121,6 +130,11 @@ class TransferRun(RunModel, RunFeatures):
         self.model_dir = model_dir
         self.body = body
         self.device = resolve_device(cfg.device)
+        positions = body_positions(body)
+        if positions is not None and cfg.max_len > positions:  # the default 128 on a model of 32 positions, say
+            logger.warning("max_len %d is more than the %s model's %d positions: inputs are cut at %d", cfg.max_len,
+                           self.family, positions, positions)
+            cfg = dataclasses.replace(cfg, max_len=positions)
         # ``auto`` becomes the precision this device computes best; the run folder records the choice
         self.cfg = cfg = dataclasses.replace(cfg, precision=resolve_precision(cfg.precision, self.device, body))
         gpt = None
