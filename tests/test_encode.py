@@ -263,7 +263,8 @@ def _write_records(folder, fmt: str, texts: list[str]):
     elif fmt == "parquet":
         pq.write_table(pa.table({"id": list(range(len(texts))), "review": texts}), path)
     else:
-        datasets = pytest.importorskip("datasets")
+        import datasets
+
         datasets.Dataset.from_dict({"id": list(range(len(texts))), "review": texts}).save_to_disk(str(path))
     return path
 

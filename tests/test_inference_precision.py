@@ -10,7 +10,9 @@ import socket
 import numpy as np
 import pytest
 import torch
+from fastapi.testclient import TestClient
 from test_cli_consistency import _subparser, one_line_error, run_cli
+from test_device_flag import NO_GPU
 
 import lmforge
 from lmforge.commands import generate as generate_command
@@ -18,10 +20,7 @@ from lmforge.serve import create_app
 from lmforge.serve import registry as serve_registry
 from lmforge.transfer import load_run
 
-fastapi_testclient = pytest.importorskip("fastapi.testclient")
-
 TEXTS = ["the python is a snake", "python is a language", "and god said let there be light"]
-NO_GPU = pytest.mark.skipif(torch.cuda.is_available(), reason="checks the answer of a machine without a CUDA GPU")
 
 
 @pytest.mark.parametrize("path, default", [(("encode",), "fp32"), (("generate",), "fp32"), (("serve",), None),
@@ -38,7 +37,7 @@ def _cosines(a: np.ndarray, b: np.ndarray) -> np.ndarray:
 
 def _client(model_folders, **kw):
     paths = [model_folders["bert"], model_folders["gpt"], model_folders["run"]]
-    return fastapi_testclient.TestClient(create_app(paths, **kw))
+    return TestClient(create_app(paths, **kw))
 
 
 def _embeddings(client, model="bert"):

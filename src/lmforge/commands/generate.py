@@ -55,8 +55,8 @@ def run(args) -> int:
         raise LmforgeError(f"{args.model_dir} holds a '{model.model_type}' model; generate needs a {makers}")
     if model.tokenizer is None:
         raise LmforgeError(f"{args.model_dir} has no tokenizer files; generate needs tokenizer.json beside the model")
-    on_device(model, args.device)
-    precision = inference_precision(args.precision, next(model.parameters()).device, model)
+    device = next(on_device(model, args.device).parameters()).device
+    precision = inference_precision(args.precision, device, model)
     stream = None if args.json else sys.stdout  # --json: one record at the end, nothing streamed
     if stream is not None:
         stream.write(args.prompt)
@@ -69,7 +69,7 @@ def run(args) -> int:
 
     tokens = []
     start = time.perf_counter()
-    with autocast(next(model.parameters()).device, precision):
+    with autocast(device, precision):
         text = generate_text(
             model,
             args.prompt,
