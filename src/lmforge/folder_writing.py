@@ -33,6 +33,7 @@ from .errors import LmforgeError
 from .folders import (
     LOCK,
     MARKER,
+    OVERWRITE_HINT,
     _entries,
     _names,
     _read_json,
@@ -40,6 +41,7 @@ from .folders import (
     folder_kind,
     os_error_line,
     probe_writable,
+    user_files,
     write_marker,
 )
 from .utils import TOGETHER, moved_aside, swap_into_place
@@ -224,10 +226,10 @@ def output_folder(
     overwrite: bool = False,
     *,
     inputs: Iterable[str | Path] = (),
-    existing: str = "replace",
+    existing: str = "refuse",
     beside: bool = False,
     option: str = "--out",
-    hint: str | None = "pass --overwrite to write there anyway",
+    hint: str | None = OVERWRITE_HINT,
 ) -> Iterator[Path]:
     """Check, lock and claim an output folder for the duration of a command.
 
@@ -276,7 +278,8 @@ def staged_folder(path: str | Path, kind: str) -> Iterator[Path]:
     Whatever was at ``path`` is replaced only once the new folder is complete, by
     :func:`lmforge.utils.swap_into_place`: a failure or a kill leaves ``path`` as it was (or its old copy
     in ``.NAME.old-*``, which :func:`recover_folder` puts back), plus a ``.NAME.tmp-*`` folder that the
-    next run removes.  Hold the lock (``output_folder(..., beside=True)``) around it.
+    next run removes.  The files lmforge did not write there (:func:`lmforge.folders.user_files`) go
+    into the new folder.  Hold the lock (``output_folder(..., beside=True)``) around it.
     """
     p = Path(path)
     try:
@@ -289,7 +292,7 @@ def staged_folder(path: str | Path, kind: str) -> Iterator[Path]:
     try:
         yield tmp
         write_marker(tmp, kind)
-        swap_into_place(tmp, p)
+        swap_into_place(tmp, p, keep=user_files(p))
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise

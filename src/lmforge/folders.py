@@ -5,9 +5,13 @@ Every folder lmforge writes is of one *kind*: ``model`` (``lmforge pretrain``, `
 (``export-hf``) or ``demo``.  The kind is recorded in a small marker file (:data:`MARKER`) and, for folders
 written before the marker existed, inferred from the files they hold (:func:`folder_kind`).
 
-:func:`check_output_dir` refuses, in one line, a path that is a file, or a folder of another kind, or a
-folder holding files lmforge did not write (unless ``overwrite``), and a folder that is one of the command's
-own inputs (``finetune M --out M``), even with ``overwrite``.
+One policy holds for every output (docs/cli.md, "Existing outputs"): :func:`check_output_dir` and
+:func:`check_output_file` refuse, in one line naming ``--overwrite``, an output that already exists.  With
+``overwrite`` a folder is replaced by a new one built beside it and swapped in only when complete
+(:func:`lmforge.folder_writing.staged_folder`), and the files lmforge did not write there
+(:func:`user_files`: notes, your own subfolders) are carried into the new folder; a file is replaced
+atomically.  A folder that is one of the command's own inputs (``finetune M --out M``) is refused even with
+``overwrite``.
 
 Taking a folder for the length of a command (the writer lock, the leftovers of killed runs, a replacement
 staged beside it) is :mod:`lmforge.folder_writing`'s; whether the model in a folder can be read is
@@ -51,8 +55,8 @@ _KNOWN: dict[str, tuple[str, ...]] = {
         "training_curves.png", "vectors.txt", "training_summary.json", "training_state", "training_state.*",
         "README.md", "plan.json", "events.out.tfevents.*",
     ),
-    "run": ("config.json", "metrics.json", "predictions.jsonl", "*.safetensors", "*.png", "*.json", "*.jsonl",
-            "README.md", "events.out.tfevents.*"),
+    "run": ("config.json", "metrics.json", "predictions.jsonl", "head.safetensors", "body.safetensors",
+            "task_tokens.safetensors", "README.md", "events.out.tfevents.*"),
     "shards": ("meta.json", "*.bin", "tokenizer"),
     "tokenizer": _TOKENIZER_FILES,
     "export": ("config.json", "model.safetensors", *_TOKENIZER_FILES, "generation_config.json", "vocab.json",
@@ -133,6 +137,16 @@ def foreign_files(path: str | Path, kind: str) -> list[str]:
     return [n for n in _entries(Path(path)) if not any(fnmatch(n, pat) for pat in known)]
 
 
+def user_files(path: str | Path) -> list[str]:
+    """Names in the folder ``path`` that lmforge did not write: all of a folder lmforge did not write, else
+    those its kind does not hold.  Replacing the folder (``--overwrite``) carries them into the new one."""
+    p = Path(path)
+    kind = folder_kind(p)
+    if kind is None:
+        return []
+    return _entries(p) if kind == "other" else foreign_files(p, kind)
+
+
 def _names(items: list[str], n: int = 3) -> str:
     return ", ".join(items[:n]) + (f" and {len(items) - n} more" if len(items) > n else "")
 
@@ -163,27 +177,33 @@ def os_error_line(e: OSError, action: str = "write") -> str:
     return f"cannot {action} {where}: {reason}"
 
 
+#: how every writing command names its way to replace an existing output
+OVERWRITE_HINT = "pass --overwrite to replace it (files lmforge did not write there are kept)"
+
+
 def check_output_dir(
     path: str | Path,
     kind: str,
     overwrite: bool = False,
     *,
     inputs: Iterable[str | Path] = (),
-    existing: str = "replace",
+    existing: str = "refuse",
     option: str = "--out",
-    hint: str | None = "pass --overwrite to write there anyway",
+    hint: str | None = OVERWRITE_HINT,
 ) -> Path:
     """Refuse to write a folder of ``kind`` at ``path`` when that would lose something; one-line errors.
 
     Args:
         path: the output folder.
         kind: one of :data:`KINDS`.
-        overwrite: write even into a folder of another kind or holding other files.
+        overwrite: replace what is there (a folder of any kind; :func:`user_files` are kept).  Refused still:
+            a folder holding a file lmforge did not write under a name the new folder may use.
         inputs: folders the command reads; writing into one of them is refused whatever ``overwrite`` says.
-        existing: what a folder of the same kind means: ``"replace"`` (it is replaced, e.g. shards) or
-            ``"refuse"`` (it needs ``overwrite``, e.g. a model holding a training run).
+        existing: what a folder of the same kind means without ``overwrite``: ``"refuse"`` (every command
+            that writes a new output) or ``"continue"`` (the command carries on the folder's work:
+            ``pretrain --resume``, ``demo``).
         option: how the folder was given, for the messages.
-        hint: what ``overwrite`` is called and does, for the messages (``None``: the command has none).
+        hint: how to replace it, for the messages (``None``: the command has no ``--overwrite``).
     Returns:
         ``path`` as a Path.  Nothing is created here; see :func:`lmforge.folder_writing.output_folder`.
     Raises:
@@ -201,7 +221,15 @@ def check_output_dir(
     if p.exists() and not p.is_dir():
         raise LmforgeError(f"{option} {p} is a file, not a folder; choose a folder name")
     found = folder_kind(p)
-    if found is None or overwrite:
+    if found is None:
+        return p
+    if overwrite:
+        clash = [n for n in user_files(p) if any(fnmatch(n, pat) for pat in _KNOWN.get(kind, ()))]
+        if clash and kind != "demo":
+            raise LmforgeError(
+                f"{option} {p} holds {_names(clash)}, which lmforge did not write but {describe(kind)} may hold; "
+                f"move or rename it, then run again"
+            )
         return p
     tail = f", or {hint}" if hint else ""
     if found == "other":
@@ -212,12 +240,28 @@ def check_output_dir(
     if found != kind:
         raise LmforgeError(f"{option} {p} is {describe(found)}, not {describe(kind)}; choose another folder{tail}")
     foreign = foreign_files(p, kind)
-    if foreign:
+    if foreign and existing == "continue":
         raise LmforgeError(
             f"{option} {p} holds files lmforge did not write ({_names(foreign)}); choose a new or empty folder{tail}"
         )
-    if existing == "refuse":
+    if existing != "continue":
         raise LmforgeError(f"{option} {p} already holds {describe(kind)}; choose another folder{tail}")
+    return p
+
+
+def check_output_file(path: str | Path, overwrite: bool = False, *, option: str = "--out",
+                      hint: str = "pass --overwrite to replace it") -> Path:
+    """Refuse, in one line, a file output that exists (unless ``overwrite``) or is a folder.
+
+    The file itself is then written with :func:`lmforge.utils.atomic_path`, so it is either complete or, after
+    a failure or a kill, the old one.  That it is none of the command's inputs is
+    :func:`lmforge.guards.check_paths`'s (refused even with ``overwrite``).
+    """
+    p = Path(path)
+    if p.is_dir():
+        raise LmforgeError(f"{option} {p} is a folder, not a file; give a file name")
+    if os.path.lexists(p) and not overwrite:
+        raise LmforgeError(f"{option} {p} already exists; choose another file name, or {hint}")
     return p
 
 

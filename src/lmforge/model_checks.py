@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 import torch
@@ -12,14 +13,36 @@ from .tokenization import Tokenizer
 from .utils import load_safetensors
 
 
+def nonfinite_tensor(tensors: dict) -> str | None:
+    """The name of the first floating-point tensor of ``tensors`` (name -> tensor) holding NaN or infinity,
+    else ``None``.  Every check that keeps diverged weights from being saved or loaded asks this."""
+    for name, t in tensors.items():
+        if isinstance(t, torch.Tensor) and t.is_floating_point() and not bool(torch.isfinite(t.detach()).all()):
+            return name
+    return None
+
+
+def nonfinite_number(record, where: str = "") -> str | None:
+    """The key path (``train_loss``, ``choices.lr_trials.0.val_score``) of the first float in a JSON-like
+    ``record`` that is NaN or infinity, else ``None``: such a record is not valid JSON."""
+    if isinstance(record, float) and not math.isfinite(record):
+        return where or "the value"
+    items = record.items() if isinstance(record, dict) else enumerate(record) if isinstance(record, list) else ()
+    for key, value in items:
+        found = nonfinite_number(value, f"{where}.{key}" if where else str(key))
+        if found is not None:
+            return found
+    return None
+
+
 def check_finite(tensors: dict, where: str | Path) -> None:
     """Refuse weights holding NaN or infinity, naming the first such tensor."""
-    for name, t in tensors.items():
-        if isinstance(t, torch.Tensor) and t.is_floating_point() and not bool(torch.isfinite(t).all()):
-            raise LmforgeError(
-                f"{where} holds non-finite weights ({name} has NaN or infinity): the training diverged; resume "
-                f"from an earlier checkpoint with a lower learning rate, or retrain"
-            )
+    name = nonfinite_tensor(tensors)
+    if name is not None:
+        raise LmforgeError(
+            f"{where} holds non-finite weights ({name} has NaN or infinity): the training diverged; resume "
+            f"from an earlier checkpoint with a lower learning rate, or retrain"
+        )
 
 
 def check_tokenizer_fits(config, tokenizer, where: str | Path, family=None) -> None:

@@ -166,14 +166,42 @@ def moved_aside(path: str | Path) -> list[Path]:
     return sorted(found, key=mtime, reverse=True)
 
 
-def swap_into_place(new: str | Path, path: str | Path) -> None:
+def link_tree(src: Path, dst: Path) -> None:
+    """Give the file or folder ``src`` a second name ``dst`` (hard links, so no data is copied; a copy where
+    the filesystem has no hard links).  ``src`` stays as it was."""
+    def link(a, b):
+        try:
+            os.link(a, b, follow_symlinks=False)
+        except OSError as e:
+            if e.errno not in (errno.EPERM, errno.EXDEV, errno.EMLINK, errno.ENOTSUP, errno.EOPNOTSUPP):
+                raise
+            shutil.copy2(a, b, follow_symlinks=False)
+
+    if src.is_dir() and not src.is_symlink():
+        shutil.copytree(src, dst, symlinks=True, copy_function=link)
+    else:
+        link(src, dst)
+
+
+def swap_into_place(new: str | Path, path: str | Path, keep: tuple[str, ...] | list[str] = ()) -> None:
     """Put the complete folder ``new`` at ``path``, replacing what is there, so a kill never leaves ``path`` empty.
 
-    Where the system can swap two paths in one step, it does (the old copy ends up at ``new``, then
-    deleted).  Elsewhere the old folder is renamed to ``.NAME.old-*`` first; a kill before the second
-    rename leaves that copy, which ``lmforge.folder_writing.recover_folder`` puts back on the next open.
+    The entries of the old folder named in ``keep`` (what the user put there) go into the new one first, as
+    hard links: they are in ``path`` at every instant, before the swap and after it.  Where the system can
+    swap two paths in one step, it does (the old copy ends up at ``new``, then deleted).  Elsewhere the old
+    folder is renamed to ``.NAME.old-*`` first; a kill before the second rename leaves that copy, which
+    ``lmforge.folder_writing.recover_folder`` puts back on the next open.
+
+    Raises:
+        LmforgeError: a name in ``keep`` is also in ``new`` (nothing at ``path`` has changed).
     """
     new, p = Path(new), Path(path)
+    clash = [name for name in keep if os.path.lexists(new / name)]
+    if clash:
+        raise LmforgeError(f"{p / clash[0]} was not written by lmforge, and the new output has a file of that name; "
+                           f"nothing was replaced: move or rename it, then run again")
+    for name in keep:
+        link_tree(p / name, new / name)
     if not os.path.lexists(p):
         os.rename(new, p)
     elif _exchange(new, p):

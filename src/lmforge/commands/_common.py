@@ -124,6 +124,13 @@ def add_json_arg(p: argparse.ArgumentParser) -> None:
                    help="print the full record as JSON instead of the short summary")
 
 
+def add_overwrite_arg(p: argparse.ArgumentParser) -> None:
+    """``--overwrite``, with the one meaning it has in every command that writes (docs/cli.md, "Existing outputs")."""
+    p.add_argument("--overwrite", action="store_true",
+                   help="replace an existing output: the new one is written beside it and takes its place only "
+                   "when complete; files lmforge did not write there are kept (an input is never replaced)")
+
+
 def say(args: argparse.Namespace, text: str) -> None:
     """A line on the way to the result: on stdout, or on stderr with ``--json`` (stdout holds the JSON alone)."""
     print(text, file=sys.stderr if getattr(args, "json", False) else sys.stdout, flush=True)

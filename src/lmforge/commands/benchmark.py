@@ -6,12 +6,14 @@ from __future__ import annotations
 from pathlib import Path
 
 from ..data.task_files import write_task
+from ..errors import LmforgeError
+from ..folders import check_output_file
 from ..transfer import learning_curve
 from ..transfer.benchmarks import BENCHMARKS, load_benchmark, write_domain_text
 from ..transfer.curve import curve_table, leads_text
 from ..transfer.specs import SPECS
 from . import command_help
-from ._common import add_compute_args, add_json_arg, compute_options, progress, removed_flags, show
+from ._common import add_compute_args, add_json_arg, add_overwrite_arg, compute_options, progress, removed_flags, show
 from ._groups import add_cache_dir_arg, add_curve_draw_args
 from .finetune import add_truncation_arg
 
@@ -48,6 +50,7 @@ def _register_text(verbs) -> None:
         help="then append the English of Debian's fortunes and GCIDE dictionary, every WordNet example sentence "
         "left out (3.8M words; apt-get install fortunes dict-gcide)",
     )
+    add_overwrite_arg(t)
     add_json_arg(t)
     t.set_defaults(func=run_text, writes=("out",))
 
@@ -60,6 +63,7 @@ def _register_data(verbs) -> None:
     d.add_argument("--n-train", type=int, default=300)
     d.add_argument("--n-test", type=int, default=1000)
     d.add_argument("--seed", type=int, default=0, help="draws the training set (the test set is the same for all)")
+    add_overwrite_arg(d)
     add_json_arg(d)
     d.set_defaults(func=run_data, writes=("out",))
 
@@ -88,12 +92,22 @@ def _register_curve(verbs) -> None:
     c.add_argument("--no-refit", dest="refit", action="store_false",
                    help="keep each run's best validation epoch instead of refitting on all its examples")
     add_compute_args(c)
+    add_overwrite_arg(c)
     add_json_arg(c)
     removed_flags(c, {"--bf16": "--precision bf16"})
     c.set_defaults(func=run_curve, reads=("model_dir",), writes=("--out",))
 
 
+def _check_files(folder, names: list[str], overwrite: bool) -> None:
+    """Refuse a folder that is a file, or one already holding a file this command writes (unless ``overwrite``)."""
+    if Path(folder).exists() and not Path(folder).is_dir():
+        raise LmforgeError(f"{folder} is a file, not a folder; choose a folder name")
+    for name in names:
+        check_output_file(Path(folder) / name, overwrite, option="the output")
+
+
 def run_text(args) -> int:
+    check_output_file(args.out, args.overwrite, option="OUT")
     docs = write_domain_text(args.name, args.out, with_general=args.with_general, with_debian=args.with_debian)
     parts = ["the built-in English corpus"] * args.with_general + ["Debian's fortunes and GCIDE"] * args.with_debian
     general = f" plus {' and '.join(parts)}" if parts else ""
@@ -106,9 +120,10 @@ def run_text(args) -> int:
 
 def run_data(args) -> int:
     train, test = load_benchmark(args.name, args.n_train, args.n_test, args.seed)
+    ext = SPECS[train.task].file_suffix
+    _check_files(args.out, [f"train.{ext}", f"test.{ext}"], args.overwrite)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    ext = SPECS[train.task].file_suffix
     write_task(train, out / f"train.{ext}")
     write_task(test, out / f"test.{ext}")
     record = {"benchmark": args.name, "task": train.task, "seed": args.seed, "n_train": len(train),
@@ -119,6 +134,7 @@ def run_data(args) -> int:
 
 
 def run_curve(args) -> int:
+    _check_files(args.out, ["curve.json", "curve.md", "curve.png"], args.overwrite)
     train, test = load_benchmark(args.name, max(args.pool, max(args.sizes)), args.n_test, seed=0)
     compute = compute_options(args)
     with progress("learning curve", unit="run", quiet=getattr(args, "quiet", False),

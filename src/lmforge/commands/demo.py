@@ -76,7 +76,7 @@ def run(args) -> int:
 
     out = args.out or ("lmforge-demo-quick" if args.quick else "lmforge-demo")
     try:
-        with output_folder(out, "demo", hint=None):
+        with output_folder(out, "demo", existing="continue", hint=None):  # a demo reuses what it built
             result = run_demo(args.out, quick=args.quick, budget=args.budget, progress=progress,
                               show_bars=False if quiet else None, on_step=on_step, on_done=on_done, force=args.force,
                               device=args.device or "auto", precision=args.precision or DEMO_PRECISION)

@@ -8,9 +8,17 @@ import time
 from pathlib import Path
 
 from ..errors import LmforgeError
+from ..folders import check_output_file
 from ..models import load
 from . import command_help
-from ._common import add_device_arg, add_inference_precision_arg, add_json_arg, add_text_file_args, show
+from ._common import (
+    add_device_arg,
+    add_inference_precision_arg,
+    add_json_arg,
+    add_overwrite_arg,
+    add_text_file_args,
+    show,
+)
 
 EPILOG = """\
 examples:
@@ -38,6 +46,7 @@ def register(sub) -> None:
                    help="the texts: one per line (UTF-8, compressed too), or the records of a JSON Lines, JSON, "
                         "CSV/TSV or Parquet file or a `datasets` folder (told from the content)")
     p.add_argument("--out", required=True, metavar="OUT", help="vectors to write: a .npy or .parquet file")
+    add_overwrite_arg(p)
     add_text_file_args(p, "--file")
     p.add_argument("--layer", type=int, default=None, metavar="L",
                    help="layer to pool: 0 = the token embedding, -1 = the top (default: the top)")
@@ -60,6 +69,7 @@ def run(args) -> int:
         raise LmforgeError(f"--out must end in .npy or .parquet, not '{out.name}'")
     if out.resolve() == Path(args.file).resolve():
         raise LmforgeError(f"--out {out} is the input file; choose another output file")
+    check_output_file(out, args.overwrite)
     if args.batch_size < 1:
         raise LmforgeError(f"--batch-size must be >= 1, not {args.batch_size}")
     texts = read_texts(args.file, args.text_field, args.format, args.split)

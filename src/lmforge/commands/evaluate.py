@@ -11,6 +11,7 @@ from ..data.tasks import TaskData, check_labels, load_task
 from ..errors import ConfigError, LmforgeError
 from ..evaluate import load_models
 from ..evaluate.wic import format_wic, wic_table
+from ..folders import check_output_file
 from ..model_checks import check_model_folder
 from ..models import FAMILIES
 from ..train.pretrain import evaluate_lm
@@ -24,6 +25,7 @@ from ._common import (
     add_device_arg,
     add_inference_precision_arg,
     add_json_arg,
+    add_overwrite_arg,
     pairs,
     show,
 )
@@ -59,6 +61,7 @@ def register(sub) -> None:
     r.add_argument("run_dir", help="folder written by `lmforge finetune --out`")
     r.add_argument("--test", required=True, help="labelled data file in the run's task format")
     r.add_argument("--out", default=None, help="also write one record per example (gold and prediction) as JSONL")
+    add_overwrite_arg(r)
     add_device_arg(r, default=None, help=RUN_DEVICE_HELP)
     add_inference_precision_arg(r, default=None, help=RUN_PRECISION_HELP)
     add_json_arg(r)
@@ -107,6 +110,8 @@ def run_wic(args) -> int:
 def run_run(args) -> int:
     import json
 
+    if args.out:
+        check_output_file(args.out, args.overwrite)  # before any work: an existing file is not replaced unasked
     run_ = load_run(args.run_dir, device=args.device, precision=args.precision)
     task = run_.cfg.task
     data = load_task(args.test, task)

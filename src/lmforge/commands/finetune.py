@@ -12,7 +12,7 @@ from ..transfer.holdout import hold_out
 from ..transfer.specs import SPECS
 from . import command_help
 from ._columns import add_column_args
-from ._common import add_compute_args, add_json_arg, progress, removed_flags, show
+from ._common import add_compute_args, add_json_arg, add_overwrite_arg, progress, removed_flags, show
 from ._finetune import add_run_file_args, summary, transfer_settings
 
 
@@ -51,8 +51,7 @@ def _add_data_args(p) -> None:
         "finetune: everything trains (default)",
     )
     p.add_argument("--out", required=True, help="run folder to write (checked before training: never the model folder)")
-    p.add_argument("--overwrite", action="store_true",
-                   help="write into a folder of another kind or holding other files anyway (never into MODEL_DIR)")
+    add_overwrite_arg(p)
 
 
 def _add_training_args(p) -> None:

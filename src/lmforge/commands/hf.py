@@ -7,7 +7,7 @@ from ..folder_writing import output_folder, staged_folder
 from ..interop import export_hf, import_hf
 from ..interop.hub_cache import resolve_hf_dir
 from . import command_help
-from ._common import add_json_arg, say, show
+from ._common import add_json_arg, add_overwrite_arg, say, show
 
 
 def register(sub) -> None:
@@ -23,25 +23,21 @@ def register(sub) -> None:
                    help="lmforge model folder (BERT, GPT or ELECTRA) or transfer run folder (finetune --out)")
     p.add_argument("out_dir", help="folder to write (config.json, model.safetensors, tokenizer); an earlier export "
                    "there is replaced once the new one is complete")
-    p.add_argument("--overwrite", action="store_true",
-                   help="replace a folder of another kind or holding other files (its old content is deleted)")
+    add_overwrite_arg(p)
     add_json_arg(p)
     p.set_defaults(func=run_export, reads=("model_dir",), writes=("out_dir",))
     q = sub.add_parser("import-hf", help=command_help("import-hf"))
     q.add_argument("hf_dir", help="HF folder with config.json and model.safetensors, or a model id (org/name) "
                    "already in the local HF cache (nothing is downloaded)")
     q.add_argument("model_dir", help="lmforge model folder to write (a new one: it appears complete or not at all)")
-    q.add_argument("--overwrite", action="store_true",
-                   help="replace an existing model folder or other folder (its old content is deleted)")
+    add_overwrite_arg(q)
     add_json_arg(q)
     q.set_defaults(func=run_import, reads=("hf_dir",), writes=("model_dir",))
-
-_REPLACE = "pass --overwrite to replace it (its old content is deleted)"
 
 
 def run_export(args) -> int:
     with output_folder(args.out_dir, "export", args.overwrite, inputs=[args.model_dir], beside=True,
-                       option="OUT_DIR", hint=_REPLACE) as out:
+                       option="OUT_DIR") as out:
         with staged_folder(out, "export") as tmp:
             export_hf(args.model_dir, tmp)
     config = load_json(out / "config.json")
@@ -57,8 +53,8 @@ def run_import(args) -> int:
     hf_dir = resolve_hf_dir(args.hf_dir)  # a folder, or a model id found in the local HF cache
     if str(hf_dir) != args.hf_dir:
         say(args, f"reading {args.hf_dir} from the HF cache: {hf_dir}")
-    with output_folder(args.model_dir, "model", args.overwrite, inputs=[hf_dir], existing="refuse", beside=True,
-                       option="MODEL_DIR", hint=_REPLACE) as out:
+    with output_folder(args.model_dir, "model", args.overwrite, inputs=[hf_dir], beside=True,
+                       option="MODEL_DIR") as out:
         with staged_folder(out, "model") as tmp:
             model = import_hf(hf_dir, tmp)
     parameters = model.num_parameters()

@@ -10,10 +10,18 @@ from pathlib import Path
 from ..data.formats import is_dataset_folder
 from ..data.tasks import TaskData, example_from_fields, load_task
 from ..errors import DataError
+from ..folders import check_output_file
 from ..transfer import load_run
 from ..utils import atomic_write_text
 from . import command_help
-from ._common import RUN_DEVICE_HELP, RUN_PRECISION_HELP, add_device_arg, add_inference_precision_arg, show
+from ._common import (
+    RUN_DEVICE_HELP,
+    RUN_PRECISION_HELP,
+    add_device_arg,
+    add_inference_precision_arg,
+    add_overwrite_arg,
+    show,
+)
 from ._predict import prediction_line, with_inputs
 
 
@@ -41,6 +49,7 @@ def register(sub) -> None:
     )
     p.add_argument("--out", default=None,
                    help="write the predictions (JSONL, each beside its input) here instead of printing them")
+    add_overwrite_arg(p)
     p.add_argument("--json", action="store_true",
                    help="print one JSON record per example (with --out: one JSON record of what was written)")
     add_device_arg(p, default=None, help=RUN_DEVICE_HELP)
@@ -49,7 +58,8 @@ def register(sub) -> None:
 
 
 def run(args) -> int:
-
+    if args.out:
+        check_output_file(args.out, args.overwrite)  # before any work: an existing file is not replaced unasked
     given = [("--text", args.text), ("--text-pair", args.text_pair), *(("--choice", c) for c in args.choice or [])]
     for flag, value in given:
         if value is not None and not value.strip():

@@ -13,7 +13,7 @@ from ..errors import DataError
 from ..folder_writing import output_folder
 from ..folders import write_marker
 from . import command_help
-from ._common import add_json_arg, show
+from ._common import add_json_arg, add_overwrite_arg, show
 from ._corpus import INPUTS_HELP, add_corpus_args, corpus_from_args
 
 EPILOG = """\
@@ -30,7 +30,8 @@ Layouts: "lines" = one sentence per line, a blank line between documents (BERT's
 the first lines of each file. The folder gets train/val token arrays (uint16, or uint32 for large
 vocabularies), sentence and document offsets, meta.json and a copy of the tokenizer. It is written
 beside --out and renamed into place when complete; what a killed run left there is removed by the
-next one. A line longer than 1 MiB is read in pieces cut at white space (each piece then counts as
+next one. An existing --out is refused; --overwrite replaces it, keeping the files lmforge did not
+write. A line longer than 1 MiB is read in pieces cut at white space (each piece then counts as
 a line of its own), so memory stays bounded. --workers processes split and encode chunks of
 documents in parallel; the shards are byte-identical whatever their number.
 """
@@ -44,7 +45,8 @@ def register(sub) -> None:
     )
     add_corpus_args(p)
     p.add_argument("--tokenizer", required=True, metavar="DIR", help="tokenizer folder (lmforge tokenizer train)")
-    p.add_argument("--out", required=True, metavar="DIR", help="shard folder to write (replaces an old shard folder)")
+    p.add_argument("--out", required=True, metavar="DIR", help="shard folder to write")
+    add_overwrite_arg(p)
     p.add_argument("--val-fraction", type=float, default=0.05, metavar="F",
                    help="share of documents held out for validation (default 0.05; at least one document). 0 makes "
                         "shards for `evaluate lm --split train` only: pretraining refuses shards without a val split")
@@ -61,11 +63,11 @@ def run(args) -> int:
         raise DataError(f"--workers must be 1 or more, not {args.workers}")
     corpus = corpus_from_args(args)
     # the shards are written beside --out and renamed into place: lock and check writability there
-    with output_folder(args.out, "shards", inputs=[args.tokenizer], beside=True, hint=None) as out:
+    with output_folder(args.out, "shards", args.overwrite, inputs=[args.tokenizer], beside=True) as out:
         with tqdm(total=corpus.total_bytes, unit="B", unit_scale=True, desc="prepare", file=sys.stderr,
                   disable=True if args.quiet else None, dynamic_ncols=True, leave=False) as bar:
             meta = prepare(corpus, args.tokenizer, args.out, val_fraction=args.val_fraction, workers=args.workers,
-                           progress=bar.update)
+                           progress=bar.update, overwrite=args.overwrite)
         write_marker(out, "shards")
     show(args, {"out": str(args.out), **meta}, [format_summary(Path(args.out), meta)])
     if meta["splits"]["val"]["tokens"] == 0:

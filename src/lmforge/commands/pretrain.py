@@ -3,18 +3,17 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import json
 import os
-import shutil
 import textwrap
-from fnmatch import fnmatch
 from pathlib import Path
 
 from ..config import FIELD_SYNONYMS, apply_overrides
 from ..errors import DataError, LmforgeError
-from ..folder_writing import output_folder
-from ..folders import _KNOWN, _entries, folder_kind
+from ..folder_writing import output_folder, staged_folder
+from ..folders import folder_kind
 from ..models import FAMILIES, get_family
 from ..train.budget import run_plan
 from ..train.checkpoint import restore_model_config
@@ -23,7 +22,17 @@ from ..train.precision import resolve_device, resolve_precision
 from ..train.pretrain import check_init, default_train_config, pretrain
 from . import command_help
 from ._budget import check_budget_args, plan_for_cli
-from ._common import add_compute_args, add_json_arg, add_set_arg, fmt, refuse_flag_keys, removed_flags, say, show
+from ._common import (
+    add_compute_args,
+    add_json_arg,
+    add_overwrite_arg,
+    add_set_arg,
+    fmt,
+    refuse_flag_keys,
+    removed_flags,
+    say,
+    show,
+)
 from ._runconfig import model_config, model_from_choice, recipe_of, run_file_train, split_sets, train_config
 
 FAMILY_CHOICES = tuple(FAMILIES)
@@ -108,12 +117,7 @@ def register(sub) -> None:
                    "(docs/training.md)")
     p.add_argument("--plan", metavar="PLAN_JSON", help="replay a saved plan.json exactly (no probe)")
     p.add_argument("--resume", action="store_true", help="continue the training saved in MODEL_DIR/training_state")
-    p.add_argument(
-        "--overwrite",
-        action="store_true",
-        help="start afresh in a MODEL_DIR that already holds a model (its model files and training state are "
-        "deleted), or write into a folder of another kind",
-    )
+    add_overwrite_arg(p)
     p.add_argument("--tokenizer", metavar="DIR", help="check that this tokenizer made the shards")
     p.add_argument(
         "--init",
@@ -166,14 +170,15 @@ def check_configs(args, overrides: list[str]) -> None:
                         train_over)
 
 
-def _clear_for_overwrite(out, kind: str | None) -> None:
-    """--overwrite: delete the files of the lmforge folder of ``kind`` at ``out`` (other files stay)."""
-    if kind in (None, "other", "demo"):
-        return
-    for name in _entries(out):
-        if any(fnmatch(name, pat) for pat in _KNOWN[kind]):
-            target = out / name
-            shutil.rmtree(target) if target.is_dir() else target.unlink()
+def _replacing(args) -> bool:
+    """Whether this run replaces a folder at --out (``--overwrite`` over something there): then the new model
+    is trained beside it and swapped in when complete, which one process does alone."""
+    if not args.overwrite or folder_kind(args.out) is None:
+        return False
+    if int(os.environ.get("WORLD_SIZE", "1")) > 1:
+        raise LmforgeError(f"--overwrite trains the new model beside {args.out} and swaps it in when complete, which "
+                           f"a torchrun job cannot share; move {args.out} away or choose another --out")
+    return True
 
 
 def run(args) -> int:
@@ -190,21 +195,24 @@ def run(args) -> int:
     planned = args.budget is not None or args.plan is not None
     if planned or args.search_shape:
         check_budget_args(args)  # clashing options, a bad budget or plan file: before --out is touched
-    kind_before = folder_kind(args.out)
-    with output_folder(args.out, "model", args.overwrite, inputs=[args.data, args.init, args.tokenizer]) as out:
-        if args.overwrite and os.environ.get("RANK", "0") == "0":
-            _clear_for_overwrite(Path(out), kind_before)
-        if args.resume:
-            restore_model_config(out)
-        if planned:
-            plan = plan_for_cli(args)
-            say(args, plan.describe())
-            result = run_plan(plan, args.data, args.out, tokenizer_dir=args.tokenizer)
-        else:
-            model_over, train_over, recipe_over = split_sets(overrides, args.family)
-            result = pretrain(args.family, args.data, args.out, model_config(args, model_over),
-                              train_config(args, train_over), recipe_of(args, recipe_over), resume=args.resume,
-                              tokenizer_dir=args.tokenizer, init=args.init)
+    replacing = _replacing(args)
+    # an existing model is continued (--resume) or refused by pretrain itself, which names --resume too
+    with output_folder(args.out, "model", args.overwrite, inputs=[args.data, args.init, args.tokenizer],
+                       existing="continue", beside=replacing) as out:
+        with staged_folder(out, "model") if replacing else contextlib.nullcontext(out) as target:
+            if args.resume:
+                restore_model_config(out)
+            if planned:
+                plan = plan_for_cli(args)
+                say(args, plan.describe())
+                result = run_plan(plan, args.data, target, tokenizer_dir=args.tokenizer)
+            else:
+                model_over, train_over, recipe_over = split_sets(overrides, args.family)
+                result = pretrain(args.family, args.data, target, model_config(args, model_over),
+                                  train_config(args, train_over), recipe_of(args, recipe_over), resume=args.resume,
+                                  tokenizer_dir=args.tokenizer, init=args.init)
+    if replacing:
+        result = dataclasses.replace(result, out_dir=Path(args.out))
     if os.environ.get("RANK", "0") != "0":
         return 0  # under torchrun only rank 0 reports
     show(args, _record(result), lambda: _summary(args, result))

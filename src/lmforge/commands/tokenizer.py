@@ -5,10 +5,10 @@ from __future__ import annotations
 import argparse
 import sys
 
-from ..folder_writing import output_folder
+from ..folder_writing import output_folder, staged_folder
 from ..tokenization import Tokenizer
 from . import command_help
-from ._common import add_json_arg, show
+from ._common import add_json_arg, add_overwrite_arg, show
 from ._corpus import INPUTS_HELP, add_corpus_args, corpus_from_args
 
 EPILOG_TRAIN = """\
@@ -39,9 +39,8 @@ def register(sub) -> None:
                         "bpe: GPT byte-level BPE with <|endoftext|>")
     t.add_argument("--vocab-size", type=int, required=True, metavar="N",
                    help="target vocabulary size incl. special tokens (the result may be smaller on a small corpus)")
-    t.add_argument("--out", required=True, metavar="DIR", help="folder to write (a tokenizer folder there is replaced)")
-    t.add_argument("--overwrite", action="store_true",
-                   help="write into a folder of another kind (e.g. a model's) or holding other files anyway")
+    t.add_argument("--out", required=True, metavar="DIR", help="tokenizer folder to write")
+    add_overwrite_arg(t)
     case = t.add_mutually_exclusive_group()
     case.add_argument("--no-lowercase", dest="lowercase", action="store_false", default=None,
                       help="keep case and accents (WordPiece lower-cases and strips accents by default)")
@@ -61,12 +60,14 @@ def register(sub) -> None:
 
 def run_train(args) -> int:
     corpus = corpus_from_args(args)
-    with output_folder(args.out, "tokenizer", args.overwrite) as out:
+    # written beside --out and renamed into place when complete: a failure or a kill leaves --out as it was
+    with output_folder(args.out, "tokenizer", args.overwrite, beside=True) as out:
         tok = Tokenizer.train(
             corpus, kind=args.kind, vocab_size=args.vocab_size, lowercase=args.lowercase,
             min_frequency=args.min_frequency, show_progress=sys.stderr.isatty(),
         )
-        out = tok.save(out)
+        with staged_folder(out, "tokenizer") as tmp:
+            tok.save(tmp)
     record = {"out": str(out), "kind": tok.kind, "vocab_size": tok.vocab_size, "asked_vocab_size": args.vocab_size,
               "lowercase": tok.lowercase, "hash": tok.hash}
     show(args, record, [f"trained {tok.kind} tokenizer: final vocabulary size {tok.vocab_size} (asked for "

@@ -37,6 +37,7 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import DataError
+from ..folders import user_files
 from ..tokenization import Tokenizer
 from ..utils import atomic_write_text, swap_into_place
 from .chunks import ChunkEncoder, Encoded, default_workers, read_chunks
@@ -199,6 +200,7 @@ def prepare(
     layout: str = "auto",
     workers: int | None = None,
     progress: Callable[[int], None] | None = None,
+    overwrite: bool = False,
 ) -> dict:
     """Tokenize a corpus into a shard folder (streaming: memory does not grow with the corpus).
 
@@ -214,10 +216,13 @@ def prepare(
             shards are the same whatever the number.
         progress: called with the number of stored input bytes read since the last call (the calls
             add up to ``corpus.total_bytes``).
+        overwrite: replace ``out_dir`` even when it is not a shard folder.  Either way the files lmforge did
+            not write there are kept (moved into the new folder).
     Returns:
         The ``meta.json`` dict.
     Raises:
-        DataError: bad inputs, an empty corpus, or an ``out_dir`` that is not a shard folder.
+        DataError: bad inputs, an empty corpus, or an ``out_dir`` that is not a shard folder (without
+            ``overwrite``).
     """
     if not 0 <= val_fraction < 1:
         raise DataError(f"val_fraction must be in [0, 1), not {val_fraction}")
@@ -227,7 +232,8 @@ def prepare(
     if not isinstance(corpus, Corpus):
         corpus = Corpus.open(list(corpus), options=CorpusOptions(layout=layout, encoding_errors=encoding_errors))
     out_dir = Path(out_dir)
-    _prepare_out_dir(out_dir)
+    if not overwrite:
+        _prepare_out_dir(out_dir)
     tok = _resolve_tokenizer(tokenizer_dir)
     dtype = dtype_for_vocab(tok.vocab_size)
     eot = tok.eot_id if tok.kind == "bpe" else None
@@ -242,7 +248,8 @@ def prepare(
             raise RuntimeError("internal error: the saved tokenizer does not reload to the same hash")
         meta = _meta(tok, writers, val_fraction, corpus)
         atomic_write_text(tmp / "meta.json", json.dumps(meta, indent=2) + "\n")
-        swap_into_place(tmp, out_dir)  # the old shards stay in place, or are put back, after a kill
+        # the old shards stay in place, or are put back, after a kill; files lmforge did not write there stay
+        swap_into_place(tmp, out_dir, keep=user_files(out_dir))
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise

@@ -128,7 +128,8 @@ def check_fresh_out(out: Path, family: str) -> None:
         raise LmforgeError(f"--out {out} is a file; give a folder for the model")
     if get_family(family).trainer and ((out / "config.json").exists() or find_state_dir(out) is not None):
         raise LmforgeError(
-            f"{out} already holds a model; pass --resume to continue its training, or choose another --out"
+            f"{out} already holds a model; pass --resume to continue its training, --overwrite to replace it, or "
+            f"choose another --out"
         )
 
 

@@ -21,6 +21,7 @@ from torch import nn
 
 from ..config import to_dict
 from ..errors import CheckpointError, LmforgeError
+from ..model_checks import nonfinite_tensor
 from . import checkpoint as ckpt
 from . import compute
 from . import precision as prec
@@ -38,11 +39,7 @@ logger = logging.getLogger(__name__)
 # -- never save what cannot be resumed ----------------------------------------------------------------
 def nonfinite_parameter(model: nn.Module, env: DistEnv) -> str | None:
     """The name of the first parameter holding NaN or infinity (over all ranks), or ``None``."""
-    bad = None
-    for name, p in model.named_parameters():
-        if p.is_floating_point() and not bool(torch.isfinite(p.detach()).all()):
-            bad = name
-            break
+    bad = nonfinite_tensor(dict(model.named_parameters()))
     return bad if any_rank(bad is not None, env) else None
 
 

@@ -210,7 +210,7 @@ class Transfer:
                 "the model folder it was trained on"
             )
         with output_folder(path, "run", overwrite, inputs=[run.model_dir], beside=True, option="path",
-                           hint="pass overwrite=True to write there anyway"):
+                           hint="pass overwrite=True to replace it (files lmforge did not write there are kept)"):
             with staged_folder(path, "run") as tmp:
                 save_run(run, tmp, {**self.summary_, "history": self.history_}, [])
         return Path(path)

@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
+import math
 from collections.abc import Callable
 from pathlib import Path
 
@@ -23,6 +24,7 @@ from ..config import load_json, save_json, to_dict
 from ..data.tasks import TaskData, check_labels, load_task
 from ..devices import check_device, check_precision
 from ..errors import CheckpointError, LmforgeError
+from ..model_checks import nonfinite_number, nonfinite_tensor
 from ..models import load
 from ..train.precision import describe
 from ..utils import atomic_write_text, file_sha256, load_safetensors, save_safetensors
@@ -32,19 +34,44 @@ from .run import TransferRun
 logger = logging.getLogger(__name__)
 
 
-def save_run(run: TransferRun, out_dir: str | Path, metrics: dict, records: list[dict]) -> Path:
-    """Write config.json, metrics.json, predictions.jsonl, head.safetensors (+ body.safetensors) of ``run``."""
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    save_safetensors({k: v.cpu() for k, v in run.model.head.state_dict().items()}, out / "head.safetensors")
+def _trained_tensors(run: TransferRun) -> dict[str, dict[str, torch.Tensor]]:
+    """file name -> the tensors of ``run`` that the run folder keeps (what training changed)."""
+    files = {"head.safetensors": {k: v.cpu() for k, v in run.model.head.state_dict().items()}}
     if run.cfg.mode == "finetune":
         body = run.body
         tied = set(body.tied_weight_keys()) if hasattr(body, "tied_weight_keys") else set()
-        save_safetensors({k: v.cpu() for k, v in body.state_dict().items() if k not in tied}, out / "body.safetensors")
+        files["body.safetensors"] = {k: v.cpu() for k, v in body.state_dict().items() if k not in tied}
     elif run.trains_task_rows:
-        save_safetensors(
-            {"task_rows": run._wte()[list(run.task_token_ids)].detach().cpu()}, out / "task_tokens.safetensors"
-        )
+        files["task_tokens.safetensors"] = {"task_rows": run._wte()[list(run.task_token_ids)].detach().cpu()}
+    return files
+
+
+def check_finite_run(run: TransferRun, files: dict[str, dict[str, torch.Tensor]], metrics: dict,
+                     records: list[dict]) -> None:
+    """Refuse, in one line, a run whose weights, metrics or predictions hold NaN or infinity (it diverged):
+    such a run would predict nothing, and its metrics.json would not be JSON."""
+    bad = next((f"{name} ({t})" for name, ts in files.items() if (t := nonfinite_tensor(ts)) is not None), None)
+    bad = bad or next((f"{what} {key}" for what, rec in (("the metric", metrics), ("the prediction", records))
+                       if (key := nonfinite_number(rec)) is not None), None)
+    if bad is None:
+        return
+    lr = run.choices.get("lr") or run.cfg.lr
+    lower = f", e.g. --lr {lr / 10:g}" if isinstance(lr, (int, float)) and math.isfinite(lr) else ""
+    raise LmforgeError(f"the training diverged: {bad} holds NaN or infinity; nothing was saved: train again with a "
+                       f"lower learning rate{lower}")
+
+
+def save_run(run: TransferRun, out_dir: str | Path, metrics: dict, records: list[dict]) -> Path:
+    """Write config.json, metrics.json, predictions.jsonl, head.safetensors (+ body.safetensors) of ``run``.
+
+    A run that diverged (NaN or infinity in its weights, metrics or predictions) is refused before anything
+    is written (:func:`check_finite_run`)."""
+    files = _trained_tensors(run)
+    check_finite_run(run, files, metrics, records)
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    for name, tensors in files.items():
+        save_safetensors(tensors, out / name)
     extra = {
         "model_dir": str(Path(run.model_dir).resolve()) if run.model_dir else None,
         "family": run.family,
@@ -57,10 +84,21 @@ def save_run(run: TransferRun, out_dir: str | Path, metrics: dict, records: list
         "weights_sha256": run.weights_hash() if run.model_dir else None,
     }
     save_json({"transfer": to_dict(run.cfg), **extra}, out / "config.json")
-    atomic_write_text(out / "metrics.json", json.dumps(metrics, indent=2, ensure_ascii=False) + "\n")
-    atomic_write_text(out / "predictions.jsonl", "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in records))
+    atomic_write_text(out / "metrics.json", json.dumps(metrics, indent=2, ensure_ascii=False, allow_nan=False) + "\n")
+    atomic_write_text(out / "predictions.jsonl",
+                      "".join(json.dumps(r, ensure_ascii=False, allow_nan=False) + "\n" for r in records))
     update_card(out)  # the run's model card (README.md), from the files written above
     return out
+
+
+def _finite(path: Path) -> dict[str, torch.Tensor]:
+    """The tensors of a run's weights file; a run saved with NaN or infinity (by an older lmforge) is refused."""
+    tensors = load_safetensors(path)
+    name = nonfinite_tensor(tensors)
+    if name is not None:
+        raise CheckpointError(f"{path} holds NaN or infinity ({name}): the run diverged when it was trained; train "
+                              f"it again with a lower learning rate")
+    return tensors
 
 
 def load_run(run_dir: str | Path, device: str | None = None, precision: str | None = None) -> TransferRun:
@@ -93,7 +131,7 @@ def load_run(run_dir: str | Path, device: str | None = None, precision: str | No
             raise CheckpointError(f"{model_dir} changed since this run was trained; retrain the run on this model")
     run = TransferRun(body, cfg, data["labels"], model_dir)  # (GPT: adds its task tokens to the body first)
     if cfg.mode == "finetune":
-        body.load_weights(load_safetensors(p / "body.safetensors"))
+        body.load_weights(_finite(p / "body.safetensors"))
     elif (p / "task_tokens.safetensors").is_file():
         rows = load_safetensors(p / "task_tokens.safetensors")["task_rows"]
         with torch.no_grad():
@@ -103,7 +141,7 @@ def load_run(run_dir: str | Path, device: str | None = None, precision: str | No
     ids = data["layer_ids"]
     run.extract_ids = list(ids)
     run.build(ids)
-    head_state = load_safetensors(p / "head.safetensors")
+    head_state = _finite(p / "head.safetensors")
     try:
         run.model.head.load_state_dict(head_state)
     except RuntimeError as e:
