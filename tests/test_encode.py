@@ -306,7 +306,7 @@ def test_json_lines_in_a_txt_file_are_read_as_records_unless_told(bert_dir, tmp_
     (tmp_path / "in.txt").write_text("\n".join(lines) + "\n", encoding="utf-8")
     for argv, texts in (([], ["a snake", "the python"]), (["--format", "lines"], lines)):
         assert main(["encode", str(bert_dir), "--file", str(tmp_path / "in.txt"), "--out", str(tmp_path / "v.npy"),
-                     *argv]) == 0
+                     "--overwrite", *argv]) == 0
         np.testing.assert_array_equal(np.load(tmp_path / "v.npy"), load(bert_dir).encode(texts))
     capsys.readouterr()
 

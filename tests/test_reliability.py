@@ -258,7 +258,9 @@ def test_export_hf_replaces_an_earlier_export(export_dir, gpt_dir, tmp_path):
     out = tmp_path / "e"
     shutil.copytree(export_dir, out)
     (out / "model.safetensors").write_bytes(b"stale")
-    ok(cli("export-hf", gpt_dir, out))
+    refused(cli("export-hf", gpt_dir, out), "already holds an HF export folder", "--overwrite")
+    assert (out / "model.safetensors").read_bytes() == b"stale"
+    ok(cli("export-hf", gpt_dir, out, "--overwrite"))
     assert (out / "model.safetensors").read_bytes() != b"stale" and folder_kind(out) == "export"
 
 
@@ -305,18 +307,18 @@ def test_a_second_writer_is_refused_and_a_dead_ones_lock_is_recovered(tmp_path, 
     import socket
 
     out = tmp_path / "tok"
-    out.mkdir()
+    lock = tmp_path / ".tok.lock"  # a folder renamed into place when complete is locked beside it
     holder = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
     try:
-        (out / LOCK).write_text(json.dumps({"pid": holder.pid, "host": socket.gethostname(), "since": "now"}))
+        lock.write_text(json.dumps({"pid": holder.pid, "host": socket.gethostname(), "since": "now"}))
         args = ["tokenizer", "train", "--kind", "bpe", "--vocab-size", "300", "--out", out, tiny_corpus]
         line = refused(cli(*args), "being written by another lmforge run", f"pid {holder.pid}")
-        assert str(out / LOCK) in line
+        assert str(lock) in line
     finally:
         holder.kill()
         holder.wait()
     proc = ok(cli(*args))  # the holder is gone: its lock is stale
-    assert (out / "tokenizer.json").is_file() and not (out / LOCK).exists()
+    assert (out / "tokenizer.json").is_file() and not lock.exists()
     assert "Traceback" not in proc.stderr
 
 
@@ -381,9 +383,11 @@ def test_readers_refuse_non_finite_weights(gpt_copy, bpe_shards, task_files, tmp
                 "--out", tmp_path / "run"), "non-finite")
 
 
-def test_tokenizer_and_model_must_agree(gpt_copy, tiny_corpus):
-    ok(cli("tokenizer", "train", "--kind", "bpe", "--vocab-size", "300", "--out", gpt_copy, "--overwrite",
-           tiny_corpus))
+def test_tokenizer_and_model_must_agree(gpt_copy, tiny_corpus, tmp_path):
+    tok = tmp_path / "tok"
+    ok(cli("tokenizer", "train", "--kind", "bpe", "--vocab-size", "300", "--out", tok, tiny_corpus))
+    for f in tok.glob("*.json"):  # another tokenizer's files copied into the model folder
+        shutil.copy(f, gpt_copy / f.name)
     proc = cli("generate", gpt_copy, "--prompt", "In the")
     refused(proc, "300 tokens", "built for 500")
     assert proc.stdout == ""

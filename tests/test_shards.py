@@ -100,13 +100,14 @@ def test_small_chunks_and_empty_sentences_give_the_same_shards(tmp_path, monkeyp
         _check_structure(sh, split)
 
 
-def test_deterministic_and_replaces_old_folder(tmp_path, tiny_corpus, wordpiece_tokenizer_dir):
+def test_deterministic_and_replaces_old_folder_keeping_the_users_files(tmp_path, tiny_corpus, wordpiece_tokenizer_dir):
     out = tmp_path / "s"
     prepare([tiny_corpus], wordpiece_tokenizer_dir, out, val_fraction=0.1)
     first = _files(out)
-    (out / "stale.txt").write_text("from an old run")
+    (out / "notes.txt").write_text("the user's own")
+    (out / "train.bin").write_bytes(b"stale")  # a file of the shards: the new one replaces it
     prepare([tiny_corpus], wordpiece_tokenizer_dir, out, val_fraction=0.1)
-    assert _files(out) == first
+    assert _files(out) == {**first, "notes.txt": b"the user's own"}
     assert [p.name for p in tmp_path.iterdir()] == ["s"]  # no temporary folders left behind
 
 
