@@ -25,6 +25,33 @@ hand. `lmforge COMMAND --help` prints the same. Start with the [tutorial](tutori
 the commands fit together.
 """
 
+# the output policy every writing command shares (lmforge/folders.py owns it); its own section, kept apart
+# from the header
+OUTPUTS = """\
+## Existing outputs
+
+Every command that writes (`tokenizer train`, `prepare`, `pretrain`, `finetune`, `export-hf`, `import-hf`,
+`encode`, `predict --out`, `evaluate run --out`, `benchmark text`, `benchmark data`, `benchmark curve`)
+treats an output that already exists the same way:
+
+- Without `--overwrite`, an existing output is refused in one line (exit status 2) and left as it was: a
+  file of that name, a folder lmforge wrote, or a folder holding files lmforge did not write.
+  `pretrain --resume` continues the model folder instead; `demo` reuses its own folder (`--force`
+  rebuilds its steps).
+- With `--overwrite`, the new output is written beside the old one and takes its place only when it is
+  complete: a command that fails or is killed leaves the old output whole. A file is replaced in one
+  rename.
+- `--overwrite` never deletes what lmforge did not write. Each kind of folder (model, run, shards,
+  tokenizer, export) holds its own file names; anything else you put there (notes, your data, your own
+  subfolders) is moved into the new folder. When one of your files has a name the new folder writes
+  (your own `metrics.json` in a run folder), the command refuses before any work and names it: move or
+  rename it first.
+- An output is never one of the command's inputs, nor inside or around one, even with `--overwrite`
+  (`finetune M --out M`, `predict RUN --file a.csv --out a.csv`).
+- `benchmark data` and `benchmark curve` write plain files into a folder: only a file of the same name
+  stands in the way.
+"""
+
 
 def _subparsers(parser: argparse.ArgumentParser) -> list[tuple[str, argparse.ArgumentParser, str]]:
     """(name, parser, one-line help) of each subcommand, in the order `--help` lists them."""
@@ -106,7 +133,7 @@ def render() -> str:
     commands = _subparsers(parser)
     lines += ["| command | what it does |", "|---|---|"]
     lines += [f"| [`lmforge {name}`](#lmforge-{name.replace('_', '')}) | {help_} |" for name, _, help_ in commands]
-    lines.append("")
+    lines += ["", OUTPUTS]
     for name, sub, help_ in commands:
         lines += _section(f"lmforge {name}", sub, help_, 2)
     return "\n".join(lines).rstrip() + "\n"

@@ -52,7 +52,9 @@ def test_fit_predict_score_save_load_equal_the_cli(cli_run, bert_dir, cls_files,
     cli = Transfer.load(cli_run)  # a folder written by `lmforge finetune`
     assert cli.predict(texts) == cli_preds and cli.get_params()["epochs"] == 3
     assert main(["predict", str(tmp_path / "est"), "--text", texts[0]]) == 0  # the CLI reads the saved folder
-    est.save(tmp_path / "est")  # a run folder is replaced as the CLI's --out is: whole, once the new one is written
+    with pytest.raises(LmforgeError, match="overwrite=True"):  # an existing run folder is refused, as by the CLI
+        est.save(tmp_path / "est")
+    est.save(tmp_path / "est", overwrite=True)  # replaced as the CLI's --out is: whole, once the new one is written
     assert Transfer.load(tmp_path / "est").predict(texts) == cli_preds
     for refused in (bert_dir, tmp_path / "est" / "body.safetensors"):  # the model folder; a file, not a folder
         with pytest.raises(LmforgeError):

@@ -202,7 +202,8 @@ class Transfer:
     # -- the run folder -----------------------------------------------------------------------------------
     def save(self, path: str | Path, overwrite: bool = False) -> Path:
         """Write the fitted run as the folder ``lmforge finetune`` writes (``lmforge predict``, ``serve`` and
-        ``export-hf`` read it); the folder is complete or untouched, never the model folder."""
+        ``export-hf`` read it); the folder is complete or untouched, never the model folder.  An existing folder
+        needs ``overwrite=True``, which replaces it keeping the files lmforge did not write there."""
         run = self._check_fitted()
         if not run.model_dir:
             raise LmforgeError(
