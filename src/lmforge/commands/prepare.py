@@ -30,8 +30,8 @@ Layouts: "lines" = one sentence per line, a blank line between documents (BERT's
 the first lines of each file. The folder gets train/val token arrays (uint16, or uint32 for large
 vocabularies), sentence and document offsets, meta.json and a copy of the tokenizer. It is written
 beside --out and renamed into place when complete; what a killed run left there is removed by the
-next one. An existing --out is refused; --overwrite replaces it, keeping the files lmforge did not
-write. A line longer than 1 MiB is read in pieces cut at white space (each piece then counts as
+next one. An existing --out is refused; --overwrite replaces it (files that are not shards stay).
+A line longer than 1 MiB is read in pieces cut at white space (each piece then counts as
 a line of its own), so memory stays bounded. --workers processes split and encode chunks of
 documents in parallel; the shards are byte-identical whatever their number.
 """
