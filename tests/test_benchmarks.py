@@ -128,6 +128,6 @@ def test_benchmark_cli_curve_with_a_baseline_in_another_shape(tmp_path, capsys):
     assert abs(lead["lead"] - (runs["finetune"]["score"] - strongest)) < 1e-12
     assert f"{100 * lead['lead']:+.1f} points" in out
     assert "strongest from-scratch baseline" in (tmp_path / "c" / "curve.md").read_text()
-    assert main([*argv, "scratch:huge"]) == 2
+    assert main([*argv, "scratch:huge", "--overwrite"]) == 2  # (without --overwrite: the curve there is refused)
     err = capsys.readouterr().err.strip()
     assert "no preset 'huge'" in err and len(err.splitlines()) == 1

@@ -213,3 +213,25 @@ def test_a_run_saved_with_nan_weights_is_refused_when_read(inputs, tmp_path):
     head[name] = head[name] * float("nan")
     save_file(head, run / "head.safetensors")
     refused(cli("predict", run, "--text", "a fine day"), "NaN", "lower learning rate")
+
+
+@pytest.mark.parametrize("exchange", [True, False], ids=["swap", "two-renames"])
+def test_a_kill_at_any_instant_of_an_overwrite_keeps_the_users_files(exchange, inputs, tmp_path):
+    from test_reliability_cli import killed
+
+    out = tmp_path / "export"
+    ok(cli("export-hf", inputs["gpt"], out))
+    (out / "notes.txt").write_text("mine\n")
+    (out / "sub").mkdir()
+    (out / "sub" / "data.csv").write_text("a,b\n")
+    kills = 0
+    for n in range(1, 10):
+        if not killed(["export-hf", inputs["gpt"], out, "--overwrite"], out, n, exchange=exchange):
+            break
+        kills += 1
+        ok(cli("import-hf", out, tmp_path / f"read{n}"))  # a reader puts back an old copy moved aside
+        assert (out / "notes.txt").read_text() == "mine\n" and (out / "sub" / "data.csv").read_text() == "a,b\n", n
+    assert kills >= 2
+    ok(cli("export-hf", inputs["gpt"], out, "--overwrite"))
+    assert (out / "notes.txt").read_text() == "mine\n" and (out / "sub" / "data.csv").read_text() == "a,b\n"
+    assert not [p.name for p in tmp_path.iterdir() if p.name.startswith(".export.")]
