@@ -206,13 +206,18 @@ def test_a_diverging_finetune_saves_nothing_and_keeps_the_old_run(mode, inputs, 
 def test_a_run_saved_with_nan_weights_is_refused_when_read(inputs, tmp_path):
     from safetensors.torch import load_file, save_file
 
+    from lmforge.errors import LmforgeError
+    from lmforge.serve import create_app
+
     run = tmp_path / "run"
-    shutil.copytree(inputs["run"], run)
+    shutil.copytree(inputs["run"], run)  # a run an older lmforge saved after it diverged
     head = load_file(run / "head.safetensors")
     name = sorted(head)[0]
     head[name] = head[name] * float("nan")
     save_file(head, run / "head.safetensors")
     refused(cli("predict", run, "--text", "a fine day"), "NaN", "lower learning rate")
+    with pytest.raises(LmforgeError, match="NaN"):  # nor served (it answered null probabilities)
+        create_app([run])
 
 
 @pytest.mark.parametrize("exchange", [True, False], ids=["swap", "two-renames"])

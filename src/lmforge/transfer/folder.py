@@ -12,7 +12,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
-import math
 from collections.abc import Callable
 from pathlib import Path
 
@@ -56,9 +55,9 @@ def check_finite_run(run: TransferRun, files: dict[str, dict[str, torch.Tensor]]
     if bad is None:
         return
     lr = run.choices.get("lr") or run.cfg.lr
-    lower = f", e.g. --lr {lr / 10:g}" if isinstance(lr, (int, float)) and math.isfinite(lr) else ""
+    used = f" (this run's was {lr:g})" if isinstance(lr, (int, float)) else ""
     raise LmforgeError(f"the training diverged: {bad} holds NaN or infinity; nothing was saved: train again with a "
-                       f"lower learning rate{lower}")
+                       f"lower learning rate{used}")
 
 
 def save_run(run: TransferRun, out_dir: str | Path, metrics: dict, records: list[dict]) -> Path:
