@@ -240,3 +240,25 @@ def test_a_kill_at_any_instant_of_an_overwrite_keeps_the_users_files(exchange, i
     ok(cli("export-hf", inputs["gpt"], out, "--overwrite"))
     assert (out / "notes.txt").read_text() == "mine\n" and (out / "sub" / "data.csv").read_text() == "a,b\n"
     assert not [p.name for p in tmp_path.iterdir() if p.name.startswith(".export.")]
+
+
+def test_a_diverging_pretrain_overwrite_keeps_the_old_model(inputs, tmp_path):
+    w = WRITERS[1]
+    out = _existing(w, inputs, tmp_path)
+    before = _state(out)
+    line = refused(cli(*w.argv(inputs, out), "lr=1e30", "--overwrite"), "non-finite", "lower learning rate")
+    assert ".tmp-" not in line and _state(out) == before
+    assert not [n for n in os.listdir(tmp_path) if n.startswith(f".{out.name}.")]
+
+
+def test_a_divergence_after_a_checkpoint_of_a_replacement_names_the_kept_folder(tmp_path):
+    from lmforge.commands.pretrain import _replacement
+    from lmforge.errors import LmforgeError
+
+    out = tmp_path / "m"
+    out.mkdir()
+    with pytest.raises(LmforgeError) as e, _replacement(out, True) as tmp:
+        raise LmforgeError(f"the weights became non-finite at step 9; nothing non-finite was saved; the last finite "
+                           f"checkpoint (step 8) in {tmp} is kept: continue from it with --resume")
+    assert str(tmp) not in str(e.value) and f"{out} is as it was" in str(e.value) and "--resume" not in str(e.value)
+    assert not tmp.exists() and out.is_dir()

@@ -181,6 +181,24 @@ def _replacing(args) -> bool:
     return True
 
 
+@contextlib.contextmanager
+def _replacement(out: Path, replacing: bool):
+    """The folder the run trains into: ``out`` itself, or with ``--overwrite`` over a folder a new one beside it,
+    which takes its place when complete.  A divergence there discards it: its message names ``out`` instead
+    (its advice to ``--resume`` from the discarded folder's checkpoint no longer holds)."""
+    if not replacing:
+        yield out
+        return
+    with staged_folder(out, "model") as tmp:
+        try:
+            yield tmp
+        except LmforgeError as e:
+            if str(tmp) not in str(e) or "non-finite" not in str(e):
+                raise
+            raise LmforgeError(f"{str(e).split(';')[0]}; the new run is discarded and {out} is as it was: start "
+                               f"again with a lower learning rate (--set lr=...)") from None
+
+
 def run(args) -> int:
     overrides = list(args.overrides)
     refuse_flag_keys(overrides)
@@ -199,7 +217,7 @@ def run(args) -> int:
     # an existing model is continued (--resume) or refused by pretrain itself, which names --resume too
     with output_folder(args.out, "model", args.overwrite, inputs=[args.data, args.init, args.tokenizer],
                        existing="continue", beside=replacing) as out:
-        with staged_folder(out, "model") if replacing else contextlib.nullcontext(out) as target:
+        with _replacement(out, replacing) as target:
             if args.resume:
                 restore_model_config(out)
             if planned:
