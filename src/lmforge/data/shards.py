@@ -216,13 +216,11 @@ def prepare(
             shards are the same whatever the number.
         progress: called with the number of stored input bytes read since the last call (the calls
             add up to ``corpus.total_bytes``).
-        overwrite: replace ``out_dir`` even when it is not a shard folder.  Either way the files lmforge did
-            not write there are kept (moved into the new folder).
+        overwrite: replace ``out_dir`` even when it is not a shard folder (the files lmforge did not write stay).
     Returns:
         The ``meta.json`` dict.
     Raises:
-        DataError: bad inputs, an empty corpus, or an ``out_dir`` that is not a shard folder (without
-            ``overwrite``).
+        DataError: bad inputs, an empty corpus, or an ``out_dir`` that is not a shard folder (unless ``overwrite``).
     """
     if not 0 <= val_fraction < 1:
         raise DataError(f"val_fraction must be in [0, 1), not {val_fraction}")
@@ -248,8 +246,7 @@ def prepare(
             raise RuntimeError("internal error: the saved tokenizer does not reload to the same hash")
         meta = _meta(tok, writers, val_fraction, corpus)
         atomic_write_text(tmp / "meta.json", json.dumps(meta, indent=2) + "\n")
-        # the old shards stay in place, or are put back, after a kill; files lmforge did not write there stay
-        swap_into_place(tmp, out_dir, keep=user_files(out_dir))
+        swap_into_place(tmp, out_dir, keep=user_files(out_dir))  # the old shards stay, or are put back, after a kill
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
