@@ -12,7 +12,7 @@ from pathlib import Path
 
 from ..config import FIELD_SYNONYMS, apply_overrides
 from ..errors import DataError, LmforgeError
-from ..folder_writing import output_folder, staged_folder
+from ..folder_writing import output_folder, recover_folder, staged_folder
 from ..folders import folder_kind
 from ..models import FAMILIES, get_family
 from ..train.budget import run_plan
@@ -173,7 +173,11 @@ def check_configs(args, overrides: list[str]) -> None:
 def _replacing(args) -> bool:
     """Whether this run replaces a folder at --out (``--overwrite`` over something there): then the new model
     is trained beside it and swapped in when complete, which one process does alone."""
-    if not args.overwrite or folder_kind(args.out) is None:
+    if not args.overwrite:
+        return False
+    if os.environ.get("RANK", "0") == "0":
+        recover_folder(args.out, writer=True)  # a replacement cut short: its old folder back first, then decide
+    if folder_kind(args.out) is None:
         return False
     if int(os.environ.get("WORLD_SIZE", "1")) > 1:
         raise LmforgeError(f"--overwrite trains the new model beside {args.out} and swaps it in when complete, which "
