@@ -462,7 +462,8 @@ def test_cli_embed_features_fill_mask_export(electra_dir, tmp_path, capsys):
     assert main(["export-hf", str(electra_dir), str(hf)]) == 0
     assert (hf / "config.json").is_file() and (hf / "generator" / "config.json").is_file()
     assert "ElectraForPreTraining" in (hf / "README.md").read_text()
-    assert main(["export-hf", str(electra_dir), str(hf)]) == 0  # an earlier export is replaced, generator/ too
+    assert main(["export-hf", str(electra_dir), str(hf)]) == 2  # an earlier export is refused...
+    assert main(["export-hf", str(electra_dir), str(hf), "--overwrite"]) == 0  # ...and replaced, generator/ too
     assert main(["import-hf", str(hf), str(tmp_path / "back")]) == 0
     a, b = lmforge.load(electra_dir), lmforge.load(tmp_path / "back")
     assert all(torch.equal(x, y) for x, y in zip(a.state_dict().values(), b.state_dict().values()))
