@@ -209,7 +209,7 @@ def test_embed_returns_all_layers(bpe_tokenizer):
     assert text[res.offsets[1][0] : res.offsets[1][1]].strip() in text
 
 
-def test_labelled_forward_skips_logits_but_matches():
+def test_labelled_forward_skips_logits_but_matches(cpu_features_level):
     model = tiny_model().train()
     ids = torch.randint(0, V, (3, 20))
     fused = model(ids, labels=ids)

@@ -231,15 +231,14 @@ def describe(requested: str, resolved: str, device: torch.device, reason: str = 
         force = "--precision fp32 forces fp32" if resolved == "bf16" else "--precision bf16 forces bf16"
         return f"precision {resolved} (auto: {reason}; {force}) on {device}"
     note = f"; {slow_bf16_note(device)}" if resolved == "bf16" and not native_bf16(device) else ""
-    return f"precision {resolved} (asked for){note} on {device}"
+    return f"precision {resolved} (asked for) on {device}{note}"
 
 
 def slow_bf16_note(device: torch.device) -> str:
     """Why bf16 asked for on ``device`` without native bf16 pays nothing: its matmuls run on PyTorch's own
     (emulated) bf16 kernels, slower than fp32's."""
     where = "this CPU" if device.type == "cpu" else f"{device}"
-    return (f"{where} has no native bf16, so bf16 runs on PyTorch's emulated kernels, slower than fp32 "
-            f"(--precision fp32 is faster here)")
+    return f"{where} has no native bf16: bf16 runs on PyTorch's emulated kernels, slower than --precision fp32"
 
 
 def inference_precision(precision: str, device: torch.device, model: nn.Module) -> str:
