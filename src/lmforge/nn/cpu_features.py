@@ -49,9 +49,11 @@ def forced_avx2() -> bool:
 @functools.lru_cache(maxsize=1)
 def _torch_onednn_bf16() -> bool:
     probe = getattr(getattr(torch.ops, "mkldnn", None), "_is_mkldnn_bf16_supported", None)
+    if probe is None or not torch.backends.mkldnn.is_available():
+        return False
     try:
-        return bool(probe()) and torch.backends.mkldnn.is_available() if probe is not None else False
-    except RuntimeError:  # pragma: no cover - a build without the probe's kernel
+        return bool(probe())
+    except RuntimeError:  # pragma: no cover - a build that lists the probe without its kernel
         return False
 
 
