@@ -117,6 +117,7 @@ def main() -> int:
     malloc = malloc_setting.apply(args.malloc)
     # imported once --onednn has set LMFORGE_ONEDNN, which lmforge reads at import
     from lmforge.interop.gpt2 import import_hf
+    from lmforge.nn.cpu_features import onednn_bf16
     from lmforge.nn.cpu_ops import chosen_routes, describe_routes
     from lmforge.provenance import describe_machine, provenance
     from lmforge.train.compute import make_optimizer
@@ -314,10 +315,14 @@ def main() -> int:
             "speedup_wall": med(t["a_wall"]) / med(t["b_wall"]),
             "speedup_cpu": med(t["a_cpu"]) / med(t["b_cpu"]),
         }
+        # without oneDNN bf16 (an AVX2-only CPU, or LMFORGE_CPU_FEATURES=avx2) the LM head's bf16 matmuls run on
+        # PyTorch's own kernels: the figure is then that route's, which is what a user's bf16 run gets there
+        r["matmul_route"] = "onednn or torch, by measurement" if onednn_bf16() or dev != "cpu" else "torch"
         res["bf16"] = r
         print(
             f"bf16   : lmforge fp32 {r['fp32_tok_s']:.0f} tok/s, bf16 autocast {r['bf16_tok_s']:.0f} tok/s; "
             f"speed-up {r['speedup_wall']:.2f}x wall, {r['speedup_cpu']:.2f}x CPU time"
+            + ("" if r["matmul_route"] != "torch" else "; this CPU has no oneDNN bf16: PyTorch's own bf16 kernels")
         )
 
     res["routes"] = chosen_routes()

@@ -47,6 +47,21 @@ def cpu_without_native_bf16(tmp_path_factory, monkeypatch):
     monkeypatch.setattr(precision, "CPUINFO_PATH", str(path))
 
 
+@pytest.fixture(params=["native", "avx2"])
+def cpu_features_level(request, monkeypatch):
+    """The test runs twice: with this CPU's own features, then as on a CPU with AVX2 only
+    (``LMFORGE_CPU_FEATURES=avx2``: no oneDNN bf16, no AMX, no native bf16); yields the level."""
+    from lmforge.nn import cpu_features, cpu_ops
+
+    monkeypatch.setenv(cpu_features.FEATURES_ENV, request.param)
+    cpu_features.forget()
+    mode = cpu_ops._ONEDNN_MODE
+    cpu_ops.set_onednn(mode)  # no route chosen under the other level
+    yield request.param
+    cpu_features.forget()
+    cpu_ops.set_onednn(mode)
+
+
 @pytest.fixture(autouse=True)
 def one_thread():
     """Every test runs on one intra-op thread, whatever an earlier test set."""
@@ -214,6 +229,7 @@ def native_bf16(tmp_path, monkeypatch) -> Path:
     info = tmp_path / "cpuinfo"
     info.write_text("processor\t: 0\nmodel name\t: Test CPU\nflags\t\t: avx2 avx512f amx_tile amx_bf16\n")
     monkeypatch.setattr(precision, "CPUINFO_PATH", str(info))
+    monkeypatch.delenv("LMFORGE_CPU_FEATURES", raising=False)  # this CPU's features, not the AVX2 ones
     monkeypatch.setenv(autotune.CACHE_ENV, str(tmp_path / "cache"))
     autotune.forget()
     yield tmp_path / "cache" / autotune.CACHE_FILE

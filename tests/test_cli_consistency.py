@@ -100,6 +100,7 @@ def test_precision_auto_follows_the_cpu_flags(tmp_path, monkeypatch, flags, expe
     info = tmp_path / "cpuinfo"
     info.write_text(f"processor\t: 0\nmodel name\t: Test CPU\nflags\t\t: {flags}\n")
     monkeypatch.setattr(P, "CPUINFO_PATH", str(info))
+    monkeypatch.delenv("LMFORGE_CPU_FEATURES", raising=False)  # these flags, not the AVX2 routes
     cpu = torch.device("cpu")
     assert P.resolve_precision("auto", cpu) == expected
     assert P.resolve_precision("fp32", cpu) == "fp32"  # forced, whatever the CPU
@@ -113,6 +114,7 @@ def test_precision_is_printed_and_saved_with_the_run(toy_family, bpe_shards, tmp
     info = tmp_path / "cpuinfo"
     info.write_text("flags\t\t: avx2 amx_bf16\n")
     monkeypatch.setattr(P, "CPUINFO_PATH", str(info))
+    monkeypatch.delenv("LMFORGE_CPU_FEATURES", raising=False)
     common = ["pretrain", toy_family, "--data", bpe_shards, "--set", "max_steps=2", "eval_batches=1"]
     rc, _, err = run_cli(capsys, *common, "--out", tmp_path / "auto")  # the toy is narrow: fp32 wins there
     assert rc == 0 and "precision fp32 (auto: the model's width 32 is below 64" in err

@@ -11,7 +11,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from lmforge.nn import autotune, cpu_ops
+from lmforge.nn import autotune, cpu_features, cpu_ops
 from lmforge.nn.cpu_ops import Dropout, attention, dropout, linear, matmul_t
 
 
@@ -80,16 +80,78 @@ def test_linear_autograd_matches_fallback(bias, onednn_off):
         torch.testing.assert_close(a, p, atol=1e-5, rtol=1e-5)
 
 
-def test_matmul_t_matches_fallback(onednn_off):
+ONEDNN = cpu_ops._ONEDNN_OP is not None and torch.backends.mkldnn.is_available()
+
+
+def bf16_by_onednn(level: str) -> bool:
+    """Whether oneDNN's bf16 inner product runs at this CPU features level: by torch's own probe of the CPU (not
+    lmforge's), never under LMFORGE_CPU_FEATURES=avx2."""
+    return ONEDNN and level == "native" and bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+
+
+def test_matmul_t_matches_fallback(onednn_off, cpu_features_level):
+    """fp32 on oneDNN wherever torch has it; bf16 on oneDNN only where this CPU computes it (AVX-512 or better,
+    not LMFORGE_CPU_FEATURES=avx2), else ``a @ b.T`` in bf16: the same numbers, never an error."""
     torch.manual_seed(2)
     a, b = torch.randn(70, 33), torch.randn(90, 33)
     fast = matmul_t(a, b)
+    ab, bb = a.bfloat16(), b.bfloat16()
+    torch.testing.assert_close(matmul_t(ab, bb).float(), (ab @ bb.t()).float(), atol=0.1, rtol=2e-2)
+    torch.testing.assert_close(matmul_t(ab.t().contiguous().t(), bb).float(), (ab @ bb.t()).float(), atol=0.1,
+                               rtol=2e-2)  # a transposed layout: a route of its own
+    routes = cpu_ops.chosen_routes()
     with onednn_off:
         plain = matmul_t(a, b)
     torch.testing.assert_close(plain, a @ b.t())
     torch.testing.assert_close(fast, plain, atol=1e-5, rtol=1e-5)
-    ab, bb = a.bfloat16(), b.bfloat16()
-    torch.testing.assert_close(matmul_t(ab, bb).float(), (ab @ bb.t()).float(), atol=0.1, rtol=2e-2)
+    fp32 = {q: r for q, r in routes.items() if q.startswith("matmul_t:float32")}
+    bf16 = {q: r for q, r in routes.items() if q.startswith("matmul_t:bfloat16")}
+    assert set(fp32.values()) == ({"onednn"} if ONEDNN else set())
+    assert set(bf16.values()) == ({"onednn"} if bf16_by_onednn(cpu_features_level) else set())  # else never asked
+    assert cpu_features.onednn_bf16() == bf16_by_onednn(cpu_features_level)
+
+
+class _NoPrimitive:
+    """A oneDNN linear that cannot build its primitive on this CPU, as bf16 on an AVX2-only CPU: counts its calls."""
+
+    def __init__(self):
+        self.calls = 0
+
+    def __call__(self, *args):
+        self.calls += 1
+        raise RuntimeError("could not create a primitive descriptor for the inner product forward propagation "
+                           "primitive")
+
+
+@pytest.mark.parametrize("mode", ["on", "auto"])
+def test_a_kernel_that_cannot_run_here_falls_back_once_per_shape(mode, monkeypatch, tmp_path):
+    """Every oneDNN route whose primitive cannot be created takes F.linear / a @ b.T for that shape, decided by one
+    try per kind of call and shape (cached, nothing timed), never raised."""
+    monkeypatch.setenv(autotune.CACHE_ENV, str(tmp_path))
+    autotune.forget()
+    cpu_features.forget()
+    op = _NoPrimitive()
+    monkeypatch.setattr(cpu_ops, "_ONEDNN_OP", op)
+    asked = _timings(monkeypatch, {"onednn": 0.1, "torch": 1.0})  # oneDNN would win, if it ran
+    monkeypatch.setattr(torch.backends.mkldnn, "is_available", lambda: True)
+    torch.manual_seed(6)
+    x, w, b = torch.randn(2, 40, 48, requires_grad=True), torch.randn(96, 48, requires_grad=True), torch.randn(96)
+    with _Mode(mode):
+        for _ in range(2):  # the second round is answered from memory
+            y = linear(x, w, b)
+            y.sum().backward()
+            with torch.no_grad():
+                z = linear(x, w, b, "gelu")
+            m = matmul_t(x.detach()[0], w.detach())
+        routes = cpu_ops.chosen_routes()
+    torch.testing.assert_close(y, F.linear(x, w, b))
+    torch.testing.assert_close(z, F.gelu(F.linear(x, w, b)))
+    torch.testing.assert_close(m, x.detach()[0] @ w.detach().t())
+    assert len(routes) == 3 and set(routes.values()) == {"torch"}
+    assert op.calls == 3 and not asked  # one try per question; no timing of a kernel that cannot run
+    assert sorted(cpu_features.failed_routes()) == sorted(routes)
+    cpu_features.forget()
+    autotune.forget()
 
 
 def test_switch_reads_the_environment():
@@ -205,7 +267,8 @@ def test_bf16_attention_matches_fp32_sdpa(path, monkeypatch):
     """bf16 on CPU: small score tensors take bf16 matmuls with an fp32 softmax, large ones SDPA in fp32."""
     if path == "flash":
         monkeypatch.setattr(cpu_ops, "_SMALL_SCORES", 0)
-    monkeypatch.setattr(cpu_ops, "_CPU_AMX", False)
+    monkeypatch.setenv(cpu_features.FEATURES_ENV, "avx2")  # the rule of a CPU without AMX, on any CPU
+    assert not cpu_features.amx()
     torch.manual_seed(0)
     q, k, v = (torch.randn(2, 3, 16, 8) for _ in range(3))
     mask = torch.ones(2, 1, 1, 16, dtype=torch.bool)

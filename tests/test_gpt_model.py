@@ -11,6 +11,7 @@ import torch
 from lmforge.errors import ConfigError, DataError, LmforgeError
 from lmforge.models.gpt import GPTConfig, GPTLMHeadModel
 from lmforge.models.recipes import DEFAULT_PRESET, PRESETS
+from lmforge.nn import cpu_features, cpu_ops
 from lmforge.train.families import setup_gpt
 
 DEFAULT_PRESET, PRESETS = DEFAULT_PRESET["gpt"], PRESETS["gpt"]
@@ -209,7 +210,7 @@ def test_embed_returns_all_layers(bpe_tokenizer):
     assert text[res.offsets[1][0] : res.offsets[1][1]].strip() in text
 
 
-def test_labelled_forward_skips_logits_but_matches():
+def test_labelled_forward_skips_logits_but_matches(cpu_features_level):
     model = tiny_model().train()
     ids = torch.randint(0, V, (3, 20))
     fused = model(ids, labels=ids)
@@ -225,3 +226,6 @@ def test_labelled_forward_skips_logits_but_matches():
         bf = model(ids, labels=ids).loss
     bf.backward()
     assert abs(bf.item() - plain.loss.item()) < 0.05
+    bf16 = {r for q, r in cpu_ops.chosen_routes().items() if q.startswith("matmul_t:bfloat16")}
+    if cpu_features_level == "avx2" or not cpu_features.onednn_bf16():  # the LM head's bf16 matmuls: PyTorch's
+        assert "onednn" not in bf16

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from test_cpu_ops import bf16_by_onednn
 
 from lmforge.nn import cpu_ops
 from lmforge.nn.losses import causal_lm_loss, cross_entropy_rows, free_workspace, linear_cross_entropy, shift_labels
@@ -31,9 +32,11 @@ def test_fused_linear_cross_entropy_matches_plain(with_ignored, block_scores):
         torch.testing.assert_close(linear_cross_entropy(x, w, t, block_scores), ref.detach(), atol=1e-5, rtol=1e-5)
 
 
-def test_fused_linear_cross_entropy_bf16_and_workspace_reuse():
+def test_fused_linear_cross_entropy_bf16_and_workspace_reuse(cpu_features_level):
     """Under bf16 autocast: close to autocast's own cross-entropy, fp32 weight gradient; the kept scratch
-    buffers give the same result on a second call, after a call of another shape, and after being freed."""
+    buffers give the same result on a second call, after a call of another shape, and after being freed.  The
+    matmuls run on oneDNN's bf16 kernel where this CPU has it (else ``a @ b.T`` in bf16)."""
+    cpu_ops.set_onednn("on")
     torch.manual_seed(5)
     N, C, Vb = 600, 32, 3000
     x = torch.randn(N, C, requires_grad=True)
@@ -62,6 +65,8 @@ def test_fused_linear_cross_entropy_bf16_and_workspace_reuse():
     for res in (again, after_other, after_free):
         for a, b in zip(res, (loss, fx, fw)):
             assert torch.equal(a, b)
+    bf16 = {r for q, r in cpu_ops.chosen_routes().items() if q.startswith("matmul_t:bfloat16")}
+    assert bf16 == ({"onednn"} if bf16_by_onednn(cpu_features_level) else set())
 
 
 @pytest.fixture

@@ -10,9 +10,10 @@ keeps the answer in a JSON file::
 
     $LMFORGE_CACHE/choices.json       (default: $XDG_CACHE_HOME/lmforge, else ~/.cache/lmforge)
 
-under a key naming the CPU model, the torch version and the thread count (what the answers depend
-on), then one entry per question (``linear:train:256x1024``, ``precision:bert:...``).  Later runs on the
-same machine read the answer instead of measuring, so a machine keeps computing the same way.  Delete
+under a key naming the CPU model, the torch version, the thread count and any cap on the instruction
+sets (``ONEDNN_MAX_CPU_ISA`` and the like, where set): what the answers depend on.  Then one entry per
+question (``linear:train:256x1024``, ``precision:bert:...``).  Later runs on the same machine read the
+answer instead of measuring, so a machine keeps computing the same way.  Delete
 the file to measure again; ``LMFORGE_CACHE=off`` measures in every process and writes nothing.
 """
 
@@ -31,6 +32,7 @@ import torch
 
 from ..provenance import cpu_info
 from ..utils import atomic_write_text
+from .cpu_features import FEATURES_ENV
 
 logger = logging.getLogger(__name__)
 
@@ -51,9 +53,15 @@ def cache_path() -> Path | None:
     return Path(base) / "lmforge" / CACHE_FILE
 
 
+# environment variables that change which kernels run (and how fast) on the same CPU: set, they join the key
+ISA_ENVS = ("ONEDNN_MAX_CPU_ISA", "ATEN_CPU_CAPABILITY", FEATURES_ENV)
+
+
 def machine_key() -> str:
-    """What the answers depend on: the CPU model, torch's version and its intra-op thread count."""
-    return f"{cpu_info()['model']} | torch {torch.__version__} | {torch.get_num_threads()} threads"
+    """What the answers depend on: the CPU model, torch's version, its intra-op thread count, and any cap on
+    the instruction sets its kernels use (:data:`ISA_ENVS`, where set)."""
+    caps = "".join(f" | {k}={v}" for k in ISA_ENVS if (v := os.environ.get(k, "").strip()))
+    return f"{cpu_info()['model']} | torch {torch.__version__} | {torch.get_num_threads()} threads{caps}"
 
 
 def _read(path: Path) -> dict:

@@ -20,6 +20,11 @@ falls back to that call wherever its faster route does not apply or does not win
   without AMX (SDPA's bf16 kernels there run below fp32).  Rules, for the same reason as dropout.
   Fallback: SDPA.
 
+Not every oneDNN kernel runs on every CPU (a bf16 one needs AVX-512 or better): each oneDNN route is tried
+once per kind of call and shape before it is taken, and where oneDNN cannot build it, PyTorch's own kernel
+computes that shape (:mod:`lmforge.nn.cpu_features`, which also answers the AMX rule and honours
+``LMFORGE_CPU_FEATURES=avx2``, the routes of a CPU with AVX2 only on any machine).
+
 The oneDNN op is a private PyTorch operator, so it sits behind one switch: the environment variable
 ``LMFORGE_ONEDNN`` (read at import) or :func:`set_onednn`: ``0`` turns every oneDNN route off (public
 PyTorch calls only), ``1`` takes it wherever it applies, ``auto`` (the default) where it measured faster.
@@ -36,7 +41,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from . import autotune
+from . import autotune, cpu_features
 
 ONEDNN_ENV = "LMFORGE_ONEDNN"
 ONEDNN_MODES = ("auto", "on", "off")
@@ -56,7 +61,6 @@ _ROUTES: dict[str, bool] = {}  # question -> oneDNN or not, this process's answe
 # auto takes oneDNN's private operator only where it measured this much faster than the public call: a
 # measurement on a shared machine is noisy, and a near tie is not worth leaving the public API for
 ONEDNN_MARGIN = 1.2
-_CPU_AMX = bool(getattr(torch.cpu, "_is_amx_tile_supported", lambda: False)())
 # bf16 attention on a CPU without AMX: up to this many scores (B * heads * T * T_total; 64 MB in fp32) the
 # plain form (bf16 matmuls, fp32 softmax) beats SDPA in fp32 (docs/gpt.md, speed); above it, SDPA's flash
 # kernel in fp32, which never holds the scores
@@ -93,20 +97,26 @@ def chosen_routes() -> dict[str, str]:
 def describe_routes() -> str:
     """One line naming every route's setting, for benches and run logs."""
     lin = {"auto": "by measurement on this machine", "on": "on wherever it applies", "off": "off"}[onednn_mode()]
-    return (f"oneDNN linear: {lin} ({ONEDNN_ENV}={os.environ.get(ONEDNN_ENV, 'auto')}); fast dropout: CPU; "
-            f"attention: SDPA, spelled out with dropout on CPU{'' if _CPU_AMX else ' and for bf16 (no AMX)'}; "
-            f"LM loss: chunked (nn.losses)")
+    bf16 = "" if cpu_features.onednn_bf16() else ", fp32 only (no oneDNN bf16)"
+    amx = "" if cpu_features.amx() else " and for bf16 (no AMX)"
+    return (f"oneDNN linear: {lin}{bf16} ({ONEDNN_ENV}={os.environ.get(ONEDNN_ENV, 'auto')}); fast dropout: CPU; "
+            f"attention: SDPA, spelled out with dropout on CPU{amx}; LM loss: chunked (nn.losses); "
+            f"{cpu_features.describe()}")
 
 
 def _prefer_onednn(question: str, fast: Callable[[], object], plain: Callable[[], object]) -> bool:
-    """Whether to take oneDNN for ``question``: as the switch says, or by a cached measurement (auto)."""
-    if _ONEDNN_MODE == "on":
-        return True
+    """Whether to take oneDNN for ``question``: never where its kernel does not run on this CPU (tried once,
+    :func:`lmforge.nn.cpu_features.runs`), else as the switch says, or by a cached measurement (auto)."""
     hit = _ROUTES.get(question)
     if hit is None:
-        with torch.random.fork_rng(devices=[]):  # timing draws no random number a run would see
-            hit = autotune.choose(question, {"onednn": fast, "torch": plain}, default="torch", reps=4,
-                                  margin=ONEDNN_MARGIN) == "onednn"
+        with torch.random.fork_rng(devices=[]):  # probing and timing draw no random number a run would see
+            if not cpu_features.runs(question, fast):
+                hit = False
+            elif _ONEDNN_MODE == "on":
+                hit = True
+            else:
+                hit = autotune.choose(question, {"onednn": fast, "torch": plain}, default="torch", reps=4,
+                                      margin=ONEDNN_MARGIN) == "onednn"
         _ROUTES[question] = hit
     return hit
 
@@ -195,8 +205,8 @@ def _train_route(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | Non
     rows = x.numel() // x.shape[-1]
     question = _question("linear:train", f"{_rows_bucket(rows)}x{weight.shape[1]}x{weight.shape[0]}"
                                          f"{'' if bias is None else '+b'}")
-    if _ONEDNN_MODE == "on" or question in _ROUTES:
-        return _ONEDNN_MODE == "on" or _ROUTES[question]
+    if question in _ROUTES:
+        return _ROUTES[question]
     # timed on detached copies of the real inputs, with a gradient of ones: the same shapes as the layer
     xs = x.detach().reshape(rows, x.shape[-1]).requires_grad_()
     ws = weight.detach().requires_grad_()
@@ -263,17 +273,19 @@ class Linear(nn.Linear):
 
 
 def matmul_t(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
-    """``a @ b.T`` for 2-D tensors; fp32 or bf16 on CPU through oneDNN where it measures faster.
+    """``a @ b.T`` for 2-D tensors; fp32, or bf16 where oneDNN computes it, on CPU through oneDNN where it
+    runs and measures faster.
 
     No autograd (the caller computes its own gradients).  ``out``: a contiguous tensor of the result's
-    shape and dtype to write into (the public route writes there directly).  Fallback: ``a @ b.t()``.
+    shape and dtype to write into (the public route writes there directly).  Fallback (a CPU without
+    oneDNN bf16, a shape whose oneDNN primitive cannot be created here): ``a @ b.t()``.
     """
     if (
         _ONEDNN_LINEAR is not None
         and not compiling()
         and a.device.type == "cpu"
         and a.dtype == b.dtype
-        and a.dtype in (torch.float32, torch.bfloat16)
+        and (a.dtype == torch.float32 or (a.dtype == torch.bfloat16 and cpu_features.onednn_bf16()))
         and torch.backends.mkldnn.is_available()
     ):
         layout = f"{'t' if a.stride(0) == 1 and a.shape[1] > 1 else 'n'}{'t' if b.stride(0) == 1 else 'n'}"
@@ -363,7 +375,7 @@ def attention(
     Returns:
         (B, nh, T, hs).
     """
-    low = q.device.type == "cpu" and q.dtype in (torch.bfloat16, torch.float16) and not _CPU_AMX
+    low = q.device.type == "cpu" and q.dtype in (torch.bfloat16, torch.float16) and not cpu_features.amx()
     if low and q.shape[0] * q.shape[1] * q.shape[2] * k.shape[2] > _SMALL_SCORES:
         with torch.autocast("cpu", enabled=False):  # else autocast would cast q, k, v straight back
             y = attention(q.float(), k.float(), v.float(), attn_mask, is_causal, dropout_p)

@@ -39,7 +39,7 @@ from torch import nn
 
 from ..devices import check_device, check_precision
 from ..errors import ConfigError
-from ..nn import autotune
+from ..nn import autotune, cpu_features
 
 # CPU flags (Linux /proc/cpuinfo) that mean native bf16 arithmetic
 BF16_CPU_FLAGS = ("avx512_bf16", "amx_bf16")
@@ -86,7 +86,10 @@ def _cpuinfo_flags(path: str) -> frozenset[str] | None:
 
 def cpu_native_bf16() -> bool:
     """Whether this CPU computes bf16 natively: the ``avx512_bf16`` or ``amx_bf16`` flag in /proc/cpuinfo
-    (torch's own CPU probe where there is no /proc/cpuinfo)."""
+    (torch's own CPU probe where there is no /proc/cpuinfo); never under ``LMFORGE_CPU_FEATURES=avx2``
+    (:mod:`lmforge.nn.cpu_features`)."""
+    if cpu_features.forced_avx2():
+        return False
     flags = _cpuinfo_flags(CPUINFO_PATH)
     if flags is not None:
         return any(f in flags for f in BF16_CPU_FLAGS)
@@ -227,22 +230,42 @@ def describe(requested: str, resolved: str, device: torch.device, reason: str = 
             reason = f"chosen for this model on {where}" if native_bf16(device) else f"{where} has no native bf16"
         force = "--precision fp32 forces fp32" if resolved == "bf16" else "--precision bf16 forces bf16"
         return f"precision {resolved} (auto: {reason}; {force}) on {device}"
-    note = ""
-    if resolved == "bf16" and not native_bf16(device):
-        note = f"; {where} has no native bf16, so this runs slower than fp32"
-    return f"precision {resolved} (asked for){note} on {device}"
+    note = f"; {slow_bf16_note(device)}" if resolved == "bf16" and not native_bf16(device) else ""
+    return f"precision {resolved} (asked for) on {device}{note}"
+
+
+def slow_bf16_note(device: torch.device) -> str:
+    """Why bf16 asked for on ``device`` without native bf16 pays nothing: its matmuls run on PyTorch's own
+    (emulated) bf16 kernels, slower than fp32's."""
+    where = "this CPU" if device.type == "cpu" else f"{device}"
+    return f"{where} has no native bf16: bf16 runs on PyTorch's emulated kernels, slower than --precision fp32"
 
 
 def inference_precision(precision: str, device: torch.device, model: nn.Module) -> str:
     """The concrete precision a trained ``model`` runs in on ``device`` (``encode``, ``generate``, ``serve``).
 
     ``fp16`` off a CUDA GPU is a one-line :class:`ConfigError`, as everywhere; ``auto`` follows
-    :func:`choose_precision` for the model and logs what it chose and why, as a training run does.
+    :func:`choose_precision` for the model and logs what it chose and why, as a training run does; ``bf16``
+    on a device without native bf16 runs (PyTorch's own kernels) and says once that fp32 is faster there.
     """
     choice = choose_precision(precision, device, model)
     if precision == "auto":
         logging.getLogger("lmforge").info("%s", describe(precision, choice.precision, device, choice.reason))
+    warn_if_emulated(choice.precision, device)
     return choice.precision
+
+
+def warn_if_emulated(precision: str, device: torch.device) -> None:
+    """Where a resolved ``precision`` is bf16 on a device without native bf16: say once per process that fp32
+    is faster there (the run itself is right: PyTorch's own kernels compute it)."""
+    if precision == "bf16" and not native_bf16(device):
+        _warn_once(slow_bf16_note(device))
+
+
+@functools.lru_cache(maxsize=8)
+def _warn_once(message: str) -> None:
+    """Log ``message`` as a warning the first time only (``serve`` opens several models, one process)."""
+    logging.getLogger("lmforge").warning("%s", message)
 
 
 def autocast(device: torch.device, precision: str):

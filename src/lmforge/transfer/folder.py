@@ -25,7 +25,7 @@ from ..devices import check_device, check_precision
 from ..errors import CheckpointError, LmforgeError
 from ..model_checks import nonfinite_number, nonfinite_tensor
 from ..models import load
-from ..train.precision import describe
+from ..train.precision import describe, warn_if_emulated
 from ..utils import atomic_write_text, file_sha256, load_safetensors, save_safetensors
 from .config import TransferConfig, check_supported, saved_config
 from .run import TransferRun
@@ -129,6 +129,7 @@ def load_run(run_dir: str | Path, device: str | None = None, precision: str | No
         if file_sha256(Path(model_dir) / "model.safetensors") != data["weights_sha256"]:
             raise CheckpointError(f"{model_dir} changed since this run was trained; retrain the run on this model")
     run = TransferRun(body, cfg, data["labels"], model_dir)  # (GPT: adds its task tokens to the body first)
+    warn_if_emulated(run.cfg.precision, run.device)
     if cfg.mode == "finetune":
         body.load_weights(_finite(p / "body.safetensors"))
     elif (p / "task_tokens.safetensors").is_file():
