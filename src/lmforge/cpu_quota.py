@@ -334,10 +334,17 @@ def choose_threads(environ: dict | None = None) -> str | None:
         return None
     quota = quota_cores()
     line = cap_threads_to_quota(environ, quota)
-    default = torch_default_threads()
-    ceiling = quota_threads(quota, default) or default
+    ceiling = ceiling_threads(quota)
     _AUTO = AutoThreads(ceiling) if ceiling > 1 else None  # one thread: nothing to choose
     return line
+
+
+def ceiling_threads(quota: float | None = None) -> int:
+    """The most threads lmforge runs: one per physical core, or the count of a smaller ``quota`` (default: the
+    quota that binds this process)."""
+    quota = quota_cores() if quota is None else quota
+    default = torch_default_threads()
+    return quota_threads(quota, default) or default
 
 
 def auto_threads() -> AutoThreads | None:
@@ -348,4 +355,5 @@ def auto_threads() -> AutoThreads | None:
 
 __all__ = ["quota_cores", "torch_default_threads", "quota_threads", "cap_threads_to_quota", "user_chose_threads",
            "read_ticks", "others_between", "others_busy_cores", "free_threads", "AutoThreads", "choose_threads",
+           "ceiling_threads",
            "auto_threads"]
