@@ -241,7 +241,7 @@ def contend_case(burners: int, settings: list, args, model: Path, texts: Path) -
 def contend(args) -> list[dict]:
     import tempfile
 
-    cores = os.cpu_count() or 1
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1  # taskset
     settings = sorted({1, cores}) + [None]  # None: lmforge's default
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
@@ -263,7 +263,7 @@ def check_cost(args) -> list[dict]:
 
     from lmforge.cpu_quota import AutoThreads
 
-    cores = os.cpu_count() or 1
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
     auto = AutoThreads(ceiling=max(2, cores), every=3600.0)
     n = 2000
     t = time.perf_counter()

@@ -295,6 +295,7 @@ def test_the_user_s_threads_win_over_the_automatic_count(machine, monkeypatch):
     monkeypatch.setenv("OMP_NUM_THREADS", "1")  # set since: the user's
     assert Q.auto_threads() is None
     # a quota's count is lmforge's, and a command started from this one still chooses
+    monkeypatch.setattr(Q, "_allowed_cpus", lambda: set(range(8)))
     monkeypatch.setattr(Q, "quota_cores", lambda: 1.0)
     monkeypatch.setattr(Q, "torch_default_threads", lambda: 4)
     env = {}
@@ -304,6 +305,9 @@ def test_the_user_s_threads_win_over_the_automatic_count(machine, monkeypatch):
     env = {"OMP_NUM_THREADS": "1", Q.AUTO_MARK: "1"}
     Q.choose_threads(env)
     assert env["OMP_NUM_THREADS"] == "3" and Q._AUTO.ceiling == 3
+    monkeypatch.setattr(Q, "quota_cores", lambda: None)
+    monkeypatch.setattr(Q, "_allowed_cpus", lambda: {0, 1, 2})  # taskset -c 0-2 on the 4 cores
+    assert Q.ceiling_threads() == 3
 
 
 def test_the_trainer_settles_and_rechecks_the_count(machine, monkeypatch, tmp_path, caplog):

@@ -340,10 +340,12 @@ def choose_threads(environ: dict | None = None) -> str | None:
 
 
 def ceiling_threads(quota: float | None = None) -> int:
-    """The most threads lmforge runs: one per physical core, or the count of a smaller ``quota`` (default: the
-    quota that binds this process)."""
+    """The most threads lmforge runs: one per physical core, no more than the CPUs this process may run on
+    (``taskset``, ``docker --cpuset-cpus``), or the count of a smaller ``quota`` (default: the quota that binds
+    this process)."""
     quota = quota_cores() if quota is None else quota
-    default = torch_default_threads()
+    allowed = _allowed_cpus()
+    default = min(torch_default_threads(), len(allowed) if allowed else sys.maxsize)
     return quota_threads(quota, default) or default
 
 
