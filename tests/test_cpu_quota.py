@@ -162,8 +162,9 @@ class FakeMachine:
 
     def read(self, path: str) -> str:
         self.reads += 1
-        if path == Q.SELF_STAT:  # proc(5): pid (comm) state, then fields 4..; utime is 14, stime 15
-            return "4242 (py (x) y) R " + " ".join(["0"] * 10) + f" {int(self.own_ticks)} 0 " + " ".join(["0"] * 30)
+        if path == Q.SELF_STAT:  # proc(5): pid (comm) state, then fields 4..; utime 14, stime 15, children's 16, 17
+            own = int(self.own_ticks)
+            return f"4242 (py (x) y) R {' '.join(['0'] * 10)} {own // 2} 0 {own - own // 2} 0 {' '.join(['0'] * 30)}"
         assert path == Q.STAT, path
         line = "{} {} 0 {} {} 0 0 0 0 0 0"  # name user nice system idle iowait irq softirq steal guest guest_nice
         rows = [line.format(f"cpu{i}", int(b) // 2, int(b) - int(b) // 2, int(d)) for i, (b, d) in

@@ -195,7 +195,7 @@ class Ticks:
 
     busy: int  # ticks the CPUs this process may use spent working, for anyone (steal counts: a VM's host took them)
     total: int  # all their ticks, idle ones too
-    own: int  # this process's ticks, every thread's
+    own: int  # this process's ticks, every thread's, and its children's once reaped (data preparation's workers)
     cpus: int  # how many CPUs ``busy`` and ``total`` count
 
 
@@ -219,7 +219,7 @@ def read_ticks(cpus: set[int] | None = None) -> Ticks | None:
             total += sum(v)
             busy += sum(v) - v[3] - (v[4] if len(v) > 4 else 0)
         after_name = _read(SELF_STAT).rsplit(")", 1)[1].split()
-        own = int(after_name[11]) + int(after_name[12])  # utime, stime: fields 14 and 15 of proc(5)
+        own = sum(int(x) for x in after_name[11:15])  # utime, stime, cutime, cstime: fields 14-17 of proc(5)
     except (OSError, ValueError, IndexError):
         return None
     return Ticks(busy, total, own, n)
