@@ -11,9 +11,6 @@ import sys
 from pathlib import Path
 
 import pytest
-import torch
-
-from lmforge import cpu_quota
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = {
@@ -66,6 +63,9 @@ def test_encode_bench_checks_the_vectors_against_transformers(bert_dir, tiny_cor
 def test_benches_set_one_thread_count_for_both_sides_and_check_it(monkeypatch):
     monkeypatch.syspath_prepend(str(ROOT / "bench"))
     import thread_setting
+    import torch
+
+    from lmforge import cpu_quota
 
     assert thread_setting.apply(3) == (3, "3 torch threads for both sides (--threads)")
     assert torch.get_num_threads() == 3
