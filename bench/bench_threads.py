@@ -276,21 +276,31 @@ def check_cost(args) -> list[dict]:
         auto.poll()
     poll_us = (time.perf_counter() - t) / (n * 50) * 1e6
     a, b = torch.randn(256, 256), torch.randn(256, 256)
-    times = {}
-    for switch in (False, True, False, True):  # a small parallel op, with and without a thread-count change before
-        torch.set_num_threads(cores)
+    n_ops = 200
+
+    def per_op(counts: list[int]) -> float:  # each op at the next count of ``counts``, set before it
+        torch.set_num_threads(counts[0])
         t = time.perf_counter()
-        for i in range(400):
-            if switch:
-                torch.set_num_threads(1 if i % 2 else cores)
+        for i in range(n_ops):
+            if len(counts) > 1:
+                torch.set_num_threads(counts[i % len(counts)])
             torch.mm(a, b)
-        times.setdefault(switch, []).append((time.perf_counter() - t) / 400 * 1e6)
-    switch_us = min(times[True]) - min(times[False])
+        return (time.perf_counter() - t) / n_ops * 1e6
+
+    # a change's cost: ops alternating between 1 thread and every core, against the mean of the same ops at each
+    # count held fixed (the better of three tries of each, alternating, so a busy moment hits all alike)
+    one, every, switching = [], [], []
+    for _ in range(3):
+        one.append(per_op([1]))
+        every.append(per_op([cores]))
+        switching.append(per_op([1, cores]))
+    fixed_us = (min(one) + min(every)) / 2
+    switch_us = min(switching) - fixed_us
     print(f"a look at the counters: {look_us:.1f} us; a step's poll between looks: {poll_us:.2f} us; "
           f"a thread-count change (1 <-> {cores}) before a 256x256 matmul: {switch_us:+.1f} us "
-          f"(the matmul alone: {min(times[False]):.1f} us)")
+          f"(the matmul alone: {min(one):.1f} us at 1 thread, {min(every):.1f} us at {cores})")
     return [{"look_us": round(look_us, 2), "poll_us": round(poll_us, 3), "switch_us": round(switch_us, 1),
-             "matmul_us": round(min(times[False]), 1)}]
+             "matmul_us": {"1": round(min(one), 1), str(cores): round(min(every), 1)}}]
 
 
 def write_record(args, rows: list[dict], cores: int) -> None:
