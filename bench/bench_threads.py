@@ -23,7 +23,9 @@ and each setting's ratio to the unset-policy run at all cores on the same load.
 ``--burn-seconds``), training (lmforge's Trainer on the same BERT shape, synthetic rows, fp32) in tokens/s
 and ``lmforge encode`` (fp32, a tiny BERT saved once) in texts/s, each in a fresh process at 1 thread, at
 every core and at lmforge's default (``OMP_NUM_THREADS`` unset: the count chosen at the start and re-checked
-while training), and the ratio of the default to the best fixed count.  ``--check-cost`` times what the
+while training), and the ratio of the default to the best fixed count.  ``--mid SECONDS`` adds a run whose
+machine gets busy part-way: each setting trains for SECONDS with one burner (started by the run itself) in the
+middle third, and the default's thread changes are printed.  ``--check-cost`` times what the
 re-check costs: a look at the counters, a step's poll between looks, and a change of torch's thread count.
 
     python bench/bench_threads.py                      # default: 12 steps, 1 busy process
@@ -31,6 +33,7 @@ re-check costs: a look at the counters, a step's poll between looks, and a chang
     python bench/bench_threads.py --record threads.json
     sudo python bench/bench_threads.py --quota 1 --busy 0   # under a 1-CPU quota as well
     python bench/bench_threads.py --contend --record contend.json   # lmforge's default beside 0, 1, 2 burners
+    python bench/bench_threads.py --contend --burners 0 --mid 60    # a burner in the middle of a 60 s run
     python bench/bench_threads.py --check-cost                      # the re-check's cost
 
 Settings only reach a child process: run it on an otherwise idle machine, alone.
@@ -123,7 +126,7 @@ def quota_rows(args, child_cgroup) -> list[dict]:
     return rows
 
 CONTEND_CHILD = r"""
-import json, sys, tempfile
+import json, logging, subprocess, sys, tempfile, threading
 from lmforge.cpu_quota import choose_threads
 choose_threads()  # what the lmforge command does first; nothing when OMP_NUM_THREADS is set (the fixed counts)
 import numpy as np, torch
@@ -131,10 +134,27 @@ from lmforge.models.bert import BertConfig, BertForPreTraining
 from lmforge.train.config import TrainConfig
 from lmforge.train.trainer import Trainer
 steps, warmup, B, T = map(int, sys.argv[1:5])
+max_time, burst_at, burst_for = map(float, sys.argv[5:8])  # a run of max_time s with a burner from burst_at s on
 V = 8192
+said = []
+
+class Said(logging.Handler):  # what the run logs, to print its thread changes
+    def emit(self, record):
+        said.append(record.getMessage())
+
+logging.getLogger("lmforge").addHandler(Said())
+logging.getLogger("lmforge").setLevel(logging.INFO)
+burner = []
+
+def start_burner():
+    code = f"import time\nend = time.monotonic() + {burst_for}\nwhile time.monotonic() < end: sum(range(10_000))"
+    burner.append(subprocess.Popen([sys.executable, "-c", code]))
 
 class Rows:  # synthetic MLM rows, each a function of its generator
     def batch(self, rngs, split):
+        if burst_for and not burner and split == "train":
+            burner.append(threading.Timer(burst_at, start_burner))  # counted from the first batch
+            burner[0].start()
         ids = torch.tensor(np.stack([r.integers(5, V, T) for r in rngs]))
         pick = torch.tensor(np.stack([r.random(T) < 0.15 for r in rngs]))
         return {"input_ids": ids, "attention_mask": torch.ones_like(ids), "labels": torch.where(pick, ids, -100)}
@@ -142,15 +162,20 @@ class Rows:  # synthetic MLM rows, each a function of its generator
 torch.manual_seed(0)
 cfg = BertConfig(vocab_size=V, hidden_size=256, num_hidden_layers=4, num_attention_heads=4,
                  intermediate_size=1024, max_position_embeddings=T, next_sentence=False)
-config = TrainConfig(max_steps=warmup + steps, batch_size=B, log_every=1, eval_every=0, eval_batches=1,
-                     save_every=0, device="cpu", precision="fp32", seed=0, lr=1e-4)
+config = TrainConfig(max_steps=warmup + steps if not max_time else 10**6, max_time=max_time or None, batch_size=B,
+                     log_every=1, eval_every=0, eval_batches=1, save_every=0, device="cpu", precision="fp32", seed=0,
+                     lr=1e-4)
 with tempfile.TemporaryDirectory() as d:
     trainer = Trainer(BertForPreTraining(cfg), Rows(), config, d, plot=False, progress=False)
     trainer.train()
+if burner:
+    burner[0].cancel()  # a run shorter than the burst: no burner
+for b in burner[1:]:
+    b.kill()
 events = [e for e in trainer.history if e.get("split") == "train"]
 a, b = events[warmup - 1], events[-1]
 print(json.dumps({"tokens_per_s": (b["tokens"] - a["tokens"]) / (b["elapsed"] - a["elapsed"]),
-                  "threads": torch.get_num_threads()}))
+                  "threads": torch.get_num_threads(), "said": [x for x in said if "thread" in x]}))
 """
 ENCODE = "import sys; from lmforge.cli import main; sys.exit(main(sys.argv[1:]))"
 
@@ -200,41 +225,48 @@ def encode_inputs(folder: Path, n_texts: int, checkout: str) -> tuple[Path, Path
     return folder / "bert", folder / "texts.txt"
 
 
-def contend_case(burners: int, settings: list, args, model: Path, texts: Path) -> list[dict]:
-    """Training and encode at each setting beside ``burners`` burner processes; the default's ratio to the best."""
+def contend_case(burners: int, settings: list, args, model: Path, texts: Path, mid: bool = False) -> list[dict]:
+    """Training and encode at each setting beside ``burners`` burner processes; the default's ratio to the best.
+    ``mid``: no burner at the start; training runs ``--mid`` seconds, with one burner in its middle third."""
     stop = mp.Event()
     procs = [mp.Process(target=burn, args=(args.burn_seconds, stop), daemon=True) for _ in range(burners)]
     for p in procs:
         p.start()
+    case = "1 mid-run" if mid else str(burners)
+    timing = [str(args.mid), str(args.mid / 3), str(args.mid / 3)] if mid else ["0", "0", "0"]
     try:
         time.sleep(0.5 if burners else 0.0)
         got: dict = {}
         for threads in settings:
             env = child_env(threads, args)
             train = run_json([sys.executable, "-c", CONTEND_CHILD, str(args.steps), str(args.warmup),
-                              str(args.batch), str(args.seq)], env)
-            out = Path(args.tmp) / f"vectors-{burners}-{threads}.npy"
-            enc = run_json([sys.executable, "-c", ENCODE, "encode", str(model), "--file", str(texts), "--out", str(out),
-                            "--precision", "fp32", "--json"], env)
+                              str(args.batch), str(args.seq), *timing], env)
             got[threads] = {"train_tokens_per_s": train["tokens_per_s"], "train_threads_at_end": train["threads"],
-                            "encode_texts_per_s": enc["texts_per_s"]}
+                            "said": train["said"]}
+            if not mid:
+                out = Path(args.tmp) / f"vectors-{burners}-{threads}.npy"
+                enc = run_json([sys.executable, "-c", ENCODE, "encode", str(model), "--file", str(texts), "--out",
+                                str(out), "--precision", "fp32", "--json"], env)
+                got[threads]["encode_texts_per_s"] = enc["texts_per_s"]
     finally:
         stop.set()
         for p in procs:
             p.join()
     rows = []
-    for what in ("train_tokens_per_s", "encode_texts_per_s"):
+    for what in ("train_tokens_per_s",) if mid else ("train_tokens_per_s", "encode_texts_per_s"):
         best = max(got[t][what] for t in settings if t is not None)
         for t in settings:
-            row = {"burners": burners, "measure": what, "threads": "lmforge's default" if t is None else t,
+            row = {"burners": case, "measure": what, "threads": "lmforge's default" if t is None else t,
                    "value": round(got[t][what], 1), "vs_best_fixed": round(got[t][what] / best, 2)}
             if t is None and what.startswith("train"):
-                row["threads_at_end"] = got[t]["train_threads_at_end"]
+                row["threads_at_end"], row["said"] = got[t]["train_threads_at_end"], got[t]["said"]
             rows.append(row)
             end = row.get("threads_at_end")
-            print(f"{burners} burner{'' if burners == 1 else 's'}  {what:<19} threads {row['threads']!s:<17} "
+            print(f"{case} burner{'' if case.startswith('1') else 's'}  {what:<19} threads {row['threads']!s:<17} "
                   f"{row['value']:10,.1f}  {row['vs_best_fixed']:5.2f}x of the best fixed"
                   + (f"  (ended at {end} thread{'' if end == 1 else 's'})" if end else ""), flush=True)
+            for line in row.get("said", []):
+                print(f"    {line}")
     return rows
 
 
@@ -249,10 +281,14 @@ def contend(args) -> list[dict]:
         model, texts = encode_inputs(Path(tmp), args.texts, args.checkout)
         for burners in args.burners:
             rows += contend_case(burners, settings, args, model, texts)
-    worst = {m: min(r["vs_best_fixed"] for r in rows if r["measure"] == m and r["threads"] == "lmforge's default")
-             for m in ("train_tokens_per_s", "encode_texts_per_s")}
-    print(f"lmforge's default, worst case: training {worst['train_tokens_per_s']:.2f}x, encode "
-          f"{worst['encode_texts_per_s']:.2f}x of the best fixed thread count (target >= 0.9)")
+        if args.mid:
+            rows += contend_case(0, settings, args, model, texts, mid=True)
+    worst = []
+    for measure, name in (("train_tokens_per_s", "training"), ("encode_texts_per_s", "encode")):
+        ratios = [r["vs_best_fixed"] for r in rows if r["measure"] == measure and r["threads"] == "lmforge's default"]
+        if ratios:
+            worst.append(f"{name} {min(ratios):.2f}x")
+    print(f"lmforge's default, worst case: {', '.join(worst)} of the best fixed thread count (target >= 0.9)")
     return rows
 
 
@@ -314,7 +350,7 @@ def write_record(args, rows: list[dict], cores: int) -> None:
     record = {"bench": "bench_threads", "mode": mode, "machine": machine(), "rows": rows, "cores": cores,
               "settings": {"steps": args.steps, "warmup": args.warmup, "batch": args.batch, "seq": args.seq,
                            "busy": args.busy, "quota": args.quota, "burners": args.burners,
-                           "burn_seconds": args.burn_seconds, "texts": args.texts,
+                           "burn_seconds": args.burn_seconds, "texts": args.texts, "mid": args.mid,
                            "shape": "BERT hidden 256, 4 layers, 4 heads, vocab 8192"}}
     Path(args.record).write_text(json.dumps(record, indent=1) + "\n")
 
@@ -332,10 +368,12 @@ def main(argv: list[str] | None = None) -> int:
                     help="also run inside a cgroup with this CPU quota (needs root)")
     ap.add_argument("--contend", action="store_true",
                     help="measure lmforge's default thread count against fixed ones beside burner processes")
-    ap.add_argument("--burners", type=lambda x: [int(n) for n in x.split(",")], default=[0, 1, 2],
+    ap.add_argument("--burners", type=lambda x: [int(n) for n in x.split(",") if n], default=[0, 1, 2],
                     help="--contend: the burner counts, comma-separated (default 0,1,2)")
     ap.add_argument("--burn-seconds", type=float, default=300.0,
                     help="--contend: a burner stops by itself after this many seconds (default 300)")
+    ap.add_argument("--mid", type=float, default=0.0, metavar="SECONDS",
+                    help="--contend: also train SECONDS at each setting with one burner in the middle third")
     ap.add_argument("--texts", type=int, default=512, help="--contend: texts lmforge encode encodes (default 512)")
     ap.add_argument("--check-cost", action="store_true", help="time the re-check of the free CPUs and a thread change")
     ap.add_argument("--record", default=None, metavar="FILE", help="also write the table as JSON")

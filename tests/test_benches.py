@@ -90,14 +90,15 @@ def test_the_contention_bench_compares_lmforge_s_default_with_fixed_counts(tmp_p
     env = {k: v for k, v in os.environ.items() if k != "OMP_NUM_THREADS"}
     out = subprocess.run([sys.executable, str(ROOT / "bench" / "bench_threads.py"), "--contend", "--burners", "1",
                           "--burn-seconds", "120", "--steps", "2", "--warmup", "1", "--batch", "2", "--seq", "16",
-                          "--texts", "8", "--record", str(record)], env=env, capture_output=True, text=True,
-                         timeout=600)
+                          "--texts", "8", "--mid", "4", "--record", str(record)], env=env, capture_output=True,
+                         text=True, timeout=900)
     assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
     rec = json.loads(record.read_text())
     assert rec["mode"] == "contend" and rec["machine"]
-    for measure in ("train_tokens_per_s", "encode_texts_per_s"):
-        rows = [r for r in rec["rows"] if r["measure"] == measure]
-        assert [r["burners"] for r in rows] == [1] * len(rows) and rows[-1]["threads"] == "lmforge's default"
+    for case, measure in ((1, "train_tokens_per_s"), (1, "encode_texts_per_s"), ("1 mid-run", "train_tokens_per_s")):
+        rows = [r for r in rec["rows"] if r["measure"] == measure and r["burners"] == case]
+        assert [r["threads"] for r in rows][-1] == "lmforge's default" and len(rows) >= 2
         fixed = [r for r in rows if r["threads"] != "lmforge's default"]
         assert max(r["vs_best_fixed"] for r in fixed) == 1.0 and all(r["value"] > 0 for r in rows)
+    assert len(rec["rows"]) == 3 * len(rows)  # the mid-run case times training only
     assert "lmforge's default, worst case" in out.stdout
