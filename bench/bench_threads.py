@@ -173,7 +173,7 @@ if burner:
 for b in burner[1:]:
     b.kill()
 events = [e for e in trainer.history if e.get("split") == "train"]
-a, b = events[warmup - 1], events[-1]
+a, b = events[warmup - 1] if len(events) > warmup else {"tokens": 0, "elapsed": 0.0}, events[-1]  # short runs: all
 print(json.dumps({"tokens_per_s": (b["tokens"] - a["tokens"]) / (b["elapsed"] - a["elapsed"]),
                   "threads": torch.get_num_threads(), "said": [x for x in said if "thread" in x]}))
 """
@@ -256,8 +256,9 @@ def contend_case(burners: int, settings: list, args, model: Path, texts: Path, m
     for what in ("train_tokens_per_s",) if mid else ("train_tokens_per_s", "encode_texts_per_s"):
         best = max(got[t][what] for t in settings if t is not None)
         for t in settings:
-            row = {"burners": case, "measure": what, "threads": "lmforge's default" if t is None else t,
-                   "value": round(got[t][what], 1), "vs_best_fixed": round(got[t][what] / best, 2)}
+            row = {"burners": case if mid else burners, "measure": what,
+                   "threads": "lmforge's default" if t is None else t, "value": round(got[t][what], 1),
+                   "vs_best_fixed": round(got[t][what] / best, 2)}
             if t is None and what.startswith("train"):
                 row["threads_at_end"], row["said"] = got[t]["train_threads_at_end"], got[t]["said"]
             rows.append(row)
