@@ -45,6 +45,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import malloc_setting  # noqa: E402
 import onednn_setting  # noqa: E402
+import thread_setting  # noqa: E402
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
@@ -191,7 +192,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--infer-steps", type=int, default=20, help="timed inference passes per model")
     ap.add_argument("--bf16-steps", type=int, default=20, help="timed bf16-vs-fp32 training steps")
     ap.add_argument("--warmup", type=int, default=3)
-    ap.add_argument("--threads", type=int, default=torch.get_num_threads())
+    thread_setting.add_flag(ap)
     ap.add_argument("--batch", type=int, default=16)
     ap.add_argument("--seq", type=int, default=128)
     ap.add_argument("--hidden", type=int, default=256)
@@ -219,7 +220,7 @@ def main(argv: list[str] | None = None) -> int:
     from lmforge.provenance import describe_machine, provenance
     from lmforge.train.compute import make_optimizer
 
-    torch.set_num_threads(args.threads)
+    args.threads, threads_line = thread_setting.apply(args.threads)
     transformers.logging.set_verbosity_error()
     dev = args.device
     if dev.startswith("cuda"):
@@ -232,7 +233,7 @@ def main(argv: list[str] | None = None) -> int:
     where = torch.cuda.get_device_name() if dev.startswith("cuda") else describe_machine()
     load_start = os.getloadavg()[0]
     print(f"{where}; transformers {transformers.__version__}; load average {load_start:.2f} at the start")
-    print(f"settings: {vars(args)}\nlmforge routes: {describe_routes()}\nallocator: {malloc}")
+    print(f"settings: {vars(args)}\nthreads: {threads_line}\nlmforge routes: {describe_routes()}\nallocator: {malloc}")
     peak = measure_peak_gflops(device=dev)
     print(f"measured fp32 matmul peak: {peak:.1f} GFLOP/s (re-measured at the end; the higher one is used)")
 
@@ -343,6 +344,7 @@ def main(argv: list[str] | None = None) -> int:
     bf16 = bf16_vs_fp32(args, cfg, batches, adamw, dev, tok_step) if args.bf16_steps > 0 else None
     bf16_ratio = bf16["speedup"] if bf16 else float("nan")
 
+    thread_setting.check(args.threads)  # both models ran on the same count throughout
     peak_end = measure_peak_gflops(device=dev)
     if peak_end > peak * 1.05:
         print(f"note: the peak measured at the end was higher ({peak_end:.1f} GFLOP/s): the MFUs above are "
@@ -363,7 +365,8 @@ def main(argv: list[str] | None = None) -> int:
         from lmforge.utils import atomic_write_text
 
         record = {
-            "bench": "bert", **provenance(), "settings": vars(args), "malloc": malloc, "routes": routes,
+            "bench": "bert", **provenance(), "settings": vars(args), "threads": threads_line, "malloc": malloc,
+            "routes": routes,
             "optimizer": {"name": "AdamW", "fused": bool(opt_o.defaults.get("fused"))},
             "matmul_peak_gflops": max(peak, peak_end),
             "inference": {"tokens_per_s": infer_tps, "ratio": infer_ratio},

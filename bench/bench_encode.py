@@ -37,6 +37,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
 import malloc_setting  # noqa: E402
 import numpy as np  # noqa: E402
+import thread_setting  # noqa: E402
 import torch  # noqa: E402
 
 
@@ -72,7 +73,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--batch", type=int, default=32)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--bf16", action="store_true", help="also time encode under bf16 autocast")
-    ap.add_argument("--threads", type=int, default=torch.get_num_threads())
+    thread_setting.add_flag(ap)
     ap.add_argument("--record", default=None, metavar="FILE", help="write the figures as a JSON run record")
     malloc_setting.add_flag(ap)
     args = ap.parse_args(argv)
@@ -84,7 +85,7 @@ def main(argv: list[str] | None = None) -> int:
     from lmforge.interop import export_hf
     from lmforge.provenance import describe_machine, provenance
 
-    torch.set_num_threads(args.threads)
+    args.threads, threads_line = thread_setting.apply(args.threads)
     transformers.logging.set_verbosity_error()
     transformers.logging.disable_progress_bar()
     lines = read_texts(args.texts)
@@ -95,7 +96,7 @@ def main(argv: list[str] | None = None) -> int:
     texts = [t for t in lines[: args.n] if lengths[t] <= window]
     n_tok = [lengths[t] for t in texts]
     print(f"{describe_machine()}; transformers {transformers.__version__}; "
-          f"load average {os.getloadavg()[0]:.2f}; allocator: {malloc}")
+          f"load average {os.getloadavg()[0]:.2f}; allocator: {malloc}; threads: {threads_line}")
     print(f"{len(texts)} texts ({args.n - len(texts)} longer than {window} tokens left out); tokens per text: "
           f"mean {statistics.mean(n_tok):.1f}, median {statistics.median(n_tok):.0f}, max {max(n_tok)}")
 
@@ -139,6 +140,7 @@ def main(argv: list[str] | None = None) -> int:
     tps = {name: len(texts) / statistics.median(v) for name, v in times.items()}
     for name in runs:
         print(f"  {name:<22} {tps[name]:8.0f} texts/s  ({statistics.median(times[name]):.2f} s)")
+    thread_setting.check(args.threads)  # both sides ran on the same count throughout
     ratio = tps["lmforge"] / tps["transformers"]
     print(f"  ratio lmforge / transformers: {ratio:.2f}; lmforge sorted / input order: "
           f"{tps['lmforge'] / tps['lmforge, input order']:.2f}"

@@ -39,6 +39,7 @@ sys.path.insert(0, str(ROOT / "bench"))
 
 import malloc_setting  # noqa: E402
 import onednn_setting  # noqa: E402
+import thread_setting  # noqa: E402
 
 
 def sync(device: str) -> None:
@@ -104,7 +105,7 @@ def main() -> int:
     ap.add_argument("--gen-tokens", type=int, default=256)
     ap.add_argument("--gen-runs", type=int, default=2)
     ap.add_argument("--prompt-len", type=int, default=16)
-    ap.add_argument("--threads", type=int, default=None, help="torch.set_num_threads (CPU)")
+    thread_setting.add_flag(ap)
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--skip", default="", help="comma list of sections to skip: train,infer,gen,bf16")
     ap.add_argument("--record", default=None, metavar="FILE", help="write the figures as a JSON run record")
@@ -127,8 +128,8 @@ def main() -> int:
     import transformers
 
     transformers.logging.set_verbosity_error()
-    if args.threads:
-        torch.set_num_threads(args.threads)
+    args.threads, threads_line = thread_setting.apply(args.threads)
+    print(f"threads: {threads_line}")
     dev = args.device
     torch.manual_seed(0)
     n_pos = max(512, args.seq, args.prompt_len + args.gen_tokens)
@@ -325,7 +326,9 @@ def main() -> int:
             + ("" if r["matmul_route"] != "torch" else "; this CPU has no oneDNN bf16: PyTorch's own bf16 kernels")
         )
 
+    thread_setting.check(args.threads)  # both models ran on the same count throughout
     res["routes"] = chosen_routes()
+    res["threads"] = threads_line
     res["load_average"]["end"] = os.getloadavg()[0]
     print(f"lmforge routes taken: {res['routes'] or 'none measured (plain PyTorch calls)'}; load average "
           f"{res['load_average']['end']:.2f} at the end")

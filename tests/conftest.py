@@ -26,6 +26,9 @@ TINY_VOCAB = 500
 # it keeps float reductions in the same order on every machine (bitwise comparisons with a subprocess
 # need the same thread count on both sides).
 torch.set_num_threads(1)
+# the commands the tests run, in this process or a child, keep to it too (lmforge/cpu_quota.py would otherwise
+# choose one thread per free CPU)
+os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 
 @pytest.fixture(autouse=True, scope="session")

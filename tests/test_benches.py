@@ -61,3 +61,48 @@ def test_encode_bench_checks_the_vectors_against_transformers(bert_dir, tiny_cor
     assert rec["max_vector_diff"] < 1e-3 and 0 < rec["texts"] <= 60
     assert set(rec["texts_per_s"]) == {"lmforge", "lmforge, input order", "transformers", "lmforge, bf16"}
     assert rec["bf16_min_cosine"] > 0.99
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
+def test_benches_set_one_thread_count_for_both_sides_and_check_it(monkeypatch):
+    monkeypatch.syspath_prepend(str(ROOT / "bench"))
+    import thread_setting
+    import torch
+
+    from lmforge import cpu_quota
+
+    assert thread_setting.apply(3) == (3, "3 torch threads for both sides (--threads)")
+    assert torch.get_num_threads() == 3
+    monkeypatch.setenv("OMP_NUM_THREADS", "2")  # the user's: kept
+    torch.set_num_threads(2)
+    assert thread_setting.apply(None) == (2, "2 torch threads for both sides (OMP_NUM_THREADS)")
+    monkeypatch.delenv("OMP_NUM_THREADS")
+    monkeypatch.setattr(cpu_quota, "others_between", lambda before, after: 1.0)  # one of the 2 CPUs is taken
+    monkeypatch.setattr(cpu_quota, "_allowed_cpus", lambda: {0, 1})
+    monkeypatch.setattr(thread_setting, "ceiling_threads", lambda: 2)
+    threads, line = thread_setting.apply(None)
+    assert threads == 1 and torch.get_num_threads() == 1 and "lmforge's choice: other processes kept 1.0" in line
+    thread_setting.check(1)
+    torch.set_num_threads(2)  # something changed it mid-bench: the bench must not print its ratios
+    with pytest.raises(SystemExit, match="changed from 1 to 2"):
+        thread_setting.check(1)
+
+
+@pytest.mark.slow
+def test_the_contention_bench_compares_lmforge_s_default_with_fixed_counts(tmp_path):
+    record = tmp_path / "contend.json"
+    env = {k: v for k, v in os.environ.items() if k != "OMP_NUM_THREADS"}
+    out = subprocess.run([sys.executable, str(ROOT / "bench" / "bench_threads.py"), "--contend", "--burners", "1",
+                          "--burn-seconds", "120", "--steps", "2", "--warmup", "1", "--batch", "2", "--seq", "16",
+                          "--texts", "8", "--mid", "4", "--record", str(record)], env=env, capture_output=True,
+                         text=True, timeout=900)
+    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
+    rec = json.loads(record.read_text())
+    assert rec["mode"] == "contend" and rec["machine"]
+    for case, measure in ((1, "train_tokens_per_s"), (1, "encode_texts_per_s"), ("1 mid-run", "train_tokens_per_s")):
+        rows = [r for r in rec["rows"] if r["measure"] == measure and r["burners"] == case]
+        assert [r["threads"] for r in rows][-1] == "lmforge's default" and len(rows) >= 2
+        fixed = [r for r in rows if r["threads"] != "lmforge's default"]
+        assert max(r["vs_best_fixed"] for r in fixed) == 1.0 and all(r["value"] > 0 for r in rows)
+    assert len(rec["rows"]) == 3 * len(rows)  # the mid-run case times training only
+    assert "lmforge's default, worst case" in out.stdout

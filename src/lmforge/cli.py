@@ -15,7 +15,7 @@ from collections.abc import Sequence
 
 from . import __version__
 from .commands import COMMANDS
-from .cpu_quota import cap_threads_to_quota
+from .cpu_quota import choose_threads
 from .errors import LmforgeError
 from .folder_writing import recover_folder
 from .folders import os_error_line
@@ -96,7 +96,7 @@ def main(argv: list[str] | None = None) -> int:
     setup_logging(logging.WARNING if args.quiet else logging.INFO)
     try:
         logging.getLogger(__name__).debug("allocator: %s", keep_freed_memory())  # lmforge/malloc.py says why
-        capped = cap_threads_to_quota()  # before torch loads: lmforge/cpu_quota.py says why
+        capped = choose_threads()  # before torch loads: lmforge/cpu_quota.py says why
         if capped:
             logging.getLogger(__name__).info("%s", capped)
         check_args(args)

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import argparse
+import logging
 import sys
 import time
 from pathlib import Path
 
+from ..cpu_quota import auto_threads
 from ..errors import LmforgeError
 from ..folders import check_output_file
 from ..models import load
@@ -74,6 +76,10 @@ def run(args) -> int:
         raise LmforgeError(f"--batch-size must be >= 1, not {args.batch_size}")
     texts = read_texts(args.file, args.text_field, args.format, args.split)
     device = resolve_device(args.device)
+    auto = auto_threads() if device.type == "cpu" else None
+    line = auto.settle() if auto is not None else None  # one thread per free CPU: lmforge/cpu_quota.py
+    if line:
+        logging.getLogger(__name__).info("%s", line)
     model = load(args.model_dir).to(device)
     precision = inference_precision(args.precision, device, model)
     start = time.perf_counter()

@@ -8,56 +8,19 @@ training step then runs several times slower than on the cores that are free
 free is measured here, once, at the start of a CPU run, from the kernel's counters (Linux ``/proc``;
 elsewhere nothing is measured).
 
-:func:`others_busy_cores` samples how many cores other processes kept busy over a short interval;
-:func:`thread_advice` turns it into the line a run logs when torch's threads outnumber the free cores.
+:func:`lmforge.cpu_quota.others_busy_cores` samples how many cores other processes kept busy over a short
+interval; :func:`thread_advice` turns it into the line a run logs when torch's threads outnumber the free cores
+and nothing chose them for it (the ``lmforge`` command does: :class:`lmforge.cpu_quota.AutoThreads`).
 """
 
 from __future__ import annotations
 
 import os
-import time
-from collections.abc import Callable
-from pathlib import Path
+
+from ..cpu_quota import others_busy_cores
 
 #: a run is told to use fewer threads when other processes keep at least this much of a core busy
 BUSY_ENOUGH = 0.5
-
-
-def _cpu_ticks(stat: str) -> tuple[int, int]:
-    """(busy, total) clock ticks of all CPUs from ``/proc/stat``'s first line."""
-    fields = [int(x) for x in stat.splitlines()[0].split()[1:]]
-    idle = fields[3] + (fields[4] if len(fields) > 4 else 0)  # idle + iowait
-    total = sum(fields[:8])  # user nice system idle iowait irq softirq steal (guest time is inside user)
-    return total - idle, total
-
-
-def _own_ticks(stat: str) -> int:
-    """utime + stime of this process (every thread) from ``/proc/self/stat``."""
-    after_name = stat.rsplit(")", 1)[1].split()
-    return int(after_name[11]) + int(after_name[12])  # fields 14 and 15 of proc(5)
-
-
-def _read(path: str) -> str:
-    return Path(path).read_text()
-
-
-def others_busy_cores(interval: float = 0.2, read: Callable[[str], str] = _read,
-                      sleep: Callable[[float], None] = time.sleep) -> float | None:
-    """Cores other processes kept busy over ``interval`` seconds (0 .. the core count), or None where the
-    kernel's counters cannot be read (not Linux)."""
-    try:
-        busy0, total0 = _cpu_ticks(read("/proc/stat"))
-        own0 = _own_ticks(read("/proc/self/stat"))
-        sleep(interval)
-        busy1, total1 = _cpu_ticks(read("/proc/stat"))
-        own1 = _own_ticks(read("/proc/self/stat"))
-    except (OSError, ValueError, IndexError):
-        return None
-    cores = os.cpu_count() or 1
-    if total1 <= total0:
-        return None
-    share = max(0, (busy1 - busy0) - (own1 - own0)) / (total1 - total0)  # of all the machine's CPU time
-    return min(float(cores), share * cores)
 
 
 def thread_advice(threads: int, cores: int, others: float | None) -> str | None:

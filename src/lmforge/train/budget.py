@@ -29,6 +29,7 @@ import torch
 
 from .. import __version__
 from ..config import from_dict, save_json, to_dict
+from ..cpu_quota import auto_threads
 from ..errors import ConfigError, LmforgeError
 from ..models import get_family
 from ..nn.cpu_share import advise_threads
@@ -283,7 +284,8 @@ def plan_budget(
         choose_precision(train.precision, resolve_device(train.device))
     busy = None  # other processes holding cores slow the probe, and a time budget then plans fewer steps
     if probe is None and b.kind == "time" and resolve_device(train.device).type == "cpu":
-        busy = advise_threads(torch.get_num_threads())
+        auto = auto_threads()  # the command's count, for the CPUs free now (lmforge/cpu_quota.py); else advice
+        busy = auto.settle() if auto is not None else advise_threads(torch.get_num_threads())
     probe = probe or measure_throughput
     unique = int(shards.counts("train")["tokens"])
     if unique < 1:

@@ -34,6 +34,7 @@ from torch import nn
 from tqdm.auto import tqdm
 from tqdm.contrib.logging import logging_redirect_tqdm
 
+from ..cpu_quota import AutoThreads, auto_threads
 from ..errors import LmforgeError
 from ..nn.cpu_share import advise_threads
 from ..utils import save_safetensors
@@ -132,15 +133,12 @@ class Trainer:
         self.env: DistEnv = init_distributed(config.device)
         self.device = self.env.device
         self.model = model.to(self.device)
+        self.threads = self._settle_threads()  # before the precision probe, which times steps at this count
         self.config = config
         choice = self._choose_precision(config.precision)
         self.precision_line = prec.describe(config.precision, choice.precision, self.device, choice.reason)
         self.config = config = dataclasses.replace(config, precision=choice.precision)
         self._log(logging.INFO, "%s", self.precision_line)
-        if self.device.type == "cpu":
-            advice = advise_threads(torch.get_num_threads())  # other processes holding cores stall the threads
-            if advice:
-                self._log(logging.WARNING, "%s", advice)
         self.scaler = prec.grad_scaler(self.device, choice.precision)  # fp16 on CUDA only
         self.ddp_model = self._wrap_model()
         groups, self.param_names = param_groups(self.model, config.weight_decay)
@@ -176,6 +174,18 @@ class Trainer:
     def _rngs(self, split: str, outer: int, first: int) -> list[np.random.Generator]:
         """One generator per row of this process: ``[seed, 0|1, step|eval_batch, global_row]``."""
         return row_rngs(self.config.seed, split, outer, first, self.config.batch_size)
+
+    def _settle_threads(self) -> AutoThreads | None:
+        """On a CPU, torch's threads for the CPUs other processes leave free, re-checked between steps, where the
+        ``lmforge`` command left the choice to lmforge (:mod:`lmforge.cpu_quota`); else a warning when other
+        processes hold cores the threads count on."""
+        if self.device.type != "cpu":
+            return None
+        auto = auto_threads()
+        line = auto.settle() if auto is not None else advise_threads(torch.get_num_threads())
+        if line:
+            self._log(logging.INFO if auto is not None else logging.WARNING, "%s", line)
+        return auto
 
     def _choose_precision(self, requested: str) -> prec.PrecisionChoice:
         """``--precision`` for this model on this device; ``auto`` may time a few steps of both (rank 0's
@@ -380,6 +390,8 @@ class Trainer:
             bar.update(1)
             self.interval.add_step(loss)
             self._due_events(grad_norm, bar, done)
+            if self.threads is not None and (line := self.threads.poll()):  # a clock read between looks
+                self._log(logging.INFO, "%s", line)
             if cfg.max_time is not None:
                 out_of_time = broadcast_flag(time.monotonic() - self._t_start >= cfg.max_time, self.env)
                 if out_of_time and self.step < cfg.max_steps:
