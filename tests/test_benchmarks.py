@@ -43,13 +43,14 @@ def test_classification_draws_are_balanced():
 
 
 def test_benchmark_cli_writes_text_and_files(tmp_path, capsys):
-    assert main(["benchmark", "text", "en-tweets", str(tmp_path / "t.txt")]) == 0
+    assert main(["benchmark", "text", "en-tweets", "--out", str(tmp_path / "t.txt")]) == 0
     docs = (tmp_path / "t.txt").read_text(encoding="utf-8").split("\n\n")
     assert len(docs) > 10_000
-    assert main(["benchmark", "data", "en-tweets", str(tmp_path / "d"), "--n-train", "40", "--n-test", "30"]) == 0
+    assert main(["benchmark", "data", "en-tweets", "--out", str(tmp_path / "d"), "--n-train", "40",
+                 "--n-test", "30"]) == 0
     rows = [json.loads(x) for x in (tmp_path / "d" / "test.jsonl").read_text().splitlines()]
     assert len(rows) == 30 and not {" ".join(r["text"].split()) for r in rows} & {" ".join(d.split()) for d in docs}
-    assert main(["benchmark", "data", "zh-ner", str(tmp_path / "n"), "--n-train", "5", "--n-test", "5"]) == 0
+    assert main(["benchmark", "data", "zh-ner", "--out", str(tmp_path / "n"), "--n-train", "5", "--n-test", "5"]) == 0
     assert (tmp_path / "n" / "train.conll").is_file()
     assert set(BENCHMARKS) == {"zh-sentiment", "zh-ner", "zh-pos", "en-tweets"}
 

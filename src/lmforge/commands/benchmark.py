@@ -33,10 +33,11 @@ def register(sub) -> None:
 
 
 def _register_text(verbs) -> None:
-    """``benchmark text NAME OUT``: the benchmark's unlabelled in-domain text."""
+    """``benchmark text NAME --out FILE``: the benchmark's unlabelled in-domain text."""
     t = verbs.add_parser("text", help="unlabelled in-domain text, none of it from the test partition")
     t.add_argument("name", choices=BENCHMARKS)
-    t.add_argument("out", help="text file to write (one document per line, a blank line between documents)")
+    t.add_argument("--out", required=True, metavar="FILE",
+                   help="text file to write (one document per line, a blank line between documents)")
     t.add_argument(
         "--with-general",
         action="store_true",
@@ -49,19 +50,19 @@ def _register_text(verbs) -> None:
         "left out (3.8M words; apt-get install fortunes dict-gcide)",
     )
     add_json_arg(t)
-    t.set_defaults(func=run_text, writes=("out",))
+    t.set_defaults(func=run_text, writes=("--out",))
 
 
 def _register_data(verbs) -> None:
-    """``benchmark data NAME OUT``: a seeded training draw and the fixed test set as files."""
+    """``benchmark data NAME --out DIR``: a seeded training draw and the fixed test set as files."""
     d = verbs.add_parser("data", help="labelled files: a seeded training draw and the fixed test set")
     d.add_argument("name", choices=BENCHMARKS)
-    d.add_argument("out", help="folder to write train and test files into")
+    d.add_argument("--out", required=True, metavar="DIR", help="folder to write train and test files into")
     d.add_argument("--n-train", type=int, default=300)
     d.add_argument("--n-test", type=int, default=1000)
     d.add_argument("--seed", type=int, default=0, help="draws the training set (the test set is the same for all)")
     add_json_arg(d)
-    d.set_defaults(func=run_data, writes=("out",))
+    d.set_defaults(func=run_data, writes=("--out",))
 
 
 def _register_curve(verbs) -> None:

@@ -14,6 +14,7 @@ from . import command_help
 from ._columns import add_column_args
 from ._common import add_compute_args, add_json_arg, progress, removed_flags, show
 from ._finetune import add_run_file_args, summary, transfer_settings
+from ._groups import brief_help
 
 
 def add_truncation_arg(p) -> None:
@@ -173,6 +174,7 @@ def register(sub) -> None:
     p = sub.add_parser(
         "finetune",
         help=command_help("finetune"),
+        usage="lmforge finetune MODEL_DIR --task TASK --train FILE [--test FILE] --out DIR [OPTIONS]",
         description="Train a task on top of a pretrained model folder and write metrics.json, predictions.jsonl, "
         "config.json and the trained weights into --out.",
     )
@@ -186,6 +188,13 @@ def register(sub) -> None:
     removed_flags(p, {"--log": "--set log={}", "--bf16": "--precision bf16"})  # as pretrain says them
     p.set_defaults(func=run, reads=("model_dir", "--train", "--test"), writes=("--out",))
     add_column_args(p)
+    brief_help(p, SHOWN, "the head (--classifier, --pool, --layer), the schedule, --device and --precision, qa "
+               "windows, pairs, the feature cache and the columns of the data files")
+
+
+# the options `finetune --help` lists (`--help-all`: every one)
+SHOWN = ("--task", "--train", "--test", "--mode", "--out", "--epochs", "--lr", "--batch-size", "--max-len",
+         "--config", "--set", "--json")
 
 
 def run(args) -> int:

@@ -1,6 +1,6 @@
 """A finished transfer run (``lmforge finetune --out RUN``) as an HF ``transformers`` task model.
 
-``lmforge export-hf RUN_DIR OUT`` writes the run's body (with the weight map of :mod:`lmforge.interop.bert` /
+``lmforge export-hf RUN_DIR --out OUT`` writes the run's body (with the weight map of :mod:`lmforge.interop.bert` /
 :mod:`lmforge.interop.gpt2` / :mod:`lmforge.interop.electra`) plus its head in the HF class of its task, so that
 ``transformers.pipeline(TASK, model=OUT)`` predicts what ``lmforge predict`` does:
 
@@ -110,7 +110,7 @@ def retrain_command(data: dict, run_dir: str | Path | None, flags: str) -> str:
     retrained = shlex.quote(run + "-retrained")
     return (f"lmforge finetune {shlex.quote(str(model))} --config {shlex.quote(run + '/config.json')} {flags} "
             f"--train TRAIN --test TEST --out {retrained} (TRAIN, TEST: the run's data files), then "
-            f"lmforge export-hf {retrained} OUT")
+            f"lmforge export-hf {retrained} --out OUT")
 
 
 def _hf_class(data: dict, task: str) -> tuple[RunExport, str, str]:
