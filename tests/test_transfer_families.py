@@ -181,7 +181,7 @@ def test_cli_three_modes_and_predict(bert_dir, cls_files, tmp_path, capsys):
         first = json.loads((run_dir / "predictions.jsonl").read_text().splitlines()[0])
         assert main(["predict", str(run_dir), "--text", first["text"], "--json"]) == 0
         got = json.loads(capsys.readouterr().out.strip())
-        assert got["label"] == first["pred"]
+        assert got["pred"] == first["pred"] and got["text"] == first["text"]
         assert got["probs"] == pytest.approx(first["probs"], abs=1e-4)
     assert main(["predict", str(tmp_path / "finetune"), "--file", test, "--out", str(tmp_path / "p.jsonl")]) == 0
     assert len((tmp_path / "p.jsonl").read_text().splitlines()) == 48
