@@ -56,7 +56,8 @@ def one_line_error(rc: int, err: str, *says: str) -> None:
 # -- the same flags on every training command ------------------------------------------------------------------
 def test_every_training_command_takes_the_same_device_and_precision_flags():
     def describe(action):
-        return (tuple(action.option_strings), action.choices, action.default, action.help, action.metavar,
+        shown = getattr(action, "full_help", action.help)  # finetune --help leaves it to --help-all
+        return (tuple(action.option_strings), action.choices, action.default, shown, action.metavar,
                 getattr(action.type, "__name__", None))
 
     seen = {}

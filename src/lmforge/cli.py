@@ -134,7 +134,7 @@ def unknown_line(parser: argparse.ArgumentParser, command: str, unknown: Sequenc
     token = str(unknown[0])
     if token.startswith("-"):
         flag = token.partition("=")[0]
-        close = difflib.get_close_matches(flag, options, n=1, cutoff=0.6)
+        close = difflib.get_close_matches(flag, options, n=1, cutoff=0.75)
         hint = f"did you mean {close[0]}? " if close else ""
         return f"unknown option {flag}; {hint}{helping} lists the options"
     if "--out" in options:
