@@ -192,9 +192,10 @@ def test_the_gelu_head_is_the_linear_head():
 
 
 def test_what_cannot_map_is_refused_in_one_line(electra_dir, data_dir, tmp_path, capsys):
-    run_dir = train(electra_dir, "classify", data_dir / "train.jsonl", tmp_path / "run", mode="finetune", epochs=1)
+    run_dir = train(electra_dir, "classify", data_dir / "train.jsonl", tmp_path / "run", mode="frozen", layer=-1,
+                    epochs=1)
     base = json.loads((run_dir / "config.json").read_text())
-    assert base["pool"] == "mean"  # ELECTRA's single-text default: its [CLS] was never trained as a summary
+    assert base["pool"] == "mean"  # a fixed ELECTRA's single-text default: its [CLS] was never trained as a summary
     assert main(["export-hf", str(run_dir), "--out", str(tmp_path / "hf")]) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "Traceback" not in err

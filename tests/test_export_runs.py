@@ -257,9 +257,10 @@ def test_bias_into_ln_f_is_exact_or_refused():
 
 
 def test_what_cannot_map_is_refused_in_one_line(bert_dir, data_dir, tmp_path, capsys):
-    run_dir = train(bert_dir, "classify", data_dir / "train.jsonl", tmp_path / "run", mode="finetune", epochs=1)
+    run_dir = train(bert_dir, "classify", data_dir / "train.jsonl", tmp_path / "run", mode="frozen", layer=-1,
+                    epochs=1)
     base = json.loads((run_dir / "config.json").read_text())
-    assert base["pool"] == "cls"  # the finetune default
+    assert base["pool"] == "mean"  # frozen mode's single-text default (fine-tuning reads the pooler and exports)
     assert main(["export-hf", str(run_dir), "--out", str(tmp_path / "hf")]) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "--pool pooler" in err and "Traceback" not in err
@@ -271,7 +272,7 @@ def test_what_cannot_map_is_refused_in_one_line(bert_dir, data_dir, tmp_path, ca
                                                                                                   "train.jsonl")))
     assert main(argv[1:] + ["--cache-dir", str(tmp_path / "cache")]) == 0
     export(tmp_path / "run-retrained", tmp_path / "hf")
-    assert err.endswith(f"then lmforge export-hf {run_dir}-retrained OUT")
+    assert err.endswith(f"then lmforge export-hf {run_dir}-retrained --out OUT")
 
     def refusal(**change) -> str:
         data = json.loads(json.dumps(base))

@@ -109,7 +109,8 @@ def test_cli_three_modes_and_predict(bert_dir, cls_files, tmp_path, capsys):
     for mode, extra in (
         ("frozen", ["--epochs", "3"]),
         ("features", ["--epochs", "20"]),
-        ("finetune", ["--epochs", "12", "--lr", "2e-3", "--layer-lr-decay", "0.9"]),
+        # --pool cls: this random body claims NSP, so its pooler (the default read-out) is kept as initialised
+        ("finetune", ["--epochs", "12", "--lr", "2e-3", "--layer-lr-decay", "0.9", "--pool", "cls"]),
     ):
         out = tmp_path / mode
         rc = main(
