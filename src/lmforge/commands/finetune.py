@@ -124,10 +124,9 @@ def _add_head_args(p) -> None:
         choices=["cls", "pooler", "last", "mean", "tokens"],
         default=None,
         help="how a sentence is read: cls (BERT's top [CLS]), pooler (BERT's NSP-trained tanh pooler on [CLS]), "
-        "last (GPT's extract token), mean, tokens (bilstm) (default: finetune mode on classify and pair reads what the "
-        "family's HF class reads, BERT pooler, ELECTRA cls, GPT last, so the run exports; frozen and features mode: mean for "
-        "single texts and for a BERT pretrained without next-sentence prediction, else BERT cls, GPT last; "
-        "ELMo/word2vec mean)",
+        "last (GPT's extract token), mean, tokens (bilstm) (default: finetune mode on classify and pair reads "
+        "what the family's HF class reads, BERT pooler, ELECTRA cls, GPT last, so the run exports; frozen and "
+        "features mode: mean for single texts, else BERT cls, GPT last; ELMo/word2vec mean)",
     )
     p.add_argument(
         "--layer", default=None, metavar="K|mix|auto",
