@@ -23,6 +23,28 @@ HEADER = """\
 Generated from the argparse definitions by `python scripts/gen_cli_reference.py`; do not edit by
 hand. `lmforge COMMAND --help` prints the same. Start with the [tutorial](tutorial.md) for how
 the commands fit together.
+
+## One grammar
+
+Every command is read the same way:
+
+```text
+lmforge [-q] COMMAND [VERB] INPUT ... [--out OUTPUT] [OPTIONS]
+```
+
+- **Inputs are positional, the output is `--out`.** What a command reads (a model folder, a run folder, a
+  corpus) comes after the command; what it writes is named with `--out` (a folder, or a file whose suffix
+  says its format), on every command that writes: `lmforge export-hf runs/ft --out hf-ft`,
+  `lmforge benchmark text en-tweets --out tweets.txt`. No command takes its output as a positional word.
+- **Global options go before or after the command**: `lmforge -q prepare ...` and `lmforge prepare -q ...`
+  are the same.
+- **Options are spelled in full.** `--epoch` is not taken for `--epochs`: an option a command does not
+  know is answered in one line with that command's closest option (`unknown option --epoch; did you mean
+  --epochs?`), and a flag that was renamed says how it is written now.
+- **One spelling per setting.** A setting is a flag, or a key of a run file (`--config FILE`, `--set
+  KEY=VALUE`), not both.
+- **Errors in what you typed** print one line on stderr, saying what is wrong and what to write instead, and
+  exit with status 2.
 """
 
 # the output policy every writing command shares (lmforge/folders.py owns it); its own section, kept apart
@@ -96,9 +118,10 @@ def _signature(action: argparse.Action) -> str:
 def _arguments(parser: argparse.ArgumentParser) -> list[str]:
     rows = []
     for action in parser._actions:
-        if isinstance(action, (argparse._HelpAction, argparse._SubParsersAction)) or action.help == argparse.SUPPRESS:
+        shown = getattr(action, "full_help", action.help)  # full_help: an option --help leaves to --help-all
+        if isinstance(action, (argparse._HelpAction, argparse._SubParsersAction)) or shown == argparse.SUPPRESS:
             continue
-        text = _expand(action.help or "", action).replace("\n", " ").replace("|", "\\|")
+        text = _expand(shown or "", action).replace("\n", " ").replace("|", "\\|")
         if action.required and action.option_strings:
             text = f"(required) {text}"
         rows.append(f"| `{_signature(action)}` | {text} |")

@@ -160,8 +160,8 @@ def test_cli_export_then_import(tmp_path, request):
     model = BertForPreTraining(BertConfig(vocab_size=tok.vocab_size, hidden_size=32, num_hidden_layers=2,
                                           num_attention_heads=4, intermediate_size=37)).eval()
     model.save_pretrained(tmp_path / "lm", tokenizer=tok)
-    assert main(["export-hf", str(tmp_path / "lm"), str(tmp_path / "hf")]) == 0
-    assert main(["import-hf", str(tmp_path / "hf"), str(tmp_path / "back")]) == 0
+    assert main(["export-hf", str(tmp_path / "lm"), "--out", str(tmp_path / "hf")]) == 0
+    assert main(["import-hf", str(tmp_path / "hf"), "--out", str(tmp_path / "back")]) == 0
     from lmforge import load
 
     back = load(tmp_path / "back")

@@ -56,7 +56,8 @@ def one_line_error(rc: int, err: str, *says: str) -> None:
 # -- the same flags on every training command ------------------------------------------------------------------
 def test_every_training_command_takes_the_same_device_and_precision_flags():
     def describe(action):
-        return (tuple(action.option_strings), action.choices, action.default, action.help, action.metavar,
+        shown = getattr(action, "full_help", action.help)  # finetune --help leaves it to --help-all
+        return (tuple(action.option_strings), action.choices, action.default, shown, action.metavar,
                 getattr(action.type, "__name__", None))
 
     seen = {}
@@ -223,7 +224,7 @@ def test_finetune_without_test_holds_out_part_of_train_and_predict_shows_the_inp
         assert line.split()[0] in ("pos", "neg") and line.endswith(text)
     rc, out, _ = run_cli(capsys, "predict", run, "--file", some, "--json")
     recs = [json.loads(line) for line in out.splitlines()]
-    assert [r["text"] for r in recs] == texts and all(r["label"] in ("pos", "neg") and "probs" in r for r in recs)
+    assert [r["text"] for r in recs] == texts and all(r["pred"] in ("pos", "neg") and "probs" in r for r in recs)
     rc, _, _ = run_cli(capsys, "predict", run, "--file", some, "--out", tmp_path / "p.jsonl")
     written = [json.loads(line) for line in (tmp_path / "p.jsonl").read_text().splitlines()]
     assert [r["text"] for r in written] == texts

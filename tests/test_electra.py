@@ -459,12 +459,12 @@ def test_cli_embed_features_fill_mask_export(electra_dir, tmp_path, capsys):
     assert len(probs) == 3 and probs == sorted(probs, reverse=True) and 0 < sum(probs) <= 1.0001
 
     hf = tmp_path / "hf"
-    assert main(["export-hf", str(electra_dir), str(hf)]) == 0
+    assert main(["export-hf", str(electra_dir), "--out", str(hf)]) == 0
     assert (hf / "config.json").is_file() and (hf / "generator" / "config.json").is_file()
     assert "ElectraForPreTraining" in (hf / "README.md").read_text()
-    assert main(["export-hf", str(electra_dir), str(hf)]) == 2  # an earlier export is refused...
-    assert main(["export-hf", str(electra_dir), str(hf), "--overwrite"]) == 0  # ...and replaced, generator/ too
-    assert main(["import-hf", str(hf), str(tmp_path / "back")]) == 0
+    assert main(["export-hf", str(electra_dir), "--out", str(hf)]) == 2  # an earlier export is refused...
+    assert main(["export-hf", str(electra_dir), "--out", str(hf), "--overwrite"]) == 0  # ...replaced, generator/ too
+    assert main(["import-hf", str(hf), "--out", str(tmp_path / "back")]) == 0
     a, b = lmforge.load(electra_dir), lmforge.load(tmp_path / "back")
     assert all(torch.equal(x, y) for x, y in zip(a.state_dict().values(), b.state_dict().values()))
     assert b.tokenizer.hash == a.tokenizer.hash

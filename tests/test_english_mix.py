@@ -62,7 +62,7 @@ def test_gcide_keeps_senses_and_quotations_and_drops_wordnet_blocks(tmp_path):
 def test_benchmark_text_with_debian_names_the_missing_packages(tmp_path, monkeypatch, capsys):
     monkeypatch.setattr(english, "FORTUNES_DIR", tmp_path / "no-fortunes")
     out = tmp_path / "mix.txt"
-    assert main(["benchmark", "text", "en-tweets", str(out), "--with-debian"]) == 2
+    assert main(["benchmark", "text", "en-tweets", "--out", str(out), "--with-debian"]) == 2
     err = capsys.readouterr().err
     assert "apt-get install fortunes dict-gcide" in err and "Traceback" not in err
     assert len(err.strip().splitlines()) == 1 and not out.exists()
@@ -75,7 +75,7 @@ def test_debian_english_holds_no_wordnet_example(tmp_path, monkeypatch):
     docs = english.debian_english_documents()
     monkeypatch.setattr(english, "debian_english_documents", lambda: docs)  # built once: the CLI reuses them
     out = tmp_path / "mix.txt"
-    assert main(["benchmark", "text", "en-tweets", str(out), "--with-general", "--with-debian"]) == 0
+    assert main(["benchmark", "text", "en-tweets", "--out", str(out), "--with-general", "--with-debian"]) == 0
     text = out.read_text(encoding="utf-8")
     debian = "\n\n".join(docs)
     assert text.endswith(debian + "\n") and len(debian.split()) > 3_000_000

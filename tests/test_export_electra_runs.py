@@ -83,7 +83,7 @@ def check_classify(run_dir, out, rows, tmp_path, pair=False, tol=TOL):
     pipe = transformers.pipeline("text-classification", model=str(out), device="cpu")
     inputs = [{"text": r["text"], "text_pair": r["text_pair"]} if pair else r["text"] for r in rows]
     labels = [(o[0] if isinstance(o, list) else o)["label"] for o in (pipe(x) for x in inputs)]
-    assert labels == [p["label"] for p in preds]
+    assert labels == [p["pred"] for p in preds]
     assert len(set(labels)) > 1  # the run tells texts apart: the comparison is not vacuous
     return run
 
@@ -150,8 +150,8 @@ def test_tokens_and_qa(electra_dir, tmp_path):
             theirs = hf(**batch).logits[0][enc.rows]  # (words, K)
         assert (theirs - lg).abs().max() < TOL
         by_index = {e["index"]: e for e in pipe(text)}
-        assert [by_index[r]["entity"] for r in enc.rows] == pred["tags"]
-    assert {t for p in preds for t in p["tags"]} == {"B-PER", "O"}  # not vacuous: it tags the names
+        assert [by_index[r]["entity"] for r in enc.rows] == pred["pred"]
+    assert {t for p in preds for t in p["pred"]} == {"B-PER", "O"}  # not vacuous: it tags the names
 
     paras = []
     for i in range(24):
@@ -192,10 +192,11 @@ def test_the_gelu_head_is_the_linear_head():
 
 
 def test_what_cannot_map_is_refused_in_one_line(electra_dir, data_dir, tmp_path, capsys):
-    run_dir = train(electra_dir, "classify", data_dir / "train.jsonl", tmp_path / "run", mode="finetune", epochs=1)
+    run_dir = train(electra_dir, "classify", data_dir / "train.jsonl", tmp_path / "run", mode="frozen", layer=-1,
+                    epochs=1)
     base = json.loads((run_dir / "config.json").read_text())
-    assert base["pool"] == "mean"  # ELECTRA's single-text default: its [CLS] was never trained as a summary
-    assert main(["export-hf", str(run_dir), str(tmp_path / "hf")]) == 2
+    assert base["pool"] == "mean"  # a fixed ELECTRA's single-text default: its [CLS] was never trained as a summary
+    assert main(["export-hf", str(run_dir), "--out", str(tmp_path / "hf")]) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "Traceback" not in err
     assert "reads the mean of the token vectors (--pool mean), but ElectraForSequenceClassification reads " in err

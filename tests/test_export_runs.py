@@ -69,7 +69,7 @@ def train(model_dir, task, train_path, out, **opts):
 
 
 def export(run_dir, out) -> None:
-    assert main(["export-hf", str(run_dir), str(out)]) == 0
+    assert main(["export-hf", str(run_dir), "--out", str(out)]) == 0
 
 
 def check_classify(run_dir, out, rows, pair=False):
@@ -257,10 +257,11 @@ def test_bias_into_ln_f_is_exact_or_refused():
 
 
 def test_what_cannot_map_is_refused_in_one_line(bert_dir, data_dir, tmp_path, capsys):
-    run_dir = train(bert_dir, "classify", data_dir / "train.jsonl", tmp_path / "run", mode="finetune", epochs=1)
+    run_dir = train(bert_dir, "classify", data_dir / "train.jsonl", tmp_path / "run", mode="frozen", layer=-1,
+                    epochs=1)
     base = json.loads((run_dir / "config.json").read_text())
-    assert base["pool"] == "cls"  # the finetune default
-    assert main(["export-hf", str(run_dir), str(tmp_path / "hf")]) == 2
+    assert base["pool"] == "mean"  # frozen mode's single-text default (fine-tuning reads the pooler and exports)
+    assert main(["export-hf", str(run_dir), "--out", str(tmp_path / "hf")]) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "--pool pooler" in err and "Traceback" not in err
     assert not (tmp_path / "hf" / "model.safetensors").exists()
@@ -271,7 +272,7 @@ def test_what_cannot_map_is_refused_in_one_line(bert_dir, data_dir, tmp_path, ca
                                                                                                   "train.jsonl")))
     assert main(argv[1:] + ["--cache-dir", str(tmp_path / "cache")]) == 0
     export(tmp_path / "run-retrained", tmp_path / "hf")
-    assert err.endswith(f"then lmforge export-hf {run_dir}-retrained OUT")
+    assert err.endswith(f"then lmforge export-hf {run_dir}-retrained --out OUT")
 
     def refusal(**change) -> str:
         data = json.loads(json.dumps(base))

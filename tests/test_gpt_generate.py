@@ -155,3 +155,24 @@ def test_generate_cli(tmp_path, bpe_tokenizer, capsys):
     assert out.rstrip("\n") == bpe_tokenizer.decode(expected[0].tolist())
     rc = main(["generate", str(tmp_path / "m"), "--prompt", "x" * 0, "--max-new-tokens", "3"])
     assert rc == 2
+
+
+def test_generate_takes_a_string_and_a_list_as_fill_mask_does(tmp_path, bpe_tokenizer):
+    import lmforge
+
+    torch.manual_seed(0)
+    cfg = GPTConfig(vocab_size=bpe_tokenizer.vocab_size, n_positions=64, n_embd=32, n_layer=2, n_head=4,
+                    eos_token_id=bpe_tokenizer.eot_id)
+    GPTLMHeadModel(cfg).save_pretrained(tmp_path / "m", tokenizer=bpe_tokenizer)
+    model = lmforge.load(tmp_path / "m")
+    prompts = ["The python", "In the beginning"]
+    ids = [model.generate(torch.tensor([bpe_tokenizer.encode(p)]), 8)[0].tolist() for p in prompts]
+    want = [bpe_tokenizer.decode(i[len(bpe_tokenizer.encode(p)):]) for p, i in zip(prompts, ids)]
+    assert want[0] != want[1]  # the prompts lead to different texts: the comparison below is not vacuous
+    got = model.generate(prompts[0], max_new_tokens=8)
+    assert isinstance(got, str) and got == want[0]  # the new text, without the prompt
+    assert model.generate(prompts, max_new_tokens=8) == want
+    assert model.generate(prompts[1], max_new_tokens=8, temperature=1.0, seed=3) == model.generate(
+        prompts[1], max_new_tokens=8, temperature=1.0, seed=3)
+    with pytest.raises(TypeError):
+        model.generate("The python", output_logits=True)

@@ -108,7 +108,7 @@ def test_export_with_tokenizer_loads_in_autotokenizer(tmp_path, bpe_tokenizer):
     ours.save_pretrained(tmp_path / "m", tokenizer=bpe_tokenizer)
     from lmforge.cli import main
 
-    assert main(["export-hf", str(tmp_path / "m"), str(tmp_path / "hf")]) == 0
+    assert main(["export-hf", str(tmp_path / "m"), "--out", str(tmp_path / "hf")]) == 0
     tok = transformers.AutoTokenizer.from_pretrained(tmp_path / "hf")
     hf = transformers.GPT2LMHeadModel.from_pretrained(tmp_path / "hf").eval()
     text = "The python is a large snake; Python is a language."
@@ -117,7 +117,7 @@ def test_export_with_tokenizer_loads_in_autotokenizer(tmp_path, bpe_tokenizer):
     x = torch.tensor([ids])
     with torch.no_grad():
         assert (hf(x).logits - ours(x).logits).abs().max().item() < 1e-5
-    assert main(["import-hf", str(tmp_path / "hf"), str(tmp_path / "back")]) == 0
+    assert main(["import-hf", str(tmp_path / "hf"), "--out", str(tmp_path / "back")]) == 0
     from lmforge import load
 
     back = load(tmp_path / "back")

@@ -64,7 +64,7 @@ def test_cache_folder_follows_hf_home(hub):
 def test_import_hf_reads_a_model_id_from_the_cache(hub, capsys):
     main_rev, tmp_path = hub
     out = tmp_path / "imported"
-    assert main(["import-hf", REPO, str(out)]) == 0
+    assert main(["import-hf", REPO, "--out", str(out)]) == 0
     printed = capsys.readouterr().out
     assert f"reading {REPO} from the HF cache: {main_rev}" in printed and "imported bert" in printed
     # the weights are those of the revision refs/main names
@@ -75,7 +75,7 @@ def test_import_hf_reads_a_model_id_from_the_cache(hub, capsys):
 
 def test_a_name_not_in_the_cache_says_that_only_folders_are_read(hub, capsys):
     _, tmp_path = hub
-    assert main(["import-hf", "bert-base-uncased", str(tmp_path / "out")]) == 2
+    assert main(["import-hf", "bert-base-uncased", "--out", str(tmp_path / "out")]) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1
     assert "reads local folders only" in err and str(tmp_path / "hf_home" / "hub") in err

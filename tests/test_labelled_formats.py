@@ -180,3 +180,21 @@ def test_cli_unterminated_quote_names_the_quote_and_its_line(bert_dir, files, tm
     line = _error_line(capsys, rc, "finetune")
     assert "train.csv:3: the quote (\") opened on line 3 is not closed on that line" in line
     assert not (tmp_path / "o").exists()
+
+
+def test_a_mapped_column_missing_from_another_file_does_not_repeat_the_advice(tmp_path):
+    from lmforge.data.columns import Columns, DataFile
+    from lmforge.data.tasks import load_task
+    from lmforge.errors import DataError
+
+    mapped = Columns.of(text="review", label="stars")
+    train = tmp_path / "train.csv"
+    train.write_text("review,stars\ngood film,pos\nbad film,neg\nfine film,pos\n", encoding="utf-8")
+    assert [ex.text for ex in load_task(DataFile(train, mapped), "classify").examples][0] == "good film"
+    test = tmp_path / "test.csv"
+    test.write_text("text,stars\ngood day,pos\nbad day,neg\nok day,pos\n", encoding="utf-8")
+    with pytest.raises(DataError) as e:
+        load_task(DataFile(test, mapped), "classify")
+    assert "which --text-column review names" in str(e.value) and "map yours" not in str(e.value)
+    with pytest.raises(DataError, match="map yours with --text-column NAME"):  # not mapped: the flag to map it
+        load_task(DataFile(train, Columns.of(label="stars")), "classify")

@@ -135,3 +135,20 @@ def test_a_corpus_of_records_gives_the_neighbors_of_its_texts(bert_dir, tmp_path
     assert neighbors(load(bert_dir), "snake", top_k=3, corpus=jsonl) == expected  # the API reads files alike
     assert main(["neighbors", str(bert_dir), "snake", "--corpus", str(table)]) == 2
     assert "has no column 'text' (columns: id, body)" in capsys.readouterr().err
+
+
+def test_word2vec_warns_when_the_word_is_the_mean_of_its_pieces(w2v_dir, caplog):
+    model = load(w2v_dir)
+    tok, weight = model.tokenizer, model.embeddings.weight.detach().numpy()
+    split = next(w for w in ("pythonic", "snakes", "languages", "namespaces", "interpreters", "beginning")
+                 if tok.token_to_id(w) is None and len(tok.encode(w)) > 1
+                 and all(np.any(weight[i]) for i in tok.encode(w)))
+    with caplog.at_level("WARNING", logger="lmforge.models.neighbors"):
+        neighbors(model, "python", top_k=3)
+    assert not caplog.records  # a vocabulary word: its own vector, nothing to say
+    with caplog.at_level("WARNING", logger="lmforge.models.neighbors"):
+        found = neighbors(model, split, top_k=3)
+    pieces = " ".join(tok.id_to_token(i) for i in tok.encode(split))
+    assert [r.getMessage() for r in caplog.records] == [
+        f"'{split}' is not one token of the model's vocabulary: its vector is the mean of its pieces {pieces}"]
+    assert len(found) == 3

@@ -33,7 +33,7 @@ def labelled(tmp_path_factory) -> Path:
 @pytest.fixture(scope="module")
 def hf_export(tmp_path_factory, gpt_dir) -> Path:
     out = tmp_path_factory.mktemp("hf") / "export"
-    ok(cli("export-hf", gpt_dir, out))
+    ok(cli("export-hf", gpt_dir, "--out", out))
     return out
 
 
@@ -60,15 +60,15 @@ WRITERS = [
                                         f["corpus"]], True, kind="tokenizer"),
     Writer("prepare", lambda f, out: ["prepare", "--tokenizer", f["bpe"], "--out", out, f["corpus"]], True,
            kind="shards"),
-    Writer("export-hf", lambda f, out: ["export-hf", f["gpt"], out], True, kind="export"),
-    Writer("import-hf", lambda f, out: ["import-hf", f["hf"], out], True, kind="model"),
-    Writer("benchmark-data", lambda f, out: ["benchmark", "data", "en-tweets", out, "--n-train", "20", "--n-test",
-                                             "10"], True),
+    Writer("export-hf", lambda f, out: ["export-hf", f["gpt"], "--out", out], True, kind="export"),
+    Writer("import-hf", lambda f, out: ["import-hf", f["hf"], "--out", out], True, kind="model"),
+    Writer("benchmark-data", lambda f, out: ["benchmark", "data", "en-tweets", "--out", out, "--n-train", "20",
+                                             "--n-test", "10"], True),
     Writer("predict", lambda f, out: ["predict", f["run"], "--file", f["data"], "--out", out], False, ".jsonl"),
     Writer("evaluate-run", lambda f, out: ["evaluate", "run", f["run"], "--test", f["data"], "--out", out], False,
            ".jsonl"),
     Writer("encode", lambda f, out: ["encode", f["gpt"], "--file", f["texts"], "--out", out], False, ".npy"),
-    Writer("benchmark-text", lambda f, out: ["benchmark", "text", "en-tweets", out], False, ".txt"),
+    Writer("benchmark-text", lambda f, out: ["benchmark", "text", "en-tweets", "--out", out], False, ".txt"),
 ]
 
 
@@ -225,19 +225,19 @@ def test_a_kill_at_any_instant_of_an_overwrite_keeps_the_users_files(exchange, i
     from test_reliability_cli import killed
 
     out = tmp_path / "export"
-    ok(cli("export-hf", inputs["gpt"], out))
+    ok(cli("export-hf", inputs["gpt"], "--out", out))
     (out / "notes.txt").write_text("mine\n")
     (out / "sub").mkdir()
     (out / "sub" / "data.csv").write_text("a,b\n")
     kills = 0
     for n in range(1, 10):
-        if not killed(["export-hf", inputs["gpt"], out, "--overwrite"], out, n, exchange=exchange):
+        if not killed(["export-hf", inputs["gpt"], "--out", out, "--overwrite"], out, n, exchange=exchange):
             break
         kills += 1
-        ok(cli("import-hf", out, tmp_path / f"read{n}"))  # a reader puts back an old copy moved aside
+        ok(cli("import-hf", out, "--out", tmp_path / f"read{n}"))  # a reader puts back an old copy moved aside
         assert (out / "notes.txt").read_text() == "mine\n" and (out / "sub" / "data.csv").read_text() == "a,b\n", n
     assert kills >= 2
-    ok(cli("export-hf", inputs["gpt"], out, "--overwrite"))
+    ok(cli("export-hf", inputs["gpt"], "--out", out, "--overwrite"))
     assert (out / "notes.txt").read_text() == "mine\n" and (out / "sub" / "data.csv").read_text() == "a,b\n"
     assert not [p.name for p in tmp_path.iterdir() if p.name.startswith(".export.")]
 

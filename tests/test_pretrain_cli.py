@@ -165,9 +165,15 @@ def test_shards_of_another_tokenizer_are_refused(toy_family, bpe_shards, wordpie
 
 def test_bad_inputs_are_one_line_errors(toy_family, bpe_shards, tmp_path, capsys):
     base = ["pretrain", toy_family, "--out", str(tmp_path / "m")]
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text("one text\n", encoding="utf-8")
     cases = {
         "bad duration": ([*base, "--data", str(bpe_shards), "--max-time", "5x"], "bad duration"),
         "missing shards": ([*base, "--data", str(tmp_path / "nothing")], "shard folder not found"),
+        # a text corpus where the shards go: the advice makes shards from it, never writes over it
+        "a corpus file": ([*base, "--data", str(corpus)],
+                          f"lmforge prepare --tokenizer TOKENIZER --out {tmp_path / 'corpus-shards'} {corpus}, "
+                          f"then give {tmp_path / 'corpus-shards'}"),
         "unknown preset": ([*base, "--data", str(bpe_shards), "--config", "huge"], "unknown gpt preset 'huge'"),
         "bad value": ([*base, "--data", str(bpe_shards), "--set", "schedule=step"], "schedule must be one of"),
         "bad type": ([*base, "--data", str(bpe_shards), "--set", "batch_size=two"], "expects an integer"),

@@ -94,7 +94,7 @@ def task_files(tmp_path_factory) -> tuple[Path, Path]:
 @pytest.fixture(scope="module")
 def export_dir(tmp_path_factory, gpt_dir) -> Path:
     out = tmp_path_factory.mktemp("hf") / "export"
-    ok(cli("export-hf", gpt_dir, out))
+    ok(cli("export-hf", gpt_dir, "--out", out))
     return out
 
 
@@ -108,8 +108,8 @@ def writing_commands(out: Path, gpt_dir, tiny_corpus, bpe_tokenizer_dir, bpe_sha
                      *GPT_FLAGS, "--set", *GPT_SETS],
         "finetune": ["finetune", gpt_dir, "--task", "classify", "--train", train, "--test", test, "--out", out,
                      "--epochs", "1", "--batch-size", "4", "--max-len", "16"],
-        "export-hf": ["export-hf", gpt_dir, out],
-        "import-hf": ["import-hf", export_dir, out],
+        "export-hf": ["export-hf", gpt_dir, "--out", out],
+        "import-hf": ["import-hf", export_dir, "--out", out],
     }
 
 
@@ -244,9 +244,9 @@ def test_prepare_and_pretrain_refuse_folders_of_other_kinds(gpt_copy, tiny_corpu
 def test_import_hf_replaces_a_model_only_with_overwrite_and_leaves_nothing_behind(gpt_copy, export_dir):
     (gpt_copy / "vocab.txt").write_text("[PAD]\n[UNK]\n")  # what a BERT folder would leave behind
     before = digest(gpt_copy)
-    refused(cli("import-hf", export_dir, gpt_copy), "already holds a model folder", "--overwrite")
+    refused(cli("import-hf", export_dir, "--out", gpt_copy), "already holds a model folder", "--overwrite")
     assert digest(gpt_copy) == before
-    ok(cli("import-hf", export_dir, gpt_copy, "--overwrite"))
+    ok(cli("import-hf", export_dir, "--out", gpt_copy, "--overwrite"))
     assert not (gpt_copy / "vocab.txt").exists() and not (gpt_copy / "training_state").exists()
     import lmforge
 
@@ -258,9 +258,9 @@ def test_export_hf_replaces_an_earlier_export(export_dir, gpt_dir, tmp_path):
     out = tmp_path / "e"
     shutil.copytree(export_dir, out)
     (out / "model.safetensors").write_bytes(b"stale")
-    refused(cli("export-hf", gpt_dir, out), "already holds an HF export folder", "--overwrite")
+    refused(cli("export-hf", gpt_dir, "--out", out), "already holds an HF export folder", "--overwrite")
     assert (out / "model.safetensors").read_bytes() == b"stale"
-    ok(cli("export-hf", gpt_dir, out, "--overwrite"))
+    ok(cli("export-hf", gpt_dir, "--out", out, "--overwrite"))
     assert (out / "model.safetensors").read_bytes() != b"stale" and folder_kind(out) == "export"
 
 

@@ -153,7 +153,7 @@ def run_dir(tmp_path_factory, gpt_dir, task_files) -> Path:
 @pytest.fixture(scope="module")
 def export_dir(tmp_path_factory, gpt_dir) -> Path:
     out = tmp_path_factory.mktemp("hf2") / "export"
-    ok(cli("export-hf", gpt_dir, out))
+    ok(cli("export-hf", gpt_dir, "--out", out))
     return out
 
 
@@ -176,13 +176,13 @@ def test_a_kill_at_any_instant_of_a_replacement_leaves_the_old_folder_or_the_new
         command, exchange, tmp_path, gpt_dir, run_dir, export_dir, task_files):
     target = tmp_path / "target"
     if command == "export-hf":
-        old, argv = _old_copy(export_dir, target), ["export-hf", gpt_dir, target, "--overwrite"]
-        reader = ["import-hf", target]
+        old, argv = _old_copy(export_dir, target), ["export-hf", gpt_dir, "--out", target, "--overwrite"]
+        reader = ["import-hf", target, "--out"]
     elif command == "finetune":
         old, argv = _old_copy(run_dir, target), [*finetune_args(gpt_dir, task_files, target), "--overwrite"]
         reader = ["predict", target, "--text", "good day"]
     else:
-        old, argv = _old_copy(gpt_dir, target), ["import-hf", export_dir, target, "--overwrite"]
+        old, argv = _old_copy(gpt_dir, target), ["import-hf", export_dir, "--out", target, "--overwrite"]
         reader = ["generate", target, "--prompt", "In the", "--max-new-tokens", "1"]
     kills = 0
     for n in range(1, 8):
@@ -206,7 +206,7 @@ def test_the_next_writer_puts_a_moved_aside_folder_back_and_never_deletes_it(tmp
     old = _old_copy(gpt_dir, model)
     aside = tmp_path / ".m.old-1a2b3c4d"  # what a kill between the two renames of a replacement leaves
     model.rename(aside)
-    rc, _, err = cli("import-hf", export_dir, model)
+    rc, _, err = cli("import-hf", export_dir, "--out", model)
     restored, refusal = err.strip().splitlines()  # what was put back, then why nothing more is done
     assert rc == 2 and "restored" in restored and ".m.old-1a2b3c4d" in restored
     assert "already holds a model" in refusal and "--overwrite" in refusal
@@ -362,7 +362,7 @@ def test_folder_outputs_inside_or_around_an_input_are_refused(gpt_dir, tmp_path,
     model = tmp_path / "gpt"
     shutil.copytree(gpt_dir, model)
     before = digest(model)
-    refused(cli("export-hf", model, model / "hf"), "lies inside", "reads")
+    refused(cli("export-hf", model, "--out", model / "hf"), "lies inside", "reads")
     folder = tmp_path / "tok"
     folder.mkdir()
     corpus = shutil.copy(tiny_corpus, folder / "corpus.txt")

@@ -27,6 +27,7 @@ from lmforge.evaluate.polysemy import word_similarities
 from lmforge.generation import generate_text
 from lmforge.serve import ServeLimits, create_app, pca_2d
 from lmforge.transfer import load_run, run_transfer
+from lmforge.transfer.specs import SPECS
 
 SNAKE = "He got bit by Python."
 LANG = "Python is my favorite programming language."
@@ -307,7 +308,9 @@ def test_predict_equals_python_and_cli(client, folders, capsys, name, fields, ar
     r = client.post("/v1/predict", json={"model": name, **fields})
     assert r.status_code == 200, r.text
     got = r.json()["prediction"]
-    assert got == json.loads(_cli(capsys, "predict", str(folders[name]), *argv, "--json"))
+    printed = json.loads(_cli(capsys, "predict", str(folders[name]), *argv, "--json"))  # the input plus pred
+    key = SPECS[load_run(folders[name]).cfg.task].answer_key
+    assert printed["pred"] == got[key] and printed.get("probs") == got.get("probs")
     run = load_run(folders[name])
     ex = example_from_fields(run.cfg.task, fields["text"], fields.get("text_pair"), fields.get("choices"))
     assert got == run.predict(TaskData(run.cfg.task, [ex], run.labels), use_cache=False)[0]

@@ -203,7 +203,7 @@ def test_word2vec_run_and_export_cards(gpt_dir, wordpiece_shards, bpe_shards, tm
     assert scalars["test/accuracy"][0][1] == pytest.approx(metrics["accuracy"])
     # an HF export: transformers loads it, the card says so and keeps the corpus
     hf = tmp_path / "hf"
-    assert main(["-q", "export-hf", str(gpt_dir), str(hf)]) == 0
+    assert main(["-q", "export-hf", str(gpt_dir), "--out", str(hf)]) == 0
     text, meta = _front(hf)
     assert meta["library_name"] == "transformers" and "lmforge" in meta["tags"]
     assert meta["lmforge"]["corpus"]["sha256"] == shard_facts(bpe_shards)["sha256"]

@@ -289,3 +289,17 @@ def test_raw_error_shape(served):
     lines = [ln for ln in stream.text.split("\n\n") if ln]
     assert stream.headers["content-type"].startswith("text/event-stream") and lines[-1] == "data: [DONE]"
     assert json.loads(lines[0][len("data: "):])["object"] == "text_completion"
+
+
+def test_openai_routes_lmforge_does_not_serve_answer_in_openais_shape(served, client):
+    import httpx
+
+    base, _ = served
+    with pytest.raises(openai.NotFoundError) as e:  # the openai client reads the answer as its own error
+        client.chat.completions.create(model="gpt", messages=[{"role": "user", "content": "hi"}])
+    body = e.value.body
+    assert e.value.status_code == 404 and body["type"] == "invalid_request_error" and body["code"] == "unknown_url"
+    assert "/v1/chat/completions" in body["message"] and "/v1/completions" in body["message"]
+    # a path that is neither OpenAI's nor lmforge's keeps lmforge's shape
+    r = httpx.post(base + "/v1/no-such-route", json={}, headers={"Authorization": f"Bearer {KEY}"})
+    assert r.status_code == 404 and r.json() == {"error": "no such endpoint: /v1/no-such-route (see /docs)"}

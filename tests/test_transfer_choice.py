@@ -112,6 +112,6 @@ def test_gpt_choice_inputs_and_cli(bpe_tokenizer, tmp_path, capsys):
     assert main(["predict", str(out), "--text", "the plot", "--choice", "a good one", "--choice", "a bad one",
                  "--json"]) == 0
     pred = json.loads(capsys.readouterr().out)
-    assert pred["label"] in (0, 1) and len(pred["probs"]) == 2
+    assert pred["pred"] in (0, 1) and len(pred["probs"]) == 2
     assert main(["predict", str(out), "--text", "the plot", "--choice", "only one"]) == 2
     assert "two or more --choice" in capsys.readouterr().err

@@ -109,7 +109,8 @@ def test_cli_three_modes_and_predict(bert_dir, cls_files, tmp_path, capsys):
     for mode, extra in (
         ("frozen", ["--epochs", "3"]),
         ("features", ["--epochs", "20"]),
-        ("finetune", ["--epochs", "12", "--lr", "2e-3", "--layer-lr-decay", "0.9"]),
+        # --pool cls: this random body claims NSP, so its pooler (the default read-out) is kept as initialised
+        ("finetune", ["--epochs", "12", "--lr", "2e-3", "--layer-lr-decay", "0.9", "--pool", "cls"]),
     ):
         out = tmp_path / mode
         rc = main(
@@ -181,7 +182,7 @@ def test_cli_three_modes_and_predict(bert_dir, cls_files, tmp_path, capsys):
         first = json.loads((run_dir / "predictions.jsonl").read_text().splitlines()[0])
         assert main(["predict", str(run_dir), "--text", first["text"], "--json"]) == 0
         got = json.loads(capsys.readouterr().out.strip())
-        assert got["label"] == first["pred"]
+        assert got["pred"] == first["pred"] and got["text"] == first["text"]
         assert got["probs"] == pytest.approx(first["probs"], abs=1e-4)
     assert main(["predict", str(tmp_path / "finetune"), "--file", test, "--out", str(tmp_path / "p.jsonl")]) == 0
     assert len((tmp_path / "p.jsonl").read_text().splitlines()) == 48

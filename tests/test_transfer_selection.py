@@ -197,19 +197,32 @@ def test_pool_pooler_reads_bert_tanh_pooler(wordpiece_tokenizer, bpe_tokenizer):
         TransferRun(tiny_gpt(bpe_tokenizer), TransferConfig(mode="frozen", pool="pooler"), ["neg", "pos"])
 
 
-def test_mlm_only_bert_is_fine_tuned_on_its_mean_vector(wordpiece_tokenizer):
-    # [CLS] learns to summarise only from next-sentence prediction: without it, single texts read the mean
+def test_fine_tuning_reads_what_the_hf_class_reads_and_a_fixed_mlm_only_bert_its_mean(wordpiece_tokenizer,
+                                                                                      bpe_tokenizer):
+    # fine-tuning trains the read-out with the body, so it defaults to the one the family's HF class reads (the
+    # run then exports); a body that stays fixed reads the mean where [CLS] never learned to summarise
     nsp = tiny_bert(wordpiece_tokenizer)
     mlm = tiny_bert(wordpiece_tokenizer)
     mlm.config.next_sentence = False
 
-    def pool(body, **kw):
-        return TransferRun(body, TransferConfig(mode="finetune", max_len=32, **kw), ["neg", "pos"]).fmt.pool
+    def pool(body, mode="finetune", **kw):
+        return TransferRun(body, TransferConfig(mode=mode, max_len=32, **kw), ["neg", "pos"]).fmt.pool
 
-    assert pool(nsp) == "cls" and pool(mlm) == "mean"
-    assert pool(mlm, from_scratch=True) == "mean"  # the baseline of the same architecture reads the same way
+    assert pool(nsp) == "pooler" and pool(mlm) == "pooler" and pool(mlm, task="pair") == "pooler"
+    assert pool(mlm, from_scratch=True) == "pooler"  # the baseline of the same architecture reads the same way
+    assert pool(tiny_gpt(bpe_tokenizer)) == "last"
     assert pool(mlm, pool="cls") == "cls"  # an explicit --pool wins
-    assert pool(mlm, task="pair") == "cls"  # a pair is read where the body attended across both texts
+    assert pool(mlm, mode="frozen") == "mean" and pool(nsp, mode="frozen", task="pair") == "cls"
+    # a pooler no loss trained starts fine-tuning at tanh([CLS]); a trained (NSP) one is kept as it is
+    mlm = tiny_bert(wordpiece_tokenizer)  # a fresh one: the runs above started the other's pooler already
+    mlm.config.next_sentence = False
+    nsp_pooler = nsp.bert.pooler.dense.weight.detach().clone()
+    assert not torch.equal(mlm.bert.pooler.dense.weight, torch.eye(32))
+    pool(mlm), pool(nsp)
+    assert torch.equal(mlm.bert.pooler.dense.weight, torch.eye(32)) and not mlm.bert.pooler.dense.bias.any()
+    assert torch.equal(nsp.bert.pooler.dense.weight, nsp_pooler)
+    x = torch.randn(2, 32)
+    assert torch.allclose(mlm.bert.pooler(x[:, None, :]), torch.tanh(x))
     assert TransferConfig(mode="finetune", task="tokens").pool_choice("bert", summary_trained=False) is None
 
 

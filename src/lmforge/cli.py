@@ -7,7 +7,10 @@ User errors (:class:`lmforge.errors.LmforgeError`) are printed as one line, exit
 from __future__ import annotations
 
 import argparse
+import contextlib
+import difflib
 import importlib
+import io
 import logging
 import re
 import sys
@@ -34,6 +37,7 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     """
     parser = argparse.ArgumentParser(
         prog="lmforge",
+        allow_abbrev=False,
         description="Pretrain word2vec, ELMo, GPT, BERT and ELECTRA on your own corpus and transfer them to your "
         "tasks.",
     )
@@ -50,7 +54,29 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
             continue
         importlib.import_module(f"lmforge.commands.{module_name}").register(sub)
         registered.add(module_name)
+    for _, p in walk_parsers(parser):
+        one_grammar(p, top=p is parser)
     return parser
+
+
+def walk_parsers(parser: argparse.ArgumentParser, path: tuple[str, ...] = ()):
+    """``(command words, parser)`` for ``parser`` and every subcommand parser below it, depth first."""
+    yield path, parser
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for name, sub in action.choices.items():
+                yield from walk_parsers(sub, (*path, name))
+
+
+def one_grammar(p: argparse.ArgumentParser, top: bool) -> None:
+    """What every parser of ``lmforge`` holds to (docs/cli.md, "One grammar"): no abbreviations (``--epoch`` is
+    not ``--epochs``), and the global ``-q/--quiet`` accepted after the command too."""
+    p.allow_abbrev = False
+    built = len(p._actions) > 1  # a command listed by name only (build_parser(command)) has its help alone
+    if not top and built and "-q" not in p._option_string_actions:
+        # default SUPPRESS: a command line without -q after the command keeps the global option's value; the
+        # help is the top level's (docs/cli.md's first section says global options go before or after)
+        p.add_argument("-q", "--quiet", action="store_true", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
 
 
 def command_of(argv: Sequence[str]) -> str:
@@ -61,13 +87,59 @@ def command_of(argv: Sequence[str]) -> str:
 def parse_args(parser: argparse.ArgumentParser, argv: list[str] | None) -> argparse.Namespace:
     """``parser.parse_args``, but a flag a command no longer takes is answered in one line saying what to write
     instead (the command's ``removed_flags``), exit status 2 as for argparse's own errors."""
+    given = [str(a) for a in (sys.argv[1:] if argv is None else argv)]
+    words, command = command_parser(parser, given)
+    stray = positional_output(parser, command, given)
+    if stray is not None:
+        raise SystemExit(_fail(" ".join(words), f"unexpected argument '{stray}'; every output is named with --out: "
+                                                f"--out {stray}"))
     args, unknown = parser.parse_known_args(argv)
     if unknown:
-        line = removed_spelling(getattr(args, "removed_flags", {}), unknown, sys.argv[1:] if argv is None else argv)
-        if line is not None:
-            raise SystemExit(_fail(args.command, line))
-        parser.parse_args(argv)  # argparse's own message for anything else it does not know
+        line = removed_spelling(getattr(args, "removed_flags", {}), unknown, given)
+        line = line or unknown_line(command, " ".join(words), unknown)
+        raise SystemExit(_fail(" ".join(words) or "", line))
     return args
+
+
+def command_parser(parser: argparse.ArgumentParser, argv: Sequence[str]) -> tuple[list[str], argparse.ArgumentParser]:
+    """The command words ``argv`` names (``["benchmark", "curve"]``) and the parser of that (sub)command."""
+    words: list[str] = []
+    for token in map(str, argv):
+        subs = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+        if subs and token in subs[0].choices:
+            words.append(token)
+            parser = subs[0].choices[token]
+    return words, parser
+
+
+def positional_output(parser: argparse.ArgumentParser, command: argparse.ArgumentParser,
+                      argv: Sequence[str]) -> str | None:
+    """The word of ``argv`` given where the command's output goes (``export-hf RUN OUT`` in the positional form
+    that is gone), or ``None``: argparse would only say that --out is missing."""
+    if "--out" not in command._option_string_actions or any(a == "--out" or a.startswith("--out=") for a in argv):
+        return None
+    with contextlib.redirect_stderr(io.StringIO()), contextlib.redirect_stdout(io.StringIO()):
+        try:
+            _, unknown = parser.parse_known_args([*argv, "--out", "OUT"])
+        except SystemExit:
+            return None  # another mistake: argparse's own message says it
+    return next((u for u in unknown if not u.startswith("-")), None)
+
+
+def unknown_line(parser: argparse.ArgumentParser, command: str, unknown: Sequence[str]) -> str:
+    """One line for the first argument ``parser`` does not take: an option answered with the closest real
+    option of that command, a stray word with where outputs go (``--out``)."""
+    helping = f"`lmforge {command} --help`".replace("  ", " ")
+    options = sorted(s for s in parser._option_string_actions if s.startswith("--"))
+    token = str(unknown[0])
+    if token.startswith("-"):
+        flag = token.partition("=")[0]
+        close = difflib.get_close_matches(flag, options, n=1, cutoff=0.75)
+        hint = f"did you mean {close[0]}? " if close else ""
+        return f"unknown option {flag}; {hint}{helping} lists the options"
+    if "--out" in options:
+        return f"unexpected argument '{token}'; every output is named with --out (--out {token}); {helping}"
+    return f"unexpected argument '{token}'; {helping} shows what it takes"
 
 
 def removed_spelling(spellings: dict[str, str], unknown: Sequence[str], argv: Sequence[str]) -> str | None:
@@ -131,14 +203,12 @@ def check_args(args) -> None:
 
 
 def _fail(command: str, message: str) -> int:
-    print(f"lmforge {command}: error: {message}", file=sys.stderr)
+    print(f"lmforge{' ' + command if command else ''}: error: {message}", file=sys.stderr)
     return 2
 
 
 def _output_of(args) -> str | None:
     """The folder or file a command writes, if any (for messages about OS errors that name no path)."""
-    if args.command == "import-hf":
-        return args.model_dir
     if args.command == "demo":
         return args.out or "the demo folder"
     return getattr(args, "out", None) or getattr(args, "out_dir", None)

@@ -35,10 +35,11 @@ def register(sub) -> None:
 
 
 def _register_text(verbs) -> None:
-    """``benchmark text NAME OUT``: the benchmark's unlabelled in-domain text."""
+    """``benchmark text NAME --out FILE``: the benchmark's unlabelled in-domain text."""
     t = verbs.add_parser("text", help="unlabelled in-domain text, none of it from the test partition")
     t.add_argument("name", choices=BENCHMARKS)
-    t.add_argument("out", help="text file to write (one document per line, a blank line between documents)")
+    t.add_argument("--out", required=True, metavar="FILE",
+                   help="text file to write (one document per line, a blank line between documents)")
     t.add_argument(
         "--with-general",
         action="store_true",
@@ -52,20 +53,20 @@ def _register_text(verbs) -> None:
     )
     add_overwrite_arg(t)
     add_json_arg(t)
-    t.set_defaults(func=run_text, writes=("out",))
+    t.set_defaults(func=run_text, writes=("--out",))
 
 
 def _register_data(verbs) -> None:
-    """``benchmark data NAME OUT``: a seeded training draw and the fixed test set as files."""
+    """``benchmark data NAME --out DIR``: a seeded training draw and the fixed test set as files."""
     d = verbs.add_parser("data", help="labelled files: a seeded training draw and the fixed test set")
     d.add_argument("name", choices=BENCHMARKS)
-    d.add_argument("out", help="folder to write train and test files into")
+    d.add_argument("--out", required=True, metavar="DIR", help="folder to write train and test files into")
     d.add_argument("--n-train", type=int, default=300)
     d.add_argument("--n-test", type=int, default=1000)
     d.add_argument("--seed", type=int, default=0, help="draws the training set (the test set is the same for all)")
     add_overwrite_arg(d)
     add_json_arg(d)
-    d.set_defaults(func=run_data, writes=("out",))
+    d.set_defaults(func=run_data, writes=("--out",))
 
 
 def _register_curve(verbs) -> None:
@@ -107,7 +108,7 @@ def _check_files(folder, names: list[str], overwrite: bool) -> None:
 
 
 def run_text(args) -> int:
-    check_output_file(args.out, args.overwrite, option="OUT")
+    check_output_file(args.out, args.overwrite, option="--out")
     docs = write_domain_text(args.name, args.out, with_general=args.with_general, with_debian=args.with_debian)
     parts = ["the built-in English corpus"] * args.with_general + ["Debian's fortunes and GCIDE"] * args.with_debian
     general = f" plus {' and '.join(parts)}" if parts else ""

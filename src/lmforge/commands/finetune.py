@@ -14,6 +14,7 @@ from . import command_help
 from ._columns import add_column_args
 from ._common import add_compute_args, add_json_arg, add_overwrite_arg, progress, removed_flags, show
 from ._finetune import add_run_file_args, summary, transfer_settings
+from ._groups import brief_help
 
 
 def add_truncation_arg(p) -> None:
@@ -122,9 +123,9 @@ def _add_head_args(p) -> None:
         choices=["cls", "pooler", "last", "mean", "tokens"],
         default=None,
         help="how a sentence is read: cls (BERT's top [CLS]), pooler (BERT's NSP-trained tanh pooler on [CLS]), "
-        "last (GPT's extract token), mean, tokens (bilstm) (default: mean for single texts in features and "
-        "frozen mode and for a BERT pretrained without next-sentence prediction; else BERT cls, GPT last, "
-        "ELMo/word2vec mean)",
+        "last (GPT's extract token), mean, tokens (bilstm) (default: finetune mode on classify and pair reads "
+        "what the family's HF class reads, BERT pooler, ELECTRA cls, GPT last, so the run exports; frozen and "
+        "features mode: mean for single texts, else BERT cls, GPT last; ELMo/word2vec mean)",
     )
     p.add_argument(
         "--layer", default=None, metavar="K|mix|auto",
@@ -172,6 +173,7 @@ def register(sub) -> None:
     p = sub.add_parser(
         "finetune",
         help=command_help("finetune"),
+        usage="lmforge finetune MODEL_DIR --task TASK --train FILE [--test FILE] --out DIR [OPTIONS]",
         description="Train a task on top of a pretrained model folder and write metrics.json, predictions.jsonl, "
         "config.json and the trained weights into --out.",
     )
@@ -185,6 +187,13 @@ def register(sub) -> None:
     removed_flags(p, {"--log": "--set log={}", "--bf16": "--precision bf16"})  # as pretrain says them
     p.set_defaults(func=run, reads=("model_dir", "--train", "--test"), writes=("--out",))
     add_column_args(p)
+    brief_help(p, SHOWN, "the head (--classifier, --pool, --layer), the schedule, --device and --precision, qa "
+               "windows, pairs, the feature cache and the columns of the data files")
+
+
+# the options `finetune --help` lists (`--help-all`: every one)
+SHOWN = ("--task", "--train", "--test", "--mode", "--out", "--epochs", "--lr", "--batch-size", "--max-len",
+         "--config", "--set", "--json")
 
 
 def run(args) -> int:

@@ -21,23 +21,24 @@ def register(sub) -> None:
                        "form is refused, saying what to retrain with (docs/transfer.md).")
     p.add_argument("model_dir",
                    help="lmforge model folder (BERT, GPT or ELECTRA) or transfer run folder (finetune --out)")
-    p.add_argument("out_dir", help="folder to write (config.json, model.safetensors, tokenizer); an earlier export "
-                   "there is replaced once the new one is complete")
+    p.add_argument("--out", required=True, metavar="DIR",
+                   help="folder to write (config.json, model.safetensors, tokenizer)")
     add_overwrite_arg(p)
     add_json_arg(p)
-    p.set_defaults(func=run_export, reads=("model_dir",), writes=("out_dir",))
+    p.set_defaults(func=run_export, reads=("model_dir",), writes=("--out",))
     q = sub.add_parser("import-hf", help=command_help("import-hf"))
     q.add_argument("hf_dir", help="HF folder with config.json and model.safetensors, or a model id (org/name) "
                    "already in the local HF cache (nothing is downloaded)")
-    q.add_argument("model_dir", help="lmforge model folder to write (a new one: it appears complete or not at all)")
+    q.add_argument("--out", required=True, metavar="DIR",
+                   help="lmforge model folder to write (a new one: it appears complete or not at all)")
     add_overwrite_arg(q)
     add_json_arg(q)
-    q.set_defaults(func=run_import, reads=("hf_dir",), writes=("model_dir",))
+    q.set_defaults(func=run_import, reads=("hf_dir",), writes=("--out",))
 
 
 def run_export(args) -> int:
-    with output_folder(args.out_dir, "export", args.overwrite, inputs=[args.model_dir], beside=True,
-                       option="OUT_DIR") as out:
+    with output_folder(args.out, "export", args.overwrite, inputs=[args.model_dir], beside=True,
+                       option="--out") as out:
         with staged_folder(out, "export") as tmp:
             export_hf(args.model_dir, tmp)
     config = load_json(out / "config.json")
@@ -53,12 +54,12 @@ def run_import(args) -> int:
     hf_dir = resolve_hf_dir(args.hf_dir)  # a folder, or a model id found in the local HF cache
     if str(hf_dir) != args.hf_dir:
         say(args, f"reading {args.hf_dir} from the HF cache: {hf_dir}")
-    with output_folder(args.model_dir, "model", args.overwrite, inputs=[hf_dir], beside=True,
-                       option="MODEL_DIR") as out:
+    with output_folder(args.out, "model", args.overwrite, inputs=[hf_dir], beside=True,
+                       option="--out") as out:
         with staged_folder(out, "model") as tmp:
             model = import_hf(hf_dir, tmp)
     parameters = model.num_parameters()
-    record = {"model_dir": str(args.model_dir), "source": str(args.hf_dir), "hf_dir": str(hf_dir),
+    record = {"model_dir": str(args.out), "source": str(args.hf_dir), "hf_dir": str(hf_dir),
               "model_type": model.model_type, "parameters": parameters}
-    show(args, record, [f"imported {model.model_type} ({parameters / 1e6:.1f}M parameters) into {args.model_dir}"])
+    show(args, record, [f"imported {model.model_type} ({parameters / 1e6:.1f}M parameters) into {args.out}"])
     return 0

@@ -125,6 +125,10 @@ def missing(where: str, field: str, columns: Columns, rec: dict, task: str, need
     if columns.by_position:
         return DataError(f"{where}: no column {name} (the rows have {len(rec)} columns, 0-based); a {task} file "
                          f"needs {', '.join(need)}: give {FLAGS[field]} N")
+    if field in columns.given:  # the user mapped it already: the advice is about this file, not the flag
+        return DataError(f"{where}: no {word}{name!r} (columns: {found}), which {FLAGS[field]} {name} names; every "
+                         "data file of the command is read with the same column flags: give files whose columns "
+                         "match")
     return DataError(f"{where}: missing {word}{name!r} (columns: {found}); a {task} file needs {', '.join(need)}: "
                      f"map yours with {FLAGS[field]} NAME")
 

@@ -16,7 +16,7 @@ English (``apt-get install fortunes dict-gcide``):
 its words, case-insensitive, for every example of 3 words or more) is dropped: those sentences are
 what ``lmforge evaluate wic`` scores. The same packages give the same text.
 
-``lmforge benchmark text NAME OUT --with-debian`` appends :func:`debian_english_documents` to a
+``lmforge benchmark text NAME --out OUT --with-debian`` appends :func:`debian_english_documents` to a
 benchmark's in-domain text.
 """
 

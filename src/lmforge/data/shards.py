@@ -400,6 +400,10 @@ class Shards:
             DataError: the folder or its ``meta.json`` is missing, unreadable, or not lmforge shards.
         """
         p = Path(path)
+        if p.is_file():  # a text corpus given where its shards go: tokenize it first, into a folder of its own
+            shards = p.with_name(f"{p.name.split('.')[0] or 'corpus'}-shards")
+            raise DataError(f"{p} is a file; this reads token shards: make them from it with lmforge prepare "
+                            f"--tokenizer TOKENIZER --out {shards} {p}, then give {shards}")
         if not p.is_dir():
             raise DataError(f"shard folder not found: {p} (make one with: lmforge prepare --out {p} ...)")
         mp = p / "meta.json"

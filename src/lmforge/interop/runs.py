@@ -1,6 +1,6 @@
 """A finished transfer run (``lmforge finetune --out RUN``) as an HF ``transformers`` task model.
 
-``lmforge export-hf RUN_DIR OUT`` writes the run's body (with the weight map of :mod:`lmforge.interop.bert` /
+``lmforge export-hf RUN_DIR --out OUT`` writes the run's body (with the weight map of :mod:`lmforge.interop.bert` /
 :mod:`lmforge.interop.gpt2` / :mod:`lmforge.interop.electra`) plus its head in the HF class of its task, so that
 ``transformers.pipeline(TASK, model=OUT)`` predicts what ``lmforge predict`` does:
 
@@ -22,8 +22,9 @@ the ``lmforge finetune`` command that retrains the run in a form that maps; noth
 - only a head that reads the top layer maps (HF classes read the top layer): a ScalarMix, another
   layer, or an ``mlp`` / ``bilstm`` classifier is refused;
 - BERT sentence tasks: ``BertForSequenceClassification`` reads ``[CLS]`` through the tanh pooler, which
-  is exactly ``--pool pooler``; ``--pool cls`` (the raw top ``[CLS]``) and ``--pool mean`` have no exact
-  HF form and are refused;
+  is exactly ``--pool pooler`` (fine-tuning's default, the family's ``hf_pool``, so a default run exports);
+  ``--pool cls`` (the raw top ``[CLS]``) and ``--pool mean`` have no exact HF form and are refused (no
+  weights make ``tanh`` the identity: a pooler scaled towards 0 only approaches it);
 - ELECTRA sentence tasks: ``ElectraForSequenceClassification`` reads the raw top ``[CLS]`` (``--pool cls``)
   through ``out_proj(gelu(dense(x)))``, which carries the run's Linear exactly by ``gelu(z) - gelu(-z) = z``
   (:mod:`lmforge.interop.runs_electra`); ``--pool mean`` is refused;
@@ -42,7 +43,6 @@ import importlib
 import json
 import logging
 import shlex
-from collections.abc import Callable
 from pathlib import Path
 from typing import Protocol
 
@@ -68,8 +68,8 @@ class RunExport(Protocol):
     #: ``TaskSpec.hf_head`` -> the HF class a run of that task exports to (a task not here does not export)
     HEADS: dict[str, str]
 
-    def check(self, data: dict, arch: str, refuse: Callable[[str, str], LmforgeError]) -> None:
-        """Raise ``refuse(why, flags)`` when the run's read-out has no exact form in ``arch``."""
+    def check(self, data: dict, arch: str) -> list[tuple[str, str]]:
+        """``(why, flags that retrain it so)`` for the run's read-out when it has no exact form in ``arch``."""
 
     def weights(self, run, arch: str, W: torch.Tensor, b: torch.Tensor) -> tuple[dict, dict]:
         """The HF state dict and ``config.json`` of the run with the folded head ``W`` (K, C), ``b`` (K,)."""
@@ -110,7 +110,7 @@ def retrain_command(data: dict, run_dir: str | Path | None, flags: str) -> str:
     retrained = shlex.quote(run + "-retrained")
     return (f"lmforge finetune {shlex.quote(str(model))} --config {shlex.quote(run + '/config.json')} {flags} "
             f"--train TRAIN --test TEST --out {retrained} (TRAIN, TEST: the run's data files), then "
-            f"lmforge export-hf {retrained} OUT")
+            f"lmforge export-hf {retrained} --out OUT")
 
 
 def _hf_class(data: dict, task: str) -> tuple[RunExport, str, str]:
@@ -121,18 +121,20 @@ def _hf_class(data: dict, task: str) -> tuple[RunExport, str, str]:
     if family is None or family.name not in exporting:
         labels = [f.label for f in exporting.values()]
         names = " and ".join([", ".join(labels[:-1]), labels[-1]] if len(labels) > 1 else labels)
-        raise LmforgeError(f"export-hf exports {names} runs to HF task classes; this is a {name} run")
+        raise LmforgeError(f"export-hf exports {names} runs to HF task classes; this is a {name} run (lmforge "
+                           "predict and serve use it as it is)")
     exporter = family_export(family)
     spec = SPECS.get(task)
     if spec is None or spec.hf_head not in exporter.HEADS:
         tasks = ", ".join(t for t, s in SPECS.items() if s.hf_head in exporter.HEADS)
-        raise LmforgeError(f"export-hf maps {name} runs of --task {tasks} to HF classes, not --task {task}")
+        raise LmforgeError(f"export-hf maps {name} runs of --task {tasks} to HF classes, not --task {task} (lmforge "
+                           "predict and serve use the run as it is)")
     return exporter, exporter.HEADS[spec.hf_head], KINDS[task].pipeline_tag  # type: ignore[index]
 
 
 def check_exportable(data: dict, run_dir: str | Path | None = None) -> tuple[str, str]:
-    """Refuse (one line, with the command that retrains the run in a form that exports) a run whose head
-    has no exact HF counterpart.
+    """Refuse (one line, with the command that retrains the run in a form that exports, every change it needs
+    at once) a run whose head has no exact HF counterpart.
 
     Args:
         data: the run's ``config.json``.
@@ -142,27 +144,27 @@ def check_exportable(data: dict, run_dir: str | Path | None = None) -> tuple[str
     """
     cfg = saved_config(data, "this run")
     exporter, arch, pipeline_task = _hf_class(data, cfg.task)
-
-    def refuse(why: str, flags: str) -> LmforgeError:
-        return LmforgeError(f"{why}; retrain it in a form that exports: "
-                            f"{retrain_command(data, run_dir, flags)}")
-
-    classifier = cfg.head_classifier
-    if classifier not in ("linear", "logreg"):
-        raise refuse(f"this run's {classifier} head has no HF counterpart (HF task classes end in one Linear)",
-                     "--classifier linear")
-    if data.get("layer_mix"):
-        raise refuse("this run mixes the body's layers (ScalarMix), which HF task classes cannot express",
-                     "--layer -1")
-    n, ids = data.get("num_states"), data.get("layer_ids") or []
-    if n is None or list(ids) != [n - 1]:
-        raise refuse(f"this run's head reads layer {ids[0] if len(ids) == 1 else ids} of 0..{(n or 0) - 1}; "
-                     "HF task classes read the top layer", "--layer -1")
     if cfg.both_orders:
         # a run file cannot switch a flag off, so this one names the change rather than a command
         raise LmforgeError("this run adds the read-outs of both orders of each pair (--both-orders); HF classes "
                            "read one input: retrain without --both-orders to export it")
-    exporter.check(data, arch, refuse)
+    problems: list[tuple[str, str]] = []  # (why, the flags that retrain it so)
+    classifier = cfg.head_classifier
+    if classifier not in ("linear", "logreg"):
+        problems.append((f"this run's {classifier} head has no HF counterpart (HF task classes end in one Linear)",
+                         "--classifier linear"))
+    n, ids = data.get("num_states"), data.get("layer_ids") or []
+    if data.get("layer_mix"):
+        problems.append(("this run mixes the body's layers (ScalarMix), which HF task classes cannot express",
+                         "--layer -1"))
+    elif n is None or list(ids) != [n - 1]:
+        problems.append((f"this run's head reads layer {ids[0] if len(ids) == 1 else ids} of 0..{(n or 0) - 1}; "
+                         "HF task classes read the top layer", "--layer -1"))
+    problems += exporter.check(data, arch)
+    if problems:
+        flags = " ".join(dict.fromkeys(flag for _, flag in problems))
+        raise LmforgeError(f"{'; '.join(why for why, _ in problems)} (lmforge predict and serve use the run as it "
+                           f"is); retrain it in a form that exports: {retrain_command(data, run_dir, flags)}")
     return arch, pipeline_task
 
 

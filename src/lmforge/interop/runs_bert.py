@@ -8,13 +8,11 @@ interface).  The body's weights map with :mod:`lmforge.interop.bert`; the head's
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from pathlib import Path
 
 import torch
 
 from ..config import load_json, save_json
-from ..errors import LmforgeError
 from .bert import hf_config_dict, to_hf_state_dict
 
 #: TaskSpec.hf_head -> the HF class a BERT run of that task exports to
@@ -28,18 +26,19 @@ READOUTS = {"cls": "the raw top [CLS] (--pool cls)", "pooler": "[CLS] through BE
             "mean": "the mean of the token vectors (--pool mean)"}
 
 
-def check_pool(data: dict, arch: str, pool: str, reads: str, refuse: Callable[[str, str], LmforgeError]) -> None:
-    """Refuse a sentence run of ``arch`` (``...ForSequenceClassification``, which ``reads`` a sentence so) whose
-    ``--pool`` is not ``pool``; token and QA classes read every position and pass."""
+def check_pool(data: dict, arch: str, pool: str, reads: str) -> list[tuple[str, str]]:
+    """What keeps a sentence run of ``arch`` (``...ForSequenceClassification``, which ``reads`` a sentence so) whose
+    ``--pool`` is not ``pool`` from mapping; token and QA classes read every position and pass."""
     got = data.get("pool")
     if arch.endswith("SequenceClassification") and got != pool:
-        raise refuse(f"this run reads {READOUTS.get(got, f'--pool {got}')}, but {arch} reads {reads}, so it cannot "
-                     "be exported exactly", f"--pool {pool}")
+        return [(f"this run reads {READOUTS.get(got, f'--pool {got}')}, but {arch} reads {reads}, so it cannot be "
+                 "exported exactly", f"--pool {pool}")]
+    return []
 
 
-def check(data: dict, arch: str, refuse: Callable[[str, str], LmforgeError]) -> None:
-    """Refuse a sentence run that does not read ``[CLS]`` through the pooler (the one read-out HF's class has)."""
-    check_pool(data, arch, "pooler", "[CLS] through BERT's tanh pooler", refuse)
+def check(data: dict, arch: str) -> list[tuple[str, str]]:
+    """A sentence run must read ``[CLS]`` through the pooler (the one read-out HF's class has)."""
+    return check_pool(data, arch, "pooler", "[CLS] through BERT's tanh pooler")
 
 
 def task_linear(arch: str, W: torch.Tensor, b: torch.Tensor) -> dict[str, torch.Tensor]:

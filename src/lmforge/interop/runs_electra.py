@@ -8,7 +8,8 @@ check and the token / QA heads are BERT's (:mod:`lmforge.interop.runs_bert`):
 - ``ElectraForTokenClassification`` / ``ElectraForQuestionAnswering``: the head's Linear becomes ``classifier`` /
   ``qa_outputs`` on the top layer, as for BERT;
 - ``ElectraForSequenceClassification`` reads the raw top ``[CLS]`` vector (``--pool cls``; ``--pool mean``, the
-  fine-tuning default for single texts, is refused) through HF's ``ElectraClassificationHead``:
+  frozen and features default for single texts, is refused; fine-tuning defaults to ``cls``) through HF's
+  ``ElectraClassificationHead``:
   ``out_proj(gelu(dense(x)))``, ``dense`` C x C.  The run's head is one Linear ``z = W x + b`` (K labels); it maps
   exactly through the identity ``gelu(z) - gelu(-z) = z`` (``gelu(z) = z Φ(z)`` and ``Φ(z) + Φ(-z) = 1``):
   ``dense`` holds ``W``, ``b`` in its first K rows and ``-W``, ``-b`` in the next K (the rest zero, and
@@ -17,8 +18,6 @@ check and the token / QA heads are BERT's (:mod:`lmforge.interop.runs_bert`):
 """
 
 from __future__ import annotations
-
-from collections.abc import Callable
 
 import torch
 
@@ -34,9 +33,9 @@ HEADS = {
 }
 
 
-def check(data: dict, arch: str, refuse: Callable[[str, str], LmforgeError]) -> None:
-    """Refuse a sentence run that does not read the top ``[CLS]`` (the one read-out HF's class has)."""
-    check_pool(data, arch, "cls", "the top [CLS] vector", refuse)
+def check(data: dict, arch: str) -> list[tuple[str, str]]:
+    """A sentence run must read the top ``[CLS]`` (the one read-out HF's class has)."""
+    return check_pool(data, arch, "cls", "the top [CLS] vector")
 
 
 @torch.no_grad()

@@ -7,7 +7,6 @@ interface); its docstring says how the task tokens, the pad token and the head's
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -25,12 +24,12 @@ HEADS = {"SequenceClassification": "GPT2ForSequenceClassification"}
 BIAS_TOLERANCE = 1e-6  # largest |W Δβ - b| (relative to max |b|, 1) accepted when the bias moves into ln_f
 
 
-def check(data: dict, arch: str, refuse: Callable[[str, str], LmforgeError]) -> None:
-    """Refuse a run that does not read the last token (GPT2ForSequenceClassification reads the last non-pad one)."""
+def check(data: dict, arch: str) -> list[tuple[str, str]]:
+    """A run must read the last token (GPT2ForSequenceClassification reads the last non-pad one)."""
     pool = data.get("pool")
     if pool != "last":
-        raise refuse(f"this run reads --pool {pool}; GPT2ForSequenceClassification reads the last token",
-                     "--pool last")
+        return [(f"this run reads --pool {pool}; GPT2ForSequenceClassification reads the last token", "--pool last")]
+    return []
 
 
 def bias_into_ln_f(W: torch.Tensor, b: torch.Tensor) -> torch.Tensor:

@@ -15,13 +15,14 @@ from __future__ import annotations
 import dataclasses
 import logging
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import torch
 from torch import nn
 
 from ..errors import ConfigError, LmforgeError
 from ..generation import generate as generate_ids
+from ..generation import generate_text
 from ..nn.losses import causal_lm_loss, free_workspace, linear_cross_entropy, shift_labels
 from ..nn.transformer import KVCache, TransformerBlock, init_weights
 from .base import ModelOutput, PretrainedModel
@@ -305,7 +306,7 @@ class GPTLMHeadModel(PretrainedModel):
     @torch.no_grad()
     def generate(
         self,
-        input_ids: torch.Tensor,
+        input_ids: torch.Tensor | str | Sequence[str],
         max_new_tokens: int = 50,
         temperature: float = 0.0,
         top_k: int | None = None,
@@ -320,11 +321,24 @@ class GPTLMHeadModel(PretrainedModel):
     ):
         """Continue ``input_ids``; see :func:`lmforge.generation.generate` for the arguments.
 
-        ``eos_token_id`` defaults (-1) to the config's end-of-text id; None never stops at a token.
+        ``input_ids`` may be a prompt string, or a list of them, as ``fill_mask`` and ``encode`` take text: each is
+        encoded with the model's tokenizer and continued as :func:`lmforge.generation.generate_text` does
+        (``stop_strings`` cut from the text). ``eos_token_id`` defaults (-1) to the config's end-of-text id; None
+        never stops at a token.
 
         Returns:
-            (B, T + n) token ids; with ``output_logits`` the pair ``(ids, logits (B, n, V))``.
+            (B, T + n) token ids; with ``output_logits`` the pair ``(ids, logits (B, n, V))``.  A string prompt
+            gives the generated text (without the prompt), a list of prompts a list of texts.
         """
+        if isinstance(input_ids, str) or (isinstance(input_ids, (list, tuple)) and input_ids
+                                          and all(isinstance(p, str) for p in input_ids)):
+            if streamer is not None or attention_mask is not None or output_logits or eos_token_id != -1:
+                raise TypeError("streamer, attention_mask, output_logits and eos_token_id are for token ids; a text "
+                                "prompt stops at the end-of-text token and at stop_strings")
+            prompts = [input_ids] if isinstance(input_ids, str) else list(input_ids)
+            texts = [generate_text(self, p, max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k,
+                                   top_p=top_p, stop=stop_strings, seed=seed, use_cache=use_cache) for p in prompts]
+            return texts[0] if isinstance(input_ids, str) else texts
         return generate_ids(
             self,
             input_ids,

@@ -3,7 +3,7 @@
 - **word2vec** (static vectors): gensim's ``KeyedVectors.most_similar`` on the model's vectors: the cosine
   between the word's vector and every token that has a trained vector (the tokens ``vectors.txt`` holds),
   the word itself left out.  The word is looked up as a vocabulary token first, else as the mean of its
-  pieces (as ``embed`` gives a split word).
+  pieces (as ``embed`` gives a split word), with a warning naming the word and its pieces.
 - **contextual families** (BERT, GPT, ELMo): a word has no vector of its own, only one per occurrence.
   Every word of a corpus gets the mean of its vectors over its occurrences there (a word split into
   pieces: the mean of its pieces at each occurrence), at one layer (default the top); the neighbours are
@@ -93,6 +93,9 @@ def _static_neighbors(model, word: str, top_k: int) -> list[tuple[str, float]]:
     if not ids or any(not np.any(weight[i]) for i in ids):
         raise LmforgeError(f"'{word}' is not in the model's vocabulary (no trained vector for "
                            f"{' '.join(tok.id_to_token(i) for i in ids) or 'it'}); check the spelling")
+    if len(ids) > 1:  # a user asking for a word expects that word's vector, not a blend: say it is one
+        logger.warning("'%s' is not one token of the model's vocabulary: its vector is the mean of its pieces %s",
+                       word, " ".join(tok.id_to_token(i) for i in ids))
     query = weight[ids].mean(axis=0)
     keep = [int(i) for i in vocab if int(i) not in set(ids)]
     return [(tok.id_to_token(keep[i]), s) for i, s in cosine_top_k(query, weight[keep], top_k)]

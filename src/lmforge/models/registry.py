@@ -46,6 +46,8 @@ class Family:
             nothing beyond the model config).
         run_export: the :mod:`lmforge.interop` module writing its transfer runs as HF task models
             (``lmforge export-hf RUN``; see :class:`lmforge.interop.runs.RunExport`); None = its runs do not export.
+        hf_pool: the sentence read-out (``--pool``) its HF sequence-classification class reads: fine-tuning
+            defaults to it, so that a default run exports (None: no such class).
     """
 
     name: str
@@ -68,6 +70,7 @@ class Family:
     pooler: bool = False
     recipes: str = "lmforge.models.recipes"
     run_export: str | None = None
+    hf_pool: str | None = None
 
     @property
     def input_format(self) -> str:
@@ -113,13 +116,13 @@ FAMILIES: dict[str, Family] = {
         "bert", "BERT", "lmforge.models.bert", "BertForPreTraining", "BertConfig", "wordpiece", trainer=True,
         hf_module="lmforge.interop.bert", hf_model_type="bert", fills_mask=True,
         transfer_modes=("frozen", "features", "finetune"), data_recipe="lmforge.data.bert:MaskedLMRecipe",
-        run_export="lmforge.interop.runs_bert", pooler=True,
+        run_export="lmforge.interop.runs_bert", pooler=True, hf_pool="pooler",
     ),
     "gpt": Family(
         "gpt", "GPT", "lmforge.models.gpt", "GPTLMHeadModel", "GPTConfig", "bpe", trainer=True,
         hf_module="lmforge.interop.gpt2", hf_model_type="gpt2", generates=True,
         transfer_modes=("frozen", "features", "finetune"), task_tokens=True, aux_lm=True,
-        run_export="lmforge.interop.runs_gpt2",
+        run_export="lmforge.interop.runs_gpt2", hf_pool="last",
     ),
     "elmo": Family(
         "elmo", "ELMo", "lmforge.models.elmo", "ElmoBiLM", "ElmoConfig", None, trainer=True,
@@ -134,7 +137,7 @@ FAMILIES: dict[str, Family] = {
         trainer=True, hf_module="lmforge.interop.electra", hf_model_type="electra", fills_mask=True,
         transfer_modes=("frozen", "features", "finetune"), inputs_like="bert",
         data_recipe="lmforge.data.bert:MaskedLMRecipe",
-        run_export="lmforge.interop.runs_electra",
+        run_export="lmforge.interop.runs_electra", hf_pool="cls",
     ),
 }
 

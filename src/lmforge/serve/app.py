@@ -40,7 +40,7 @@ from ..generation import check_generation_args
 from ..models.vectors import encode
 from . import openai as openai_routes
 from .batching import MicroBatcher
-from .errors import HTTPError, error_response, one_line, validation_error
+from .errors import OPENAI_ROUTES, HTTPError, error_response, one_line, unserved_openai_route, validation_error
 from .generating import Generations, generate_one
 from .guard import ServeAccess, install
 from .registry import Entry, folder_stamp, open_entries, open_entry, read_curves
@@ -409,6 +409,10 @@ def _add_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(StarletteHTTPException)
     async def _starlette_error(request: Request, exc: StarletteHTTPException):
         detail = exc.detail if isinstance(exc.detail, str) else "request refused"
+        if exc.status_code == 404 and unserved_openai_route(request.url.path):
+            detail = (f"lmforge serve does not offer {request.url.path}; its OpenAI-compatible routes are "
+                      f"{', '.join(OPENAI_ROUTES)} (see /docs)")
+            return error_response(request.url.path, 404, detail, code="unknown_url")
         if exc.status_code == 404:
             detail = f"no such endpoint: {request.url.path} (see /docs)"
         elif exc.status_code == 405:

@@ -14,6 +14,11 @@ from fastapi.responses import JSONResponse
 
 #: the routes whose clients expect OpenAI's error shape
 OPENAI_ROUTES = ("/v1/completions", "/v1/embeddings", "/v1/models")
+#: the rest of OpenAI's API, which lmforge does not serve: an OpenAI client sent there gets its own error shape
+OPENAI_UNSERVED = ("/v1/chat", "/v1/responses", "/v1/audio", "/v1/images", "/v1/files", "/v1/uploads",
+                   "/v1/fine_tuning", "/v1/fine-tunes", "/v1/moderations", "/v1/batches", "/v1/assistants",
+                   "/v1/threads", "/v1/vector_stores", "/v1/realtime", "/v1/evals", "/v1/containers", "/v1/edits",
+                   "/v1/engines", "/v1/conversations")
 
 #: OpenAI's error ``type`` per status (anything else 4xx: ``invalid_request_error``)
 _OPENAI_TYPES = {401: "authentication_error", 403: "permission_error", 429: "rate_limit_error"}
@@ -35,7 +40,12 @@ def one_line(text: object) -> str:
 
 
 def is_openai_route(path: str) -> bool:
-    return any(path == r or path.startswith(r + "/") for r in OPENAI_ROUTES)
+    """A route of OpenAI's API, served here (:data:`OPENAI_ROUTES`) or not (:data:`OPENAI_UNSERVED`)."""
+    return any(path == r or path.startswith(r + "/") for r in (*OPENAI_ROUTES, *OPENAI_UNSERVED))
+
+
+def unserved_openai_route(path: str) -> bool:
+    return any(path == r or path.startswith(r + "/") for r in OPENAI_UNSERVED)
 
 
 def error_body(path: str, status: int, message: str, param: str | None = None, code: str | None = None) -> dict:

@@ -19,7 +19,7 @@
 :func:`domain_text` gives each benchmark's unlabelled in-domain text from outside its test partition
 (every review / tweet / People's Daily sentence on the training side, labels dropped), for domain- and
 task-adaptive pretraining; :func:`write_domain_text` writes it as a file, one document per item
-(``lmforge benchmark text NAME OUT.txt``, then ``prepare --layout lines`` and ``pretrain --init``; see
+(``lmforge benchmark text NAME --out OUT.txt``, then ``prepare --layout lines`` and ``pretrain --init``; see
 docs/training.md).  ``lmforge benchmark curve`` draws from :func:`load_benchmark` for
 :func:`lmforge.transfer.learning_curve`.
 """

@@ -246,6 +246,11 @@ class TransferConfig:
             return self.pool
         no_summary = not FORMATS.get(input_format(family), PLAIN).pools  # ELMo, word2vec: no summary position
         single = SPECS[self.task].single_text
+        hf_pool = FAMILIES[family].hf_pool if family in FAMILIES else None
+        if self.mode == "finetune" and hf_pool and SPECS[self.task].hf_head and not no_summary:
+            # what the family's HF class of the task reads (BERT's pooler, ELECTRA's [CLS], GPT's last token):
+            # fine-tuning trains that read-out along with the body, and the run exports exactly (lmforge export-hf)
+            return hf_pool
         if no_summary or (self.mode in ("frozen", "features") and single) or (single and not summary_trained):
             return "mean"
         return DEFAULT_POOL[input_format(family)]

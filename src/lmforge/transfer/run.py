@@ -111,6 +111,21 @@ def body_positions(body: nn.Module) -> int | None:
     return int(window) + len(before) + len(after)
 
 
+@torch.no_grad()
+def start_pooler_at_identity(body: nn.Module) -> None:
+    """Set the tanh pooler of a BERT that no loss trained it on (pretrained without next-sentence prediction) to
+    ``tanh([CLS])``: dense = identity, bias 0.
+
+    Fine-tuning reads the pooler by default (``BertForSequenceClassification`` reads it, so the run exports).
+    A pooler at its random initialisation shrinks ``[CLS]`` to a small random projection, through which a
+    fine-tuned head learns far slower than from ``[CLS]`` itself; at the identity it starts from ``[CLS]``
+    (squashed by tanh) and trains from there.  A run folder keeps the trained pooler in ``body.safetensors``.
+    """
+    dense = body.bert.pooler.dense
+    dense.weight.copy_(torch.eye(dense.weight.shape[0], dtype=dense.weight.dtype, device=dense.weight.device))
+    dense.bias.zero_()
+
+
 class TransferRun(RunModel, RunFeatures):
     """One transfer setup: body, config, labels, input format and head.
 
@@ -154,6 +169,8 @@ class TransferRun(RunModel, RunFeatures):
         )
         self.layer = cfg.layer_choice(self.family)
         self.pooler = self.fmt.pool == "pooler"
+        if self.pooler and cfg.mode == "finetune" and not summary_trained(body):
+            start_pooler_at_identity(body)
         self.pair_rows = self.spec.pair_rows and self.fmt.pool == "mean"
         self.num_states: int | None = None  # filled on the first body pass
         self.extract_ids: list[int] | None = None  # the layers a features pass stores
