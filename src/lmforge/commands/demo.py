@@ -87,7 +87,8 @@ def run(args) -> int:
     done = (f"demo done in {result.elapsed:.1f}s: {len(result.steps)} steps ({n_reused} reused); "
             f"report: {result.report}")
     record = {"out": str(result.out), "report": str(result.report), "elapsed": result.elapsed,
+              "left_out": result.left_out,
               "steps": [{"name": r.name, "summary": r.summary, "reused": r.reused, "seconds": r.seconds}
                         for r in result.steps], "results": result.results}
-    show(args, record, ["", *result.highlights, done])
+    show(args, record, ["", *result.left_out, *result.highlights, done])
     return 0

@@ -165,6 +165,8 @@ class DemoPlan:
             modes' hyper-parameters are the transfer module's defaults.
         curve_sizes, curve_seeds: the learning curve (see :func:`lmforge.transfer.learning_curve`).
         curve_min_steps: the curve's least optimizer steps per run (``None``: the curve's default).
+        transfer_table: run the transfer table (``False`` when its labelled tweets are not installed).
+        curve: pretrain the in-domain model and run its learning curve (``False`` when its text is not installed).
     """
 
     name: str
@@ -183,11 +185,14 @@ class DemoPlan:
     curve_sizes: tuple[int, ...]
     curve_seeds: tuple[int, ...]
     curve_min_steps: int | None = None
+    transfer_table: bool = True
+    curve: bool = True
 
     @property
     def models(self) -> tuple[FamilyPlan, ...]:
-        """Every model, in the order they are trained: the general-corpus ones, then the in-domain one."""
-        return (*self.families, self.domain)
+        """Every model, in the order they are trained: the general-corpus ones, then the in-domain one (when the
+        plan runs the learning curve)."""
+        return (*self.families, self.domain) if self.curve else self.families
 
     @property
     def family_order(self) -> tuple[str, ...]:
