@@ -8,6 +8,8 @@ is a function of (plan, corpus, seeds), whatever the machine's load, so its figu
 from __future__ import annotations
 
 import dataclasses
+import hashlib
+import json
 
 from ..errors import LmforgeError
 from ..models import FAMILIES
@@ -193,6 +195,13 @@ class DemoPlan:
         """Every model, in the order they are trained: the general-corpus ones, then the in-domain one (when the
         plan runs the learning curve)."""
         return (*self.families, self.domain) if self.curve else self.families
+
+    @property
+    def fingerprint(self) -> str:
+        """12 hex digits of every field: a record of the demo's time names the plan it timed, and
+        ``scripts/make_results.py --check`` finds it stale when the plan has changed since."""
+        text = json.dumps(dataclasses.asdict(self), sort_keys=True, default=str)
+        return hashlib.sha256(text.encode("utf-8")).hexdigest()[:12]
 
     @property
     def family_order(self) -> tuple[str, ...]:

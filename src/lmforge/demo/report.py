@@ -155,13 +155,14 @@ def report_step() -> Step:
     def build(ctx: DemoContext) -> dict:
         text = render_report(ctx)
         atomic_write_text(ctx.path(REPORT_FILE), text)
-        return {"path": REPORT_FILE, "sha256": file_sha256(ctx.path(REPORT_FILE))}
+        return {"path": REPORT_FILE, "sha256": file_sha256(ctx.path(REPORT_FILE)), "plan": ctx.plan.name,
+                "plan_fingerprint": ctx.plan.fingerprint}
 
     def valid(ctx: DemoContext, info: dict) -> bool:
         return file_sha256(ctx.path(info["path"])) == info["sha256"]
 
     return Step("report", "write report.md", inputs, build, lambda i: f"report: {i['path']}",
-                lambda i: [i["path"]], valid, version=7)
+                lambda i: [i["path"]], valid, version=8)
 
 
 def _md_table(head: list[str], rows: list[list[str]]) -> str:
