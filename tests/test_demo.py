@@ -13,7 +13,6 @@ import shutil
 from pathlib import Path
 
 import pytest
-import tomllib
 import torch
 
 from lmforge import demo as D
@@ -266,6 +265,8 @@ def readme_install_dists() -> set[str]:
     """The distributions that the README's install lines bring: lmforge's core dependencies and, for each
     `pip install '.[extras]'` line of its Install section, those extras through pyproject.toml (extras that
     name other extras included)."""
+    import tomllib  # Python 3.11+, as the suite's venv
+
     readme = (_ROOT / "README.md").read_text(encoding="utf-8")
     install = readme.split("\n## Install", 1)[1].split("\n## ", 1)[0]
     project = tomllib.loads((_ROOT / "pyproject.toml").read_text(encoding="utf-8"))["project"]
