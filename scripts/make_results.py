@@ -4,25 +4,41 @@
     python scripts/make_results.py --check    # exit 1 if either is stale (tests/test_docs.py runs this)
     python scripts/make_results.py --add-curve runs/x/curve.json --id ID --title TITLE --headline-what WHAT
                                               # turn a learning curve's curve.json into a record
+    python scripts/make_results.py --add-demo-time lmforge-demo-quick --id demo-time-quick-xeon
+                                              # turn a demo run's demo_state.json into a record of its time
 
-A record is one JSON file: what was measured (``title``, ``table``), the line it gives the README
-(``headline``), the page that shows how to reproduce it (``reproduce``), and where it came from
-(``command``, ``commit``, ``date``, ``machine``). Every figure in the results pages comes from a
-record; a page is never edited by hand.
+A record is one JSON file: what was measured (``title``, ``table``), the line it gives the results page
+(``headline``: ``what`` and ``figure``) and, for a README row, one figure (``headline.readme``), the page that
+shows how to reproduce it (``reproduce``), and where it came from (``command``, ``commit``, ``date``,
+``machine``). A README row needs its machine named. A record of the demo's time (``demo_time``: the plan, its
+fingerprint, the seconds) gives the sentence on how long the demo takes in the README and docs/demo.md, one
+figure per CPU kind; ``--check`` finds it stale when the plan has changed since. Every figure in the results
+pages comes from a record; a page is never edited by hand.
 """
 
 from __future__ import annotations
 
 import argparse
+import datetime as _dt
 import json
+import re
 import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "src"))  # this checkout's demo plans, whatever lmforge is installed
+
+from lmforge.demo.plan import make_plan  # noqa: E402
+
 RECORDS = ROOT / "docs" / "results" / "records"
 PAGE = ROOT / "docs" / "results" / "README.md"
 README = ROOT / "README.md"
+DEMO_PAGE = ROOT / "docs" / "demo.md"
 START, END = "<!-- results:start -->", "<!-- results:end -->"
+TIME_START, TIME_END = "<!-- demo-time:start -->", "<!-- demo-time:end -->"
+# where the sentence on the demo's time goes, and how each page links the results page
+TIME_PAGES = {README: "docs/results/README.md", DEMO_PAGE: "results/README.md"}
+PLAN_COMMANDS = {"quick": "lmforge demo --quick", "full": "lmforge demo"}
 REQUIRED = ("id", "title", "headline", "reproduce", "command", "commit", "date", "machine", "table")
 
 
@@ -30,13 +46,18 @@ def load_records(folder: Path = RECORDS) -> list[dict]:
     records = []
     for path in sorted(folder.glob("*.json")):
         record = json.loads(path.read_text(encoding="utf-8"))
+        where = path.relative_to(ROOT) if path.is_relative_to(ROOT) else path
         missing = [k for k in REQUIRED if k not in record]
         if missing:
-            raise SystemExit(f"{path.relative_to(ROOT)}: missing {', '.join(missing)}")
+            raise SystemExit(f"{where}: missing {', '.join(missing)}")
         if not record["machine"].get("cpu"):
-            raise SystemExit(f"{path.relative_to(ROOT)}: machine.cpu is empty (name the CPU beside every figure)")
+            raise SystemExit(f"{where}: machine.cpu is empty (name the CPU beside every figure)")
+        if record.get("readme", True) and (record["machine"]["cpu"].startswith("not recorded")
+                                           or not record["headline"].get("readme")):
+            raise SystemExit(f"{where}: a README row needs its machine named and one figure in "
+                             'headline.readme; else set "readme": false (the results page keeps it)')
         records.append(record)
-    order = {"en-": 0, "zh-": 1, "wic": 2, "demo": 3, "speed": 4}
+    order = {"demo-time": 5, "en-": 0, "zh-": 1, "wic": 2, "demo": 3, "speed": 4}
     return sorted(records, key=lambda r: (next((v for k, v in order.items() if r["id"].startswith(k)), 9), r["id"]))
 
 
@@ -84,16 +105,76 @@ def render_readme_block(records: list[dict]) -> str:
     for r in (r for r in records if r.get("readme", True)):  # "readme": false keeps a record to the results page
         page = r["reproduce"].replace("../", "docs/", 1)
         head = r["headline"]
-        rows.append(f"| {head['what']} ([how]({page})) | {head['figure']} | {_machine(r['machine'])} |")
+        rows.append(f"| {head['what']} ([how]({page})) | {head['readme']} | {_machine(r['machine'])} |")
     return "\n".join([START, *rows, END])
 
 
-def readme_with_block(text: str, block: str) -> str:
-    if START not in text or END not in text:
-        raise SystemExit(f"README.md needs the markers {START} and {END} where the results table goes")
-    head, rest = text.split(START, 1)
-    _, tail = rest.split(END, 1)
+def readme_with_block(text: str, block: str, start: str = START, end: str = END, page: str = "README.md") -> str:
+    if start not in text or end not in text:
+        raise SystemExit(f"{page} needs the markers {start} and {end} where the generated text goes")
+    head, rest = text.split(start, 1)
+    _, tail = rest.split(end, 1)
     return head + block + tail
+
+
+def demo_time_block(records: list[dict], results_page: str) -> str:
+    """How long the demo takes, one figure per CPU kind and plan, each linked to its record."""
+    timed = [r for r in records if r.get("demo_time")]
+    parts = []
+    for plan, command in PLAN_COMMANDS.items():
+        runs = [r for r in timed if r["demo_time"]["plan"] == plan]
+        if runs:
+            parts.append(f"`{command}` takes " + "; ".join(
+                f"{r['demo_time']['seconds']:g} s on {_machine(r['machine'])} ([record]({results_page}#{r['id']}))"
+                for r in runs))
+        else:
+            parts.append(f"`{command}` has no timed run of its current plan on record; its report.md gives each "
+                         "step's time")
+    return "\n".join([TIME_START, "How long the demo takes from an empty folder: " + ". ".join(parts) + ".",
+                       TIME_END])
+
+
+def stale_demo_times(records: list[dict]) -> list[str]:
+    """The records of the demo's time whose plan has changed since they were measured."""
+    return [f"{r['id']} timed the {r['demo_time']['plan']} plan {r['demo_time']['plan_fingerprint']}, which is now "
+            f"{make_plan(quick=r['demo_time']['plan'] == 'quick').fingerprint}: rerun "
+            f"`{PLAN_COMMANDS[r['demo_time']['plan']]}` into an empty folder and record it with "
+            "scripts/make_results.py --add-demo-time DIR --id ID"
+            for r in records if r.get("demo_time")
+            and make_plan(quick=r["demo_time"]["plan"] == "quick").fingerprint != r["demo_time"]["plan_fingerprint"]]
+
+
+_MACHINE_LINE = re.compile(r"^(?P<cpu>.*?), (?P<threads>\d+) threads?, .*?lmforge (?:commit )?(?P<commit>\S+)$")
+
+
+def demo_time_record(folder: Path, rid: str) -> dict:
+    """A record of the time a demo run took, from its folder's demo_state.json (each step's time when built)."""
+    path = folder / "demo_state.json"
+    state = json.loads(path.read_text(encoding="utf-8"))
+    date = _dt.datetime.fromtimestamp(path.stat().st_mtime, _dt.timezone.utc).strftime("%Y-%m-%d")
+    infos = [v["info"] for v in state.values()]
+    report = state.get("report", {}).get("info", {})
+    if "plan_fingerprint" not in report:
+        raise SystemExit(f"{folder}: no finished demo run of this version (its report step names no plan)")
+    machines = {i.get("_machine") for i in infos}
+    if len(machines) != 1:
+        raise SystemExit(f"{folder}: its steps were built on {len(machines)} machines or runs; time one run "
+                         "into an empty folder")
+    match = _MACHINE_LINE.match(machines.pop() or "")
+    if not match:
+        raise SystemExit(f"{folder}: the steps' machine line does not name a CPU and threads")
+    plan, seconds = report["plan"], round(sum(i.get("_seconds", 0.0) for i in infos), 1)
+    return {
+        "id": rid, "title": f"How long `{PLAN_COMMANDS[plan]}` takes from an empty folder",
+        "headline": {"what": f"`{PLAN_COMMANDS[plan]}` from an empty folder", "figure": f"{seconds:g} s"},
+        "reproduce": "../demo.md", "command": PLAN_COMMANDS[plan], "commit": match["commit"], "date": date,
+        "machine": {"cpu": match["cpu"], "threads": int(match["threads"])},
+        "source": "run record: demo_state.json (each step's time when built, summed)",
+        "demo_time": {"plan": plan, "plan_fingerprint": report["plan_fingerprint"], "seconds": seconds},
+        "table": {"columns": ["step", "seconds"],
+                  "rows": [[k, f"{v['info'].get('_seconds', 0.0):.1f}"] for k, v in state.items()]},
+        "readme": False,
+    }
 
 
 def curve_record(curve: dict, rid: str, title: str, what: str, reproduce: str) -> dict:
@@ -129,7 +210,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--title")
     ap.add_argument("--headline-what")
     ap.add_argument("--reproduce", default="../transfer.md")
+    ap.add_argument("--add-demo-time", metavar="DEMO_DIR", help="write a record of a demo run's time first")
     args = ap.parse_args(argv)
+    if args.add_demo_time:
+        if not args.id:
+            ap.error("--add-demo-time needs --id")
+        record = demo_time_record(Path(args.add_demo_time), args.id)
+        (RECORDS / f"{args.id.replace('-', '_')}.json").write_text(json.dumps(record, indent=2) + "\n",
+                                                                    encoding="utf-8")
     if args.add_curve:
         if not (args.id and args.title and args.headline_what):
             ap.error("--add-curve needs --id, --title and --headline-what")
@@ -138,18 +226,26 @@ def main(argv: list[str] | None = None) -> int:
         path = RECORDS / f"{args.id.replace('-', '_')}.json"
         path.write_text(json.dumps(record, indent=2) + "\n", encoding="utf-8")
     records = load_records()
-    page = render_page(records)
-    readme = readme_with_block(README.read_text(encoding="utf-8"), render_readme_block(records))
+    pages = {PAGE: render_page(records),
+             README: readme_with_block(README.read_text(encoding="utf-8"), render_readme_block(records))}
+    for page, link in TIME_PAGES.items():
+        text = pages.get(page) or page.read_text(encoding="utf-8")
+        pages[page] = readme_with_block(text, demo_time_block(records, link), TIME_START, TIME_END,
+                                        str(page.relative_to(ROOT)))
     if args.check:
-        stale = [p.relative_to(ROOT) for p, text in ((PAGE, page), (README, readme))
+        stale = [str(p.relative_to(ROOT)) for p, text in pages.items()
                  if not p.exists() or p.read_text(encoding="utf-8") != text]
         if stale:
-            print(f"stale: {', '.join(map(str, stale))}: run python scripts/make_results.py", file=sys.stderr)
-            return 1
-        return 0
-    PAGE.write_text(page, encoding="utf-8")
-    README.write_text(readme, encoding="utf-8")
-    print(f"wrote {PAGE.relative_to(ROOT)} ({len(records)} records) and the README's results table")
+            print(f"stale: {', '.join(stale)}: run python scripts/make_results.py", file=sys.stderr)
+        for line in stale_demo_times(records):
+            print(f"stale: {line}", file=sys.stderr)
+        return 1 if stale or stale_demo_times(records) else 0
+    for p, text in pages.items():
+        p.write_text(text, encoding="utf-8")
+    print(f"wrote {PAGE.relative_to(ROOT)} ({len(records)} records), the README's results table and the demo's "
+          f"time in {', '.join(str(p.relative_to(ROOT)) for p in TIME_PAGES)}")
+    for line in stale_demo_times(records):
+        print(f"stale: {line}", file=sys.stderr)
     return 0
 
 

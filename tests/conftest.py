@@ -8,11 +8,14 @@
 - ``wordpiece_shards`` / ``bpe_shards``: :class:`pathlib.Path` of shard folders prepared from
   ``tiny_corpus`` (open them with ``lmforge.data.Shards.open(path)``; val split is non-empty).
 
+- ``quick_demo``: ``lmforge demo --quick`` built once (its folder, result and the modules it imported).
+
 Everything is built once per session in a temporary folder and is deterministic.
 """
 
 from __future__ import annotations
 
+import contextlib
 import gzip
 import os
 from pathlib import Path
@@ -237,3 +240,79 @@ def native_bf16(tmp_path, monkeypatch) -> Path:
     autotune.forget()
     yield tmp_path / "cache" / autotune.CACHE_FILE
     autotune.forget()
+
+
+@contextlib.contextmanager
+def record_imports(mp: pytest.MonkeyPatch):
+    """The third-party top-level modules that lmforge's own code imports or locates (``find_spec``) inside the
+    block: ``import`` statements, ``importlib.import_module`` and ``importlib.util.find_spec`` called from a module
+    of lmforge (the standard library left out)."""
+    import builtins
+    import importlib
+    import importlib.util
+    import sys
+
+    seen: set[str] = set()
+
+    def note(name: str, caller: dict | None) -> None:
+        top = name.split(".")[0]
+        if (caller or {}).get("__name__", "").startswith("lmforge") and top and top != "lmforge" \
+                and top not in sys.stdlib_module_names:
+            seen.add(top)
+
+    real_import, real_import_module = builtins.__import__, importlib.import_module
+    real_find_spec = importlib.util.find_spec
+
+    def imp(name, globals=None, locals=None, fromlist=(), level=0):
+        if level == 0:
+            note(name, globals)
+        return real_import(name, globals, locals, fromlist, level)
+
+    def import_module(name, package=None):
+        note(name, sys._getframe(1).f_globals)
+        return real_import_module(name, package)
+
+    def find_spec(name, *a):
+        note(name, sys._getframe(1).f_globals)
+        return real_find_spec(name, *a)
+
+    mp.setattr(builtins, "__import__", imp)
+    mp.setattr(importlib, "import_module", import_module)
+    mp.setattr(importlib.util, "find_spec", find_spec)
+    yield seen
+
+
+@pytest.fixture(scope="session")
+def quick_demo(tmp_path_factory):
+    """``lmforge demo --quick`` built once per session from an empty folder (seed 0, one thread, fp32, as every
+    test runs): a namespace of ``out`` (the folder), ``result`` (its :class:`lmforge.demo.DemoResult`),
+    ``imported`` (what :func:`record_imports` saw while it built) and ``warnings`` (the lmforge warnings it
+    logged).  tests/test_demo.py checks the build; the docs walk-throughs that build the quick demo start from a
+    copy, so their own run reuses every step.  Copy the folder before writing to it."""
+    import logging
+    import types
+
+    from lmforge import demo
+    from lmforge.folder_writing import output_folder
+    from lmforge.train import precision
+
+    out = tmp_path_factory.mktemp("quick-demo") / "demo"
+    cpuinfo = tmp_path_factory.mktemp("cpuinfo") / "cpuinfo"
+    cpuinfo.write_text("processor\t: 0\nflags\t\t: fpu sse sse2 avx avx2 fma\n")  # as cpu_without_native_bf16
+    warned: list[str] = []
+    handler = logging.Handler(logging.WARNING)
+    handler.emit = lambda record: warned.append(record.getMessage())
+    threads = torch.get_num_threads()
+    logger = logging.getLogger("lmforge")
+    logger.addHandler(handler)
+    try:
+        with pytest.MonkeyPatch.context() as mp, record_imports(mp) as imported:
+            mp.setattr(precision, "CPUINFO_PATH", str(cpuinfo))
+            torch.set_num_threads(1)
+            torch.manual_seed(0)
+            with output_folder(out, "demo", hint=None):  # as `lmforge demo` claims its folder
+                result = demo.run_demo(out, quick=True)
+    finally:
+        logger.removeHandler(handler)
+        torch.set_num_threads(threads)
+    return types.SimpleNamespace(out=out, result=result, imported=set(imported), warnings=warned)

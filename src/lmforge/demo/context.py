@@ -41,6 +41,7 @@ class DemoContext:
         precision_asked: the ``--precision`` as given (``auto`` ...), what the training calls are passed.
         machine: one line naming where this run computes (CPU model and flags, threads, torch, the code's
             commit or version, the precision); every step built in this run records it.
+        left_out: one line per missing optional package: what this run leaves out and how to add it.
         results: each finished (or reused) step's ``info``, by step name.
         started: ``time.monotonic()`` at the start of the run.
     """
@@ -53,6 +54,7 @@ class DemoContext:
     precision: str = "fp32"
     precision_asked: str = "auto"
     machine: str = ""
+    left_out: list[str] = dataclasses.field(default_factory=list)
     results: dict[str, dict] = dataclasses.field(default_factory=dict)
     started: float = dataclasses.field(default_factory=time.monotonic)
 

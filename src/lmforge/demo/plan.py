@@ -8,6 +8,8 @@ is a function of (plan, corpus, seeds), whatever the machine's load, so its figu
 from __future__ import annotations
 
 import dataclasses
+import hashlib
+import json
 
 from ..errors import LmforgeError
 from ..models import FAMILIES
@@ -165,6 +167,8 @@ class DemoPlan:
             modes' hyper-parameters are the transfer module's defaults.
         curve_sizes, curve_seeds: the learning curve (see :func:`lmforge.transfer.learning_curve`).
         curve_min_steps: the curve's least optimizer steps per run (``None``: the curve's default).
+        transfer_table: run the transfer table (``False`` when its labelled tweets are not installed).
+        curve: pretrain the in-domain model and run its learning curve (``False`` when its text is not installed).
     """
 
     name: str
@@ -183,11 +187,21 @@ class DemoPlan:
     curve_sizes: tuple[int, ...]
     curve_seeds: tuple[int, ...]
     curve_min_steps: int | None = None
+    transfer_table: bool = True
+    curve: bool = True
 
     @property
     def models(self) -> tuple[FamilyPlan, ...]:
-        """Every model, in the order they are trained: the general-corpus ones, then the in-domain one."""
-        return (*self.families, self.domain)
+        """Every model, in the order they are trained: the general-corpus ones, then the in-domain one (when the
+        plan runs the learning curve)."""
+        return (*self.families, self.domain) if self.curve else self.families
+
+    @property
+    def fingerprint(self) -> str:
+        """12 hex digits of every field: a record of the demo's time names the plan it timed, and
+        ``scripts/make_results.py --check`` finds it stale when the plan has changed since."""
+        text = json.dumps(dataclasses.asdict(self), sort_keys=True, default=str)
+        return hashlib.sha256(text.encode("utf-8")).hexdigest()[:12]
 
     @property
     def family_order(self) -> tuple[str, ...]:

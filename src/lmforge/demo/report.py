@@ -150,18 +150,19 @@ def plot_polysemy(info: dict, png: Path) -> Path:
 
 def report_step() -> Step:
     def inputs(ctx: DemoContext) -> dict:
-        return jsonable({k: v for k, v in ctx.results.items() if k != "report"})
+        return jsonable({**{k: v for k, v in ctx.results.items() if k != "report"}, "_left_out": ctx.left_out})
 
     def build(ctx: DemoContext) -> dict:
         text = render_report(ctx)
         atomic_write_text(ctx.path(REPORT_FILE), text)
-        return {"path": REPORT_FILE, "sha256": file_sha256(ctx.path(REPORT_FILE))}
+        return {"path": REPORT_FILE, "sha256": file_sha256(ctx.path(REPORT_FILE)), "plan": ctx.plan.name,
+                "plan_fingerprint": ctx.plan.fingerprint}
 
     def valid(ctx: DemoContext, info: dict) -> bool:
         return file_sha256(ctx.path(info["path"])) == info["sha256"]
 
     return Step("report", "write report.md", inputs, build, lambda i: f"report: {i['path']}",
-                lambda i: [i["path"]], valid, version=7)
+                lambda i: [i["path"]], valid, version=8)
 
 
 def _md_table(head: list[str], rows: list[list[str]]) -> str:
@@ -207,20 +208,30 @@ def render_report(ctx: DemoContext) -> str:
         f"stops by time, so the figures depend only on the plan, the corpus, the seeds and the machine). "
         f"Figures made on {machines_text(R)}: {SAME_MACHINE_NOTE}. Time to build each step (first run): "
         f"{_build_time(R):.0f}s in total on {os.cpu_count()} CPU core(s), per step in the last table.\n\n",
+        *_left_out_section(ctx.left_out),
         *_corpus_section(R, plan),
         *_pretraining_section(R, plan),
         *_polysemy_section(R),
-        *_transfer_section(R, plan),
-        *_curve_section(R, plan),
+        *(_transfer_section(R, plan) if "transfer" in R else []),
+        *(_curve_section(R, plan) if "curve" in R else []),
         "\n## Steps\n\n",
         _md_table(["step", "seconds (when built)"],
                   [[k, f"{v.get('_seconds', 0):.1f}"] for k, v in R.items() if k != "report"]),
     ])
 
 
+def _left_out_section(left_out: list[str]) -> list[str]:
+    """What this run left out for want of an optional package, and how to add it."""
+    if not left_out:
+        return []
+    return ["This run leaves parts out (`pip install '.[demo]'` installs every package the demo reads):\n\n",
+            *[f"- {line}\n" for line in left_out], "\n"]
+
+
 def _corpus_section(R: dict[str, dict], plan: DemoPlan) -> list[str]:
-    """The corpus, the in-domain text and a row per tokenizer with its shards."""
-    c, d = R["corpus"], R[f"{DOMAIN}-text"]
+    """The corpus, the in-domain text (when the plan has the learning curve) and a row per tokenizer with its
+    shards."""
+    c, d = R["corpus"], R.get(f"{DOMAIN}-text")
     kinds = plan.tokenizer_kinds
     parts = ["## Corpus and tokenizers\n\n",
              _built(R, "corpus", *[f"tokenizer-{k}" for k in kinds], *[f"shards-{k}" for k in kinds], f"{DOMAIN}-text",
@@ -228,13 +239,14 @@ def _corpus_section(R: dict[str, dict], plan: DemoPlan) -> list[str]:
              f"{'The built-in corpus' if c['builtin'] else 'A slice of the built-in corpus'}: {c['chars']:,} "
              "characters (Python's documentation, WordNet glosses, the King James Bible).\n\n"]
     rows = []
-    for kind, name in [*[(k, k) for k in kinds], (f"{plan.domain_kind} ({DOMAIN})", DOMAIN)]:
+    for kind, name in [*[(k, k) for k in kinds], *([(f"{plan.domain_kind} ({DOMAIN})", DOMAIN)] if d else [])]:
         t, s = R[f"tokenizer-{name}"], R[f"shards-{name}"]["splits"]
         rows.append([kind, str(t["vocab_size"]), t["hash"][:12], f"{s['train']['tokens']:,}", f"{s['val']['tokens']:,}",
                      f"{s['train']['documents'] + s['val']['documents']:,}"])
     parts.append(_md_table(["tokenizer", "vocab", "hash", "train tokens", "val tokens", "documents"], rows))
-    parts.append(f"\nThe in-domain corpus of the {plan.domain.label}: {CURVE.text}, {d['lines']:,} documents "
-                 f"({d['chars']:,} characters), none from the benchmark's test partition.\n")
+    if d:
+        parts.append(f"\nThe in-domain corpus of the {plan.domain.label}: {CURVE.text}, {d['lines']:,} documents "
+                     f"({d['chars']:,} characters), none from the benchmark's test partition.\n")
     return parts
 
 
@@ -257,13 +269,14 @@ def _pretraining_section(R: dict[str, dict], plan: DemoPlan) -> list[str]:
     """A row per model of the plan, what the in-domain model is, and the training curves."""
     dom = plan.domain
     same = "the same architecture pretrained" if dom.family in plan.family_order else "pretrained"
+    general = f"{_COUNT.get(len(plan.families), len(plan.families))} read the built-in corpus"
     parts = ["\n## Pretraining\n\n",
              _md_table(["model", "parameters", "steps", "time", "time per step", "train loss first → last / val loss",
                         "validation"], [_pretraining_row(R[f"pretrain-{m.key}"], m.label) for m in plan.models]),
-             "\nTime per step is the training time (evaluations included) over the optimizer steps. The first "
-             f"{_COUNT.get(len(plan.families), len(plan.families))} read the built-in corpus; the {dom.family_label} "
-             f"on {CURVE.name} is {same} ({dom.objective}) on the {CURVE.bench} benchmark's own unlabelled text, "
-             "and the learning curve below is its.\n",
+             "\nTime per step is the training time (evaluations included) over the optimizer steps. "
+             + (f"The first {general}; the {dom.family_label} on {CURVE.name} is {same} ({dom.objective}) on the "
+                f"{CURVE.bench} benchmark's own unlabelled text, and the learning curve below is its.\n"
+                if plan.curve else f"All {general}.\n"),
              "\nTraining curves (train and validation loss, learning rate):\n"]
     for m in plan.models:
         png = R[f"pretrain-{m.key}"].get("curves")

