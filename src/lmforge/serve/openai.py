@@ -9,7 +9,8 @@ written against vLLM or llama.cpp's server call.
   with ``seed`` and ``n`` > 1, choice ``j`` uses ``seed + j``.
 - ``POST /v1/embeddings`` (any family): ``input`` (a string or a list of strings), ``encoding_format``
   ``float`` or ``base64`` (little-endian float32, as OpenAI sends it).  Each vector is
-  :func:`lmforge.models.vectors.encode`'s: the mean of the top layer's token vectors, scaled to unit length
+  :func:`lmforge.models.vectors.encode`'s: the mean of the top layer's token vectors (a model imported from
+  sentence-transformers: its own pipeline, so the vectors are that library's), scaled to unit length
   as OpenAI's embeddings are (clients written for them compare by dot product or by Euclidean distance,
   which rank as cosine only for unit vectors).  lmforge's ``normalize``, ``pool`` and ``layer`` change
   that (``extra_body`` in the ``openai`` client), so ``lmforge encode``'s own defaults are one request away.
@@ -80,7 +81,8 @@ class EmbeddingRequest(BaseModel):
     dimensions: int | None = Field(None, ge=1, le=COUNT_MAX, description="must be the model's width if given")
     user: str | None = None
     normalize: bool = Field(True, description="lmforge: unit-length vectors (false: as `lmforge encode` writes)")
-    pool: Literal["mean", "max", "cls"] = Field("mean", description="lmforge: how token vectors become one")
+    pool: Literal["mean", "max", "cls", "mean+specials"] | None = Field(
+        None, description="lmforge: how token vectors become one (default: the model's sentence pipeline, else mean)")
     layer: int | None = Field(None, ge=-LAYER_MAX, le=LAYER_MAX, description="lmforge: which layer (default top)")
 
 
