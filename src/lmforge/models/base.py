@@ -223,6 +223,8 @@ class PretrainedModel(nn.Module):
         progress: vectors.Progress = False,
         prompt_name: str | None = None,
         forward: sentence.Forward | None = None,
+        backend: str = "torch",
+        quantize: str = "none",
     ) -> np.ndarray:
         """One vector per text: :func:`lmforge.models.vectors.encode` on this model (see it for the arguments).
 
@@ -230,7 +232,8 @@ class PretrainedModel(nn.Module):
             float32 array (len(texts), hidden_size), row i for text i.
         """
         return vectors.encode(self, texts, layer=layer, pool=pool, normalize=normalize, batch_size=batch_size,
-                              progress=progress, prompt_name=prompt_name, forward=forward)
+                              progress=progress, prompt_name=prompt_name, forward=forward,
+                              backend=backend, quantize=quantize)
 
     # -- weights -----------------------------------------------------------------------------
     def tied_weight_keys(self) -> list[str]:

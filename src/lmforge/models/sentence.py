@@ -193,6 +193,23 @@ def tokenize(body, pipeline: SentencePipeline, texts: Sequence[str], prompt: str
     return [[tok.cls_id, *ids[: limit - 2], tok.sep_id] for ids in tok.encode_batch(texts)]
 
 
+def padded(rows: list[list[int]], pad: int) -> tuple[np.ndarray, np.ndarray]:
+    """Rows of ids -> (B, T) int64 ids padded with ``pad`` and the (B, T) int64 mask (1 = a real token)."""
+    T = max(len(r) for r in rows)
+    batch = np.full((len(rows), T), pad, dtype=np.int64)
+    mask = np.zeros((len(rows), T), dtype=np.int64)
+    for b, r in enumerate(rows):
+        batch[b, : len(r)] = r
+        mask[b, : len(r)] = 1
+    return batch, mask
+
+
+def probe_batch(body, pipeline: SentencePipeline, texts: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
+    """A batch of ``texts`` as :func:`encode` builds one: what choosing a backend times."""
+    pad = body.tokenizer.pad_id if body.tokenizer.pad_id is not None else 0
+    return padded(tokenize(body, pipeline, texts), pad)
+
+
 def pool_states(states: np.ndarray, mask: np.ndarray, pool: str) -> np.ndarray:
     """(B, T, C) states and (B, T) mask -> (B, C), as sentence-transformers' Pooling computes it."""
     if pool == "cls":
@@ -227,12 +244,7 @@ def encode(body, texts: Sequence[str], pipeline: SentencePipeline, *, normalize:
     out = np.zeros((len(ids), body.hidden_size), dtype=np.float32)
     for start in range(0, len(order), batch_size):
         chunk = order[start : start + batch_size]
-        T = max(len(ids[i]) for i in chunk)
-        batch = np.full((len(chunk), T), pad, dtype=np.int64)
-        mask = np.zeros((len(chunk), T), dtype=np.int64)
-        for b, i in enumerate(chunk):
-            batch[b, : len(ids[i])] = ids[i]
-            mask[b, : len(ids[i])] = 1
+        batch, mask = padded([ids[i] for i in chunk], pad)
         out[chunk] = pool_states(forward(batch, mask), mask, pipeline.pool)
         update(len(chunk))
     if pipeline.normalize if normalize is None else normalize:

@@ -36,7 +36,7 @@ from ..data.formats import RECORD_FORMATS, detect, iter_records, record_fields
 from ..data.textfiles import read_lines
 from ..errors import DataError, LmforgeError, require
 from ..utils import atomic_path
-from . import sentence
+from . import onnx_backend, sentence
 from .registry import FAMILIES
 
 POOLS = ("mean", "cls", "max", "mean+specials")
@@ -55,6 +55,8 @@ def encode(
     progress: Progress = False,
     prompt_name: str | None = None,
     forward: sentence.Forward | None = None,
+    backend: str = "torch",
+    quantize: str = "none",
 ) -> np.ndarray:
     """One vector per text, from one layer of the model, pooled over the text's tokens.
 
@@ -74,7 +76,10 @@ def encode(
             each batch (the CLI's plain progress lines).
         prompt_name: a sentence pipeline's prompt to put before each text (None: its default prompt, if any).
         forward: a sentence pipeline's forward pass (:data:`lmforge.models.sentence.Forward`, e.g. an ONNX
-            Runtime session); None = the body on torch.
+            Runtime session); None = the one ``backend`` and ``quantize`` name.
+        backend: ``torch``, ``onnx`` or ``auto`` (the faster, measured once per model and machine), for a
+            sentence pipeline (:func:`choose_forward`).
+        quantize: ``none`` or ``int8`` (ONNX Runtime's dynamic int8; approximate: see docs/vectors.md).
     Returns:
         float32 array of shape (len(texts), C); row i is text i's vector.
     """
@@ -83,6 +88,9 @@ def encode(
     if pipeline is None and (prompt_name is not None or forward is not None):
         raise LmforgeError("prompts and other backends apply to a sentence pipeline: a model imported from "
                            "sentence-transformers, or pool 'mean+specials', with no layer given")
+    if forward is None and texts:
+        forward, _ = choose_forward(body, texts, layer=layer, pool=pool, backend=backend, quantize=quantize,
+                                    batch_size=batch_size)
     if pipeline is not None:
         with progress_updates(progress, len(texts)) as update:
             return sentence.encode(body, texts, pipeline, normalize=normalize, batch_size=batch_size,
@@ -121,6 +129,22 @@ def sentence_pipeline(body, layer: int | None, pool: str | None) -> sentence.Sen
         return sentence.lmforge_pipeline(body)
     recorded = getattr(body, "sentence_pipeline", None)
     return recorded if pool is None and layer is None else None
+
+
+def choose_forward(body, texts: Sequence[str], *, layer: int | None = None, pool: str | None = None,
+                   backend: str = "torch", quantize: str = "none",
+                   batch_size: int = 32) -> tuple[sentence.Forward | None, str]:
+    """The forward pass :func:`encode` runs for these arguments and the backend's name (``torch``: None, the
+    body itself).  ONNX Runtime and int8 apply to a sentence pipeline only; ``auto`` times both backends on a
+    batch of ``texts`` once per model and machine (:func:`lmforge.models.onnx_backend.select`)."""
+    if backend == "torch" and quantize == "none":
+        return None, "torch"
+    pipeline = sentence_pipeline(body, layer, pool)
+    if pipeline is None:
+        raise LmforgeError("--backend onnx/auto and --quantize int8 read a sentence pipeline: a model imported "
+                           "from sentence-transformers, or --pool mean+specials (BERT, ELECTRA), with no --layer")
+    probe = sentence.probe_batch(body, pipeline, list(texts)[:batch_size]) if backend == "auto" else None
+    return onnx_backend.select(body, backend, quantize, probe)
 
 
 def _check_texts(texts: Sequence[str]) -> list[str]:
