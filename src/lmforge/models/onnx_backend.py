@@ -155,6 +155,9 @@ def session(path: str | Path, threads: int | None = None):
     options.intra_op_num_threads = threads or torch.get_num_threads()
     options.inter_op_num_threads = 1
     options.log_severity_level = 3
+    # no busy-waiting between runs: spinning threads take the cores a server's other work (tokenizing,
+    # HTTP) and torch need, and on a shared machine they slow every run
+    options.add_session_config_entry("session.intra_op.allow_spinning", "0")
     return ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
 
 
