@@ -123,3 +123,54 @@ def test_embeddings_route_takes_the_backend(bert_folder):
         assert np.abs(got - exact).max() <= 1e-4
         r = client.post("/v1/embeddings", json={**body, "pool": "mean"})  # lmforge's own pooling: torch only
         assert r.status_code == 400 and "sentence pipeline" in r.json()["error"]["message"]
+
+
+# -- fine-tuned runs ---------------------------------------------------------------------------------------------
+def _conll(path, n: int, seed: int):
+    import random
+
+    rng = random.Random(seed)
+    sents = []
+    for _ in range(n):
+        pairs = [(rng.choice(["moses", "aaron"]), "B-PER") if rng.random() < 0.3 else (rng.choice(["the", "a", "of"]),
+                                                                                       "O")
+                 for _ in range(rng.randint(3, 6))]
+        sents.append("\n".join(f"{w} {t}" for w, t in pairs))
+    path.write_text("\n\n".join(sents) + "\n")
+    return path
+
+
+@pytest.mark.parametrize("task", ["classify", "tokens"])
+def test_run_graph_gives_torch_logits_and_labels(task, bert_folder, tmp_path):
+    from test_transfer_families import rows
+
+    from lmforge.data.tasks import load_task
+    from lmforge.transfer import load_run, run_transfer
+
+    if task == "classify":
+        data = tmp_path / "d.jsonl"
+        data.write_text("".join(json.dumps(r) + "\n" for r in rows(24, 1)))
+    else:
+        data = _conll(tmp_path / "d.conll", 24, 1)
+    run_transfer(bert_folder, task, data, data, mode="finetune", out_dir=tmp_path / "run", epochs=1, max_len=32,
+                 seed=0, device="cpu", precision="fp32")
+    test = load_task(data, task)
+    run = load_run(tmp_path / "run")
+    encs = run.encode(test)
+    exact = run._logits(test, encs, use_cache=False)
+    preds = run.predict(test, use_cache=False)
+    run.set_backend("onnx")
+    got = run._logits(test, encs, use_cache=False)
+    assert max(float((a - b).abs().max()) for a, b in zip(exact, got)) <= 1e-4
+    key = "label" if task == "classify" else "tags"
+    assert [p[key] for p in run.predict(test, use_cache=False)] == [p[key] for p in preds]
+
+
+def test_evaluate_run_in_int8_shows_the_fp32_score_beside(model_folders, capsys):
+    assert main(["evaluate", "run", str(model_folders["run"]), "--test", str(model_folders["data"]), "--backend",
+                 "onnx", "--quantize", "int8", "--json"]) == 0
+    record = json.loads(capsys.readouterr().out)
+    exact = lmforge.transfer.load_run(model_folders["run"]).evaluate(lmforge.data.tasks.load_task(
+        model_folders["data"], "classify"))[0]
+    assert record["quantize"] == "int8" and record["fp32"] == pytest.approx(exact)
+    assert 0 <= record["accuracy"] <= 1

@@ -45,7 +45,18 @@ def register(sub) -> None:
                    help="print one JSON record per example (with --out: one JSON record of what was written)")
     add_device_arg(p, default=None, help=RUN_DEVICE_HELP)
     add_inference_precision_arg(p, default=None, help=RUN_PRECISION_HELP)
+    add_backend_args(p)
     p.set_defaults(func=run, reads=("run_dir", "--file"), writes=("--out",))
+
+
+def add_backend_args(p) -> None:
+    """``--backend`` and ``--quantize`` of a run (predict, evaluate run)."""
+    p.add_argument("--backend", choices=["torch", "onnx"], default="torch",
+                   help="run the fine-tuned model on torch or on ONNX Runtime (the onnx extra; frozen and finetune "
+                        "runs; default torch)")
+    p.add_argument("--quantize", choices=["none", "int8"], default="none",
+                   help="int8: ONNX Runtime's dynamic int8 (with --backend onnx), approximate: `lmforge evaluate run` "
+                        "shows its test score beside fp32's (default none: exact)")
 
 
 def run(args) -> int:
@@ -57,7 +68,8 @@ def run(args) -> int:
     if args.file and os.path.isdir(args.file) and not is_dataset_folder(Path(args.file)):
         raise DataError(f"--file {args.file} is a folder, not a data file; give one file in the task's format "
                         f"(or a folder written by datasets' save_to_disk)")
-    run_ = load_run(args.run_dir, device=args.device, precision=args.precision)
+    run_ = load_run(args.run_dir, device=args.device, precision=args.precision).set_backend(args.backend,
+                                                                                          args.quantize)
     task = run_.cfg.task
     if args.file:
         data = load_task(args.file, task, labelled=False)
