@@ -174,3 +174,21 @@ def test_evaluate_run_in_int8_shows_the_fp32_score_beside(model_folders, capsys)
         model_folders["data"], "classify"))[0]
     assert record["quantize"] == "int8" and record["fp32"] == pytest.approx(exact)
     assert 0 <= record["accuracy"] <= 1
+
+
+@pytest.mark.parametrize("what", ["bert", "run"])
+def test_export_onnx_writes_a_graph_onnxruntime_runs(what, bert_folder, model_folders, tmp_path, capsys):
+    import onnxruntime as ort
+
+    source = bert_folder if what == "bert" else model_folders["run"]
+    out = tmp_path / "g.onnx"
+    assert main(["export-onnx", str(source), str(out), "--json"]) == 0
+    record = json.loads(capsys.readouterr().out)
+    names = {i.name for i in ort.InferenceSession(str(out), providers=["CPUExecutionProvider"]).get_inputs()}
+    assert record["bytes"] == out.stat().st_size and {"input_ids", "attention_mask"} <= names
+    if what == "bert":  # the file is the graph --backend onnx runs
+        ids, mask = _batch(0, 50, 2, 9)
+        want = onnx_backend.onnx_forward(lmforge.load(bert_folder))(ids, mask)
+        got = ort.InferenceSession(str(out)).run(None, {"input_ids": ids, "attention_mask": mask})[0]
+        assert np.array_equal(got, want)
+    assert main(["export-onnx", str(source), str(tmp_path / "g.txt")]) == 2

@@ -37,6 +37,7 @@ logger = logging.getLogger(__name__)
 BACKENDS = ("torch", "onnx", "auto")
 QUANTIZE = ("none", "int8")
 OPSET = 17
+GRAPH_VERSION = 2  # raised whenever the way a graph is exported changes, so cached graphs are made again
 _TMP: tempfile.TemporaryDirectory | None = None
 
 
@@ -54,7 +55,7 @@ class TopStates(nn.Module):
 def weights_key(module: nn.Module, *parts: str) -> str:
     """sha256 of the module's weights and buffers (names, shapes, bytes) and ``parts`` (what else the graph
     depends on): the cache key of its graph."""
-    h = hashlib.sha256("|".join((torch.__version__, str(OPSET), *parts)).encode())
+    h = hashlib.sha256("|".join((torch.__version__, str(OPSET), str(GRAPH_VERSION), *parts)).encode())
     for name, t in module.state_dict().items():
         h.update(f"{name}{tuple(t.shape)}{t.dtype}".encode())
         h.update(t.detach().cpu().contiguous().view(-1).view(torch.uint8).numpy().tobytes())
@@ -82,8 +83,9 @@ def example_inputs(vocab_size: int, n_inputs: int) -> tuple[torch.Tensor, ...]:
 
 def export(module: nn.Module, example: tuple[torch.Tensor, ...], path: str | Path, input_names: list[str],
            output_axes: dict[str, dict[int, str]]) -> Path:
-    """Write ``module`` (eval mode) as an ONNX graph whose inputs are (B, T) and whose outputs have the dynamic
-    axes ``output_axes`` names (output name -> {axis: name}); written atomically."""
+    """Write ``module`` (eval mode) as an ONNX graph whose inputs are (B, ·) with both sizes dynamic (each input's
+    second one its own) and whose outputs have the dynamic axes ``output_axes`` names (output name -> {axis:
+    name}); written atomically."""
     require("onnx", "onnx")
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -95,7 +97,7 @@ def export(module: nn.Module, example: tuple[torch.Tensor, ...], path: str | Pat
             warnings.simplefilter("ignore")  # the tracer's notes on Python branches and its own deprecation
             torch.onnx.export(module.eval(), example, str(tmp), input_names=input_names,
                               output_names=list(output_axes),
-                              dynamic_axes={**{n: {0: "batch", 1: "length"} for n in input_names}, **output_axes},
+                              dynamic_axes={**{n: {0: "batch", 1: f"{n}_width"} for n in input_names}, **output_axes},
                               opset_version=OPSET, dynamo=False)
         tmp.replace(path)
     finally:

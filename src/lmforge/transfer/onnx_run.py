@@ -11,6 +11,7 @@ orders have no single graph, and are refused.
 from __future__ import annotations
 
 import dataclasses
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -42,14 +43,21 @@ def _padded_example(run, encs) -> dict[str, torch.Tensor]:
     return collate([e, longer], run.fmt.pad_id)
 
 
-def run_forward(run, encs, quantize: str = "none"):
-    """``batch dict -> logits`` of ``run`` on ONNX Runtime (exported, and int8-quantized if asked, on first use).
+def _example_encodings(run) -> list:
+    """An encoding of the run's kind of input, for tracing (sentence and pair tasks, token tagging)."""
+    if run.cfg.task in ("classify", "pair"):
+        return [run.fmt.encode_text("an example text", "and its pair" if run.cfg.task == "pair" else None)]
+    if run.cfg.task == "tokens":
+        return [run.fmt.encode_words(["an", "example", "text"])]
+    raise LmforgeError(f"export-onnx writes classify, pair and tokens runs, not {run.cfg.task}")
 
-    Args:
-        run: a :class:`~lmforge.transfer.run.TransferRun` (frozen or finetune mode).
-        encs: some of its encodings (the first one shapes the traced example).
-        quantize: ``none`` or ``int8``.
-    """
+
+def run_graph(run, quantize: str = "none", encs=None) -> Path:
+    """The cached ONNX graph of ``run`` (body and head; see the module docstring) and its input names."""
+    return _graph(run, encs or _example_encodings(run), quantize)[0]
+
+
+def _graph(run, encs, quantize: str) -> tuple[Path, list[str]]:
     if run.cfg.mode == "features":
         raise LmforgeError("a features-mode run's head reads stored vectors; --backend onnx needs a frozen or "
                            "finetune run")
@@ -61,6 +69,18 @@ def run_forward(run, encs, quantize: str = "none"):
     out_axes = {"logits": {0: "batch"} if run.spec.sentence else {0: "batch", 1: "rows"}}
     path = onnx_backend.cached_graph(model, f"{run.cfg.task} run", tuple(example[k] for k in names), names,
                                      out_axes, quantize)
+    return path, names
+
+
+def run_forward(run, encs, quantize: str = "none"):
+    """``batch dict -> logits`` of ``run`` on ONNX Runtime (exported, and int8-quantized if asked, on first use).
+
+    Args:
+        run: a :class:`~lmforge.transfer.run.TransferRun` (frozen or finetune mode).
+        encs: some of its encodings (the first one shapes the traced example).
+        quantize: ``none`` or ``int8``.
+    """
+    path, names = _graph(run, encs, quantize)
     sess = onnx_backend.session(path)
     wanted = {i.name for i in sess.get_inputs()}  # inputs the graph does not read are not fed
 
