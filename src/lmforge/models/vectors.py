@@ -84,6 +84,8 @@ def encode(
         float32 array of shape (len(texts), C); row i is text i's vector.
     """
     texts = _check_texts(texts)
+    if batch_size < 1:
+        raise LmforgeError(f"batch size must be >= 1, got {batch_size}")
     pipeline = sentence_pipeline(body, layer, pool)
     if pipeline is None and (prompt_name is not None or forward is not None):
         raise LmforgeError("prompts and other backends apply to a sentence pipeline: a model imported from "
@@ -95,13 +97,21 @@ def encode(
         with progress_updates(progress, len(texts)) as update:
             return sentence.encode(body, texts, pipeline, normalize=normalize, batch_size=batch_size,
                                    prompt_name=prompt_name, forward=forward, update=update)
-    pool, normalize = pool or "mean", bool(normalize)
+    pool = pool or "mean"
     if pool not in POOLS:
         raise LmforgeError(f"unknown pool '{pool}'; choose one of {', '.join(POOLS)}")
-    if batch_size < 1:
-        raise LmforgeError(f"batch size must be >= 1, got {batch_size}")
     if not texts:
         return np.zeros((0, body.hidden_size), dtype=np.float32)
+    out = _pooled_tokens(body, texts, layer, pool, batch_size, progress)
+    if normalize:
+        norms = np.linalg.norm(out, axis=1, keepdims=True)
+        out = out / np.where(norms > 0, norms, 1).astype(np.float32)
+    return out
+
+
+def _pooled_tokens(body, texts: list[str], layer: int | None, pool: str, batch_size: int,
+                   progress: Progress) -> np.ndarray:
+    """lmforge's per-token pooling of every text (``embed``'s windows for long texts), (n, C) float32."""
     out = None
     # Texts of similar length share a batch, so little of each forward pass is padding; row i stays text i.
     order = sorted(range(len(texts)), key=lambda i: len(texts[i]))
@@ -114,9 +124,6 @@ def encode(
                     out = np.zeros((len(texts), vector.shape[0]), dtype=np.float32)
                 out[i] = vector
             update(len(chunk))
-    if normalize:
-        norms = np.linalg.norm(out, axis=1, keepdims=True)
-        out = out / np.where(norms > 0, norms, 1).astype(np.float32)
     return out
 
 
