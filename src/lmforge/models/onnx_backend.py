@@ -227,15 +227,19 @@ def select(body, backend: str, quantize: str, probe: tuple[np.ndarray, np.ndarra
         return None, "torch"
     if backend == "onnx" or quantize != "none":
         return cached_forward(body, quantize), "onnx"
+    ids, mask = probe
+    length = 1 << max(0, ids.shape[1] - 1).bit_length()  # lengths up to the same power of two share an answer
+    question = f"encode backend | {weights_key(body, 'top states')[:16]} | batch {ids.shape[0]}x<={length}"
+    known = autotune.lookup(question)
+    if known is not None and known["choice"] == "torch":  # measured before: no graph needed
+        return None, "torch"
     onnx = cached_forward(body, quantize)
     top = TopStates(body)
-    ids, mask = probe
 
     @torch.no_grad()
     def run_torch():
         with body.evaluating():
             top(torch.from_numpy(ids), torch.from_numpy(mask))
 
-    question = f"encode backend | {weights_key(body, 'top states')[:16]} | batch {ids.shape[0]}x{ids.shape[1]}"
     choice = autotune.choose(question, {"torch": run_torch, "onnx": lambda: onnx(ids, mask)}, "torch", reps=3)
     return (onnx if choice == "onnx" else None), choice
