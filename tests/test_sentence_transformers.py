@@ -157,3 +157,5 @@ def test_exported_lmforge_model_encodes_to_lmforge_vectors(family, wordpiece_tok
     torch.manual_seed(0)
     ours = lmforge.load(tmp_path / "m").encode(items, pool="mean+specials")
     assert_same(ours, st_encode(tmp_path / "st", items))
+    # its sentence-transformers files are the export's own: exporting again replaces it without --overwrite
+    assert main(["-q", "export-hf", str(tmp_path / "m"), str(tmp_path / "st")]) == 0

@@ -57,7 +57,9 @@ def import_hf(hf_dir: str | Path, out_dir: str | Path | None = None):
     # a sentence-transformers folder: its pooling, normalisation, length and prompts come along (read first: a
     # pipeline lmforge cannot reproduce is refused before any weight is read)
     pipeline = read_sentence_transformers(p)
-    model = importlib.import_module(FAMILIES[HF_TYPES[hf_type]].hf_module).import_hf(p)
+    # a sentence-transformers BERT is read for its vectors: the MLM/NSP heads it never had are no news
+    quiet = {"warn_fresh_heads": False} if pipeline is not None and hf_type == "bert" else {}
+    model = importlib.import_module(FAMILIES[HF_TYPES[hf_type]].hf_module).import_hf(p, **quiet)
     model.sentence_pipeline = pipeline
     if out_dir is not None:
         model.save_pretrained(out_dir)
