@@ -164,6 +164,9 @@ def test_run_graph_gives_torch_logits_and_labels(task, bert_folder, tmp_path):
     assert max(float((a - b).abs().max()) for a, b in zip(exact, got)) <= 1e-4
     key = "label" if task == "classify" else "tags"
     assert [p[key] for p in run.predict(test, use_cache=False)] == [p[key] for p in preds]
+    run.set_backend("auto")  # the faster of the two, measured once and cached: the same labels either way
+    assert [p[key] for p in run.predict(test, use_cache=False)] == [p[key] for p in preds]
+    assert any(e["choice"] in ("torch", "onnx") for e in autotune.lookup_prefix("predict backend |").values())
 
 
 def test_evaluate_run_in_int8_shows_the_fp32_score_beside(model_folders, capsys):

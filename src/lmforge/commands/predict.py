@@ -51,9 +51,9 @@ def register(sub) -> None:
 
 def add_backend_args(p) -> None:
     """``--backend`` and ``--quantize`` of a run (predict, evaluate run)."""
-    p.add_argument("--backend", choices=["torch", "onnx"], default="torch",
+    p.add_argument("--backend", choices=["torch", "onnx", "auto"], default="torch",
                    help="run the fine-tuned model on torch or on ONNX Runtime (the onnx extra; frozen and finetune "
-                        "runs; default torch)")
+                        "runs), or auto: the faster on this machine, measured once per run (default torch)")
     p.add_argument("--quantize", choices=["none", "int8"], default="none",
                    help="int8: ONNX Runtime's dynamic int8 (with --backend onnx), approximate: `lmforge evaluate run` "
                         "shows its test score beside fp32's (default none: exact)")

@@ -19,6 +19,7 @@ from torch import nn
 
 from ..errors import LmforgeError
 from ..models import onnx_backend
+from ..nn import autotune
 from .batching import collate
 
 
@@ -89,3 +90,27 @@ def run_forward(run, encs, quantize: str = "none"):
         return torch.from_numpy(sess.run(None, feed)[0])
 
     return forward
+
+
+def auto_forward(run, encs):
+    """The faster of torch and ONNX Runtime for ``run``, timed on a batch of ``encs`` once per run, batch shape
+    and machine (cached: :mod:`lmforge.nn.autotune`): the ONNX Runtime forward, or None for torch (also where a
+    run has no single graph)."""
+    if run.cfg.mode == "features" or any(e.twin is not None for e in encs):
+        return None
+    batch = collate(encs[: run.cfg.batch_size], run.fmt.pad_id)
+    B, T = batch["input_ids"].shape
+    width = 1 << max(0, T - 1).bit_length()  # lengths up to the same power of two share an answer
+    question = f"predict backend | {onnx_backend.weights_key(run.model, 'run')[:16]} | batch {B}x<={width}"
+    known = autotune.lookup(question)
+    if known is not None and known["choice"] == "torch":
+        return None
+    onnx = run_forward(run, encs)
+    model = run.model
+
+    @torch.no_grad()
+    def on_torch():
+        model(batch)
+
+    choice = autotune.choose(question, {"torch": on_torch, "onnx": lambda: onnx(batch)}, "torch", reps=3)
+    return onnx if choice == "onnx" else None

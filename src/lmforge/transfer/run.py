@@ -163,6 +163,7 @@ class TransferRun(RunModel, RunFeatures):
         self.model: TransferModel | None = None
         self.backend, self.quantize = "torch", "none"  # what predict runs the model on (set_backend)
         self._onnx: Callable | None = None
+        self._decided = False  # whether _onnx holds the backend's answer (None then means torch)
 
     def encode(self, data: TaskData) -> list[Encoding]:
         """The body inputs of ``data`` in order (QA: one per window; choice: one per choice); each
@@ -334,24 +335,28 @@ class TransferRun(RunModel, RunFeatures):
 
     # -- inference ------------------------------------------------------------------------------------
     def set_backend(self, backend: str = "torch", quantize: str = "none") -> TransferRun:
-        """Predict on ``torch`` or ``onnx`` (ONNX Runtime: :mod:`lmforge.transfer.onnx_run`), in fp32 or with
-        ``quantize="int8"`` (ONNX Runtime's dynamic int8, approximate); returns ``self``."""
-        if backend not in ("torch", "onnx") or quantize not in onnx_backend.QUANTIZE:
+        """Predict on ``torch``, ``onnx`` (ONNX Runtime: :mod:`lmforge.transfer.onnx_run`) or ``auto`` (the faster,
+        measured once per run and machine), in fp32 or with ``quantize="int8"`` (ONNX Runtime's dynamic int8,
+        approximate); returns ``self``."""
+        if backend not in onnx_backend.BACKENDS or quantize not in onnx_backend.QUANTIZE:
             raise LmforgeError(f"a run predicts on torch or onnx, in fp32 (none) or int8; not {backend}/{quantize}")
         if backend == "torch" and quantize != "none":
             raise LmforgeError("int8 runs on ONNX Runtime: use --backend onnx with --quantize int8")
-        if backend == "onnx" and self.cfg.mode == "features":
+        if (backend == "onnx" or quantize != "none") and self.cfg.mode == "features":
             raise LmforgeError("a features-mode run's head reads stored vectors; --backend onnx needs a frozen or "
                                "finetune run")
-        self.backend, self.quantize, self._onnx = backend, quantize, None
+        self.backend, self.quantize, self._onnx, self._decided = backend, quantize, None, False
         return self
 
     def _graph(self, encs: list[Encoding]) -> Callable | None:
         """The ONNX Runtime forward of the run, made on first use; None on torch."""
-        if self.backend == "torch":
-            return None
-        if self._onnx is None:
+        if self.backend == "torch" or self._decided:
+            return self._onnx
+        if self.backend == "onnx" or self.quantize != "none":
             self._onnx = onnx_run.run_forward(self, encs, self.quantize)
+        else:
+            self._onnx = onnx_run.auto_forward(self, encs)
+        self._decided = True
         return self._onnx
 
     @torch.no_grad()
