@@ -32,10 +32,12 @@ def _put_in_cache(hub, repo, revision, hf_folder):
     snapshot = repo_dir / "snapshots" / revision
     snapshot.mkdir(parents=True)
     (repo_dir / "blobs").mkdir(exist_ok=True)
-    for f in hf_folder.iterdir():
-        blob = repo_dir / "blobs" / f"{revision}-{f.name}"
+    for f in sorted(p for p in hf_folder.rglob("*") if p.is_file()):  # an export has subfolders (1_Pooling)
+        name = f.relative_to(hf_folder)
+        blob = repo_dir / "blobs" / f"{revision}-{'-'.join(name.parts)}"
         shutil.copyfile(f, blob)
-        (snapshot / f.name).symlink_to(blob)
+        (snapshot / name).parent.mkdir(parents=True, exist_ok=True)
+        (snapshot / name).symlink_to(blob)
     return snapshot
 
 

@@ -69,6 +69,7 @@ WRITERS = [
            ".jsonl"),
     Writer("encode", lambda f, out: ["encode", f["gpt"], "--file", f["texts"], "--out", out], False, ".npy"),
     Writer("benchmark-text", lambda f, out: ["benchmark", "text", "en-tweets", "--out", out], False, ".txt"),
+    Writer("export-onnx", lambda f, out: ["export-onnx", f["gpt"], "--out", out], False, ".onnx"),
 ]
 
 

@@ -53,14 +53,17 @@ _KNOWN: dict[str, tuple[str, ...]] = {
     "model": (
         "config.json", "model.safetensors", *_TOKENIZER_FILES, "train_config.json", "metrics.jsonl",
         "training_curves.png", "vectors.txt", "training_summary.json", "training_state", "training_state.*",
-        "README.md", "plan.json", "events.out.tfevents.*",
+        "README.md", "plan.json", "events.out.tfevents.*", "sentence_pipeline.json",
     ),
     "run": ("config.json", "metrics.json", "predictions.jsonl", "head.safetensors", "body.safetensors",
             "task_tokens.safetensors", "README.md", "events.out.tfevents.*"),
     "shards": ("meta.json", "*.bin", "tokenizer"),
     "tokenizer": _TOKENIZER_FILES,
     "export": ("config.json", "model.safetensors", *_TOKENIZER_FILES, "generation_config.json", "vocab.json",
-               "merges.txt", "README.md", "generator"),  # generator/: ELECTRA's second HF model
+               "merges.txt", "README.md", "generator",  # generator/: ELECTRA's second HF model
+               # what makes it a sentence-transformers folder too (lmforge.models.sentence)
+               "modules.json", "1_Pooling", "2_Normalize", "sentence_bert_config.json",
+               "config_sentence_transformers.json"),
     "demo": ("*",),
 }
 # lmforge's own bookkeeping and the leftovers of interrupted writes: never "foreign"

@@ -30,6 +30,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
                                "learning curve"),
     "export-hf": ("hf", "write a BERT/GPT/ELECTRA model folder or fine-tuned run as an HF transformers folder"),
     "import-hf": ("hf", "read an HF BERT/GPT-2/ELECTRA folder into an lmforge model folder"),
+    "export-onnx": ("export_onnx", "write a model's body or a fine-tuned run as an ONNX graph (int8 optional)"),
     "serve": ("serve", "serve model folders and fine-tuned runs over HTTP (lmforge's API, OpenAI-compatible routes, "
                        "a web playground at /)"),
 }

@@ -30,6 +30,7 @@ from ._common import (
     show,
 )
 from ._runconfig import split_sets
+from .predict import add_backend_args
 
 
 def register(sub) -> None:
@@ -64,6 +65,7 @@ def register(sub) -> None:
     add_overwrite_arg(r)
     add_device_arg(r, default=None, help=RUN_DEVICE_HELP)
     add_inference_precision_arg(r, default=None, help=RUN_PRECISION_HELP)
+    add_backend_args(r)
     add_json_arg(r)
     r.set_defaults(func=run_run, reads=("run_dir", "--test"), writes=("--out",))
     add_column_args(r, files=("test",))
@@ -116,11 +118,16 @@ def run_run(args) -> int:
     task = run_.cfg.task
     data = load_task(args.test, task)
     check_labels(TaskData(task, [], list(run_.labels), f"the run {args.run_dir}"), data)
-    metrics, records = run_.evaluate(data)
+    exact = run_.evaluate(data)[0] if args.quantize != "none" else None  # what int8 is held against
+    metrics, records = run_.set_backend(args.backend, args.quantize).evaluate(data)
     if args.out:
         atomic_write_text(args.out, "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in records))
-    record = {"task": task, "family": run_.family, "n_test": len(data), **metrics}
-    lines = [f"{task} run {args.run_dir} ({run_.family}) on {len(data)} examples of {args.test}: {pairs(metrics)}"]
+    record = {"task": task, "family": run_.family, "n_test": len(data), **metrics, "backend": args.backend,
+              "quantize": args.quantize, "fp32": exact}
+    lines = [f"{task} run {args.run_dir} ({run_.family}) on {len(data)} examples of {args.test}: {pairs(metrics)}"
+             + ("" if args.backend == "torch" else f" ({args.backend}{'' if exact is None else ' int8'})")]
+    if exact is not None:
+        lines.append(f"the same run in fp32 on torch: {pairs(exact)}")
     if args.out:
         lines.append(f"wrote each example's gold and prediction to {args.out}")
     show(args, record, lines)

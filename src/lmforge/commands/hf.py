@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 from ..config import load_json
 from ..folder_writing import output_folder, staged_folder
 from ..interop import export_hf, import_hf
@@ -59,7 +61,14 @@ def run_import(args) -> int:
         with staged_folder(out, "model") as tmp:
             model = import_hf(hf_dir, tmp)
     parameters = model.num_parameters()
+    pipeline = model.sentence_pipeline
     record = {"model_dir": str(args.out), "source": str(args.hf_dir), "hf_dir": str(hf_dir),
-              "model_type": model.model_type, "parameters": parameters}
-    show(args, record, [f"imported {model.model_type} ({parameters / 1e6:.1f}M parameters) into {args.out}"])
+              "model_type": model.model_type, "parameters": parameters,
+              "sentence_pipeline": None if pipeline is None else dataclasses.asdict(pipeline)}
+    kept = "" if pipeline is None else (
+        "; its sentence-transformers pipeline is kept: "
+        + ("the [CLS] vector" if pipeline.pool == "cls" else f"{pipeline.pool} over every token, [CLS] and [SEP] "
+           "included") + f"{', normalized' if pipeline.normalize else ''}, at most {pipeline.max_seq_length} tokens")
+    show(args, record, [f"imported {model.model_type} ({parameters / 1e6:.1f}M parameters) into {args.out}"
+                        + kept])
     return 0

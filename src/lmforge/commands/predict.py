@@ -60,8 +60,19 @@ def register(sub) -> None:
                    help="print one JSON record per example (with --out: one JSON record of what was written)")
     add_device_arg(p, default=None, help=RUN_DEVICE_HELP)
     add_inference_precision_arg(p, default=None, help=RUN_PRECISION_HELP)
+    add_backend_args(p)
     p.set_defaults(func=run, reads=("run_dir", "--file"), writes=("--out",))
     add_column_args(p, files=("file",))
+
+
+def add_backend_args(p) -> None:
+    """``--backend`` and ``--quantize`` of a run (predict, evaluate run)."""
+    p.add_argument("--backend", choices=["torch", "onnx", "auto"], default="torch",
+                   help="run the fine-tuned model on torch or on ONNX Runtime (the onnx extra; frozen and finetune "
+                        "runs), or auto: the faster on this machine, measured once per run (default torch)")
+    p.add_argument("--quantize", choices=["none", "int8"], default="none",
+                   help="int8: ONNX Runtime's dynamic int8 (with --backend onnx), approximate: `lmforge evaluate run` "
+                        "shows its test score beside fp32's (default none: exact)")
 
 
 def run(args) -> int:
@@ -73,7 +84,8 @@ def run(args) -> int:
     if args.file and args.file != "-" and os.path.isdir(args.file) and not is_dataset_folder(Path(args.file)):
         raise DataError(f"--file {args.file} is a folder, not a data file; give one file in the task's format "
                         f"(or a folder written by datasets' save_to_disk)")
-    run_ = load_run(args.run_dir, device=args.device, precision=args.precision)
+    run_ = load_run(args.run_dir, device=args.device, precision=args.precision).set_backend(args.backend,
+                                                                                          args.quantize)
     if args.file == "-":
         with stdin_file(args.file) as path:
             data, inputs = file_examples(path, run_.cfg.task, "standard input")

@@ -14,6 +14,7 @@ from ..cards import update_card
 from ..config import load_json
 from ..errors import CheckpointError
 from ..models import FAMILIES, load
+from ..models.sentence import lmforge_pipeline, read_sentence_transformers, write_sentence_transformers
 from .hub_cache import resolve_hf_dir
 from .runs import export_run, is_run_folder
 
@@ -23,7 +24,11 @@ HF_TYPES = {f.hf_model_type: f.name for f in FAMILIES.values() if f.hf_module is
 
 def export_hf(model_dir: str | Path, out_dir: str | Path) -> Path:
     """Write an HF ``transformers`` folder for the lmforge BERT or GPT model at ``model_dir``, or for the
-    transfer run folder at ``model_dir`` (its task's HF class: :mod:`lmforge.interop.runs`)."""
+    transfer run folder at ``model_dir`` (its task's HF class: :mod:`lmforge.interop.runs`).
+
+    A BERT or ELECTRA folder is also a sentence-transformers one (``SentenceTransformer(out_dir)``): with the
+    pipeline the model was imported with, or else sentence-transformers' mean over every position, which
+    lmforge gives as ``encode(pool="mean+specials")`` (:mod:`lmforge.models.sentence`)."""
     if is_run_folder(model_dir):
         return export_run(model_dir, out_dir)
     model = load(model_dir)
@@ -32,19 +37,30 @@ def export_hf(model_dir: str | Path, out_dir: str | Path) -> Path:
         exporters = [f.name for f in FAMILIES.values() if f.hf_module is not None]
         raise CheckpointError(f"export-hf supports {', '.join(exporters)} models, not '{model.model_type}'")
     importlib.import_module(family.hf_module).export_hf(model, Path(out_dir))
+    if family.input_format == "bert" and model.tokenizer is not None:
+        # also a sentence-transformers folder: the model's recorded pipeline, else the mean over every position
+        pipeline = model.sentence_pipeline or lmforge_pipeline(model)
+        write_sentence_transformers(pipeline, model.hidden_size, out_dir)
     update_card(out_dir, source=model_dir)  # README.md: an HF model card from the model folder's facts
     return Path(out_dir)
 
 
 def import_hf(hf_dir: str | Path, out_dir: str | Path | None = None):
     """Load an HF BERT or GPT-2 folder (or a model id found in the local HF cache: :mod:`.hub_cache`) as an
-    lmforge model; save it as a model folder if ``out_dir``."""
+    lmforge model; save it as a model folder if ``out_dir``.  A sentence-transformers folder's pipeline
+    (:mod:`lmforge.models.sentence`) is kept as the model's ``sentence_pipeline``."""
     p = resolve_hf_dir(hf_dir)
     data = load_json(p / "config.json")
     hf_type = data.get("model_type")
     if hf_type not in HF_TYPES:
         raise CheckpointError(f"{p} holds an HF '{hf_type}' model; import-hf reads {', '.join(HF_TYPES)}")
-    model = importlib.import_module(FAMILIES[HF_TYPES[hf_type]].hf_module).import_hf(p)
+    # a sentence-transformers folder: its pooling, normalisation, length and prompts come along (read first: a
+    # pipeline lmforge cannot reproduce is refused before any weight is read)
+    pipeline = read_sentence_transformers(p)
+    # a sentence-transformers BERT is read for its vectors: the MLM/NSP heads it never had are no news
+    quiet = {"warn_fresh_heads": False} if pipeline is not None and hf_type == "bert" else {}
+    model = importlib.import_module(FAMILIES[HF_TYPES[hf_type]].hf_module).import_hf(p, **quiet)
+    model.sentence_pipeline = pipeline
     if out_dir is not None:
         model.save_pretrained(out_dir)
     return model

@@ -23,7 +23,7 @@ from ..errors import CheckpointError, LmforgeError
 from ..model_checks import check_finite, check_tokenizer_fits
 from ..tokenization import Tokenizer
 from ..utils import load_safetensors, save_safetensors
-from . import vectors
+from . import sentence, vectors
 from .registry import FAMILIES
 from .windows import Window, plan_windows
 
@@ -112,8 +112,8 @@ class TransferBody(Protocol):
         """
         ...
 
-    def encode(self, texts: list[str], *, layer: int | None = None, pool: str = "mean", normalize: bool = False,
-               batch_size: int = 32, progress: bool = False) -> np.ndarray:
+    def encode(self, texts: list[str], *, layer: int | None = None, pool: str | None = None,
+               normalize: bool | None = None, batch_size: int = 32, progress: bool = False) -> np.ndarray:
         """One float32 vector per text, (len(texts), C): :func:`lmforge.models.vectors.encode` on this body."""
         ...
 
@@ -128,6 +128,8 @@ class PretrainedModel(nn.Module):
         super().__init__()
         self.config = config
         self.tokenizer = None  # attached by lmforge.load / from_pretrained when the folder has one
+        # how encode reads a whole text when its folder records it (imported from sentence-transformers)
+        self.sentence_pipeline: sentence.SentencePipeline | None = None
 
     @contextlib.contextmanager
     def evaluating(self):
@@ -215,10 +217,14 @@ class PretrainedModel(nn.Module):
         texts: list[str],
         *,
         layer: int | None = None,
-        pool: str = "mean",
-        normalize: bool = False,
+        pool: str | None = None,
+        normalize: bool | None = None,
         batch_size: int = 32,
         progress: vectors.Progress = False,
+        prompt_name: str | None = None,
+        forward: sentence.Forward | None = None,
+        backend: str = "torch",
+        quantize: str = "none",
     ) -> np.ndarray:
         """One vector per text: :func:`lmforge.models.vectors.encode` on this model (see it for the arguments).
 
@@ -226,7 +232,8 @@ class PretrainedModel(nn.Module):
             float32 array (len(texts), hidden_size), row i for text i.
         """
         return vectors.encode(self, texts, layer=layer, pool=pool, normalize=normalize, batch_size=batch_size,
-                              progress=progress)
+                              progress=progress, prompt_name=prompt_name, forward=forward,
+                              backend=backend, quantize=quantize)
 
     # -- weights -----------------------------------------------------------------------------
     def tied_weight_keys(self) -> list[str]:
@@ -243,6 +250,8 @@ class PretrainedModel(nn.Module):
         tok = tokenizer if tokenizer is not None else self.tokenizer
         if tok is not None:
             tok.save(out)
+        if self.sentence_pipeline is not None:
+            sentence.write_pipeline(self.sentence_pipeline, out)
 
     def load_weights(self, state: dict[str, torch.Tensor], strict: bool = True) -> None:
         """Load a state dict, treating tied keys as optional; mismatches are a CheckpointError."""
@@ -285,6 +294,7 @@ class PretrainedModel(nn.Module):
         check_finite(state, p / "model.safetensors")
         model.load_weights(state)
         model.eval()
+        model.sentence_pipeline = sentence.read_pipeline(p)
         if load_tokenizer and (p / "tokenizer.json").is_file():
             model.tokenizer = Tokenizer.load(p)
             check_tokenizer_fits(config, model.tokenizer, p, FAMILIES.get(cls.model_type))

@@ -11,7 +11,14 @@ Pooling (``pool``) turns a text's token vectors at one layer into one vector:
 - ``max``: the largest value of each dimension over the tokens;
 - ``cls``: the vector of the model's ``[CLS]`` token (BERT: the first position of the text's first
   window). GPT, ELMo and word2vec have no such token, and ``cls`` is refused for them: their first
-  position is simply the first word's vector (GPT's first position sees nothing but itself).
+  position is simply the first word's vector (GPT's first position sees nothing but itself);
+- ``mean+specials`` (BERT, ELECTRA): sentence-transformers' mean, over every position the model reads,
+  ``[CLS]`` and ``[SEP]`` included, of the text's first ``max_position_embeddings`` tokens
+  (:mod:`lmforge.models.sentence`): what a model exported by ``export-hf`` gives in ``SentenceTransformer``.
+
+With no ``pool`` and no ``layer``, a model folder that records a sentence pipeline (imported from a
+sentence-transformers folder) is read through it, so its vectors are sentence-transformers' own; any other
+model is read with ``mean``.
 """
 
 from __future__ import annotations
@@ -29,8 +36,10 @@ from ..data.formats import RECORD_FORMATS, detect, iter_records, record_fields
 from ..data.textfiles import read_lines
 from ..errors import DataError, LmforgeError, require
 from ..utils import atomic_path
+from . import onnx_backend, sentence
+from .registry import FAMILIES
 
-POOLS = ("mean", "cls", "max")
+POOLS = ("mean", "cls", "max", "mean+specials")
 
 Progress = bool | Callable[[int], None]
 
@@ -40,10 +49,14 @@ def encode(
     texts: Sequence[str],
     *,
     layer: int | None = None,
-    pool: str = "mean",
-    normalize: bool = False,
+    pool: str | None = None,
+    normalize: bool | None = None,
     batch_size: int = 32,
     progress: Progress = False,
+    prompt_name: str | None = None,
+    forward: sentence.Forward | None = None,
+    backend: str = "torch",
+    quantize: str = "none",
 ) -> np.ndarray:
     """One vector per text, from one layer of the model, pooled over the text's tokens.
 
@@ -53,22 +66,52 @@ def encode(
         texts: the texts; each needs at least one token (an empty or blank text is an error naming it).
         layer: which layer of ``embed``'s ``(L, n, C)``: 0 is the token embedding, ``L - 1`` the top; negative
             counts from the top (-1 = the top); None = the top layer.
-        pool: ``mean``, ``max`` or ``cls`` (see the module docstring).
-        normalize: scale each vector to unit L2 norm (an all-zero vector stays zero).
+        pool: ``mean``, ``max``, ``cls`` or ``mean+specials`` (see the module docstring); None = the model's
+            sentence pipeline when it records one (and ``layer`` is None), else ``mean``.
+        normalize: scale each vector to unit L2 norm (an all-zero vector stays zero); None = as the sentence
+            pipeline says (no pipeline: False).
         batch_size: texts per ``embed`` call; texts are batched shortest first, so a batch holds texts of
             similar length (the rows of the result keep the order of ``texts``).
         progress: True shows a tqdm bar on stderr; a callable is called with the number of texts done after
             each batch (the CLI's plain progress lines).
+        prompt_name: a sentence pipeline's prompt to put before each text (None: its default prompt, if any).
+        forward: a sentence pipeline's forward pass (:data:`lmforge.models.sentence.Forward`, e.g. an ONNX
+            Runtime session); None = the one ``backend`` and ``quantize`` name.
+        backend: ``torch``, ``onnx`` or ``auto`` (the faster, measured once per model and machine), for a
+            sentence pipeline (:func:`choose_forward`).
+        quantize: ``none`` or ``int8`` (ONNX Runtime's dynamic int8; approximate: see docs/vectors.md).
     Returns:
         float32 array of shape (len(texts), C); row i is text i's vector.
     """
     texts = _check_texts(texts)
-    if pool not in POOLS:
-        raise LmforgeError(f"unknown pool '{pool}'; choose one of {', '.join(POOLS)}")
     if batch_size < 1:
         raise LmforgeError(f"batch size must be >= 1, got {batch_size}")
+    pipeline = sentence_pipeline(body, layer, pool)
+    if pipeline is None and (prompt_name is not None or forward is not None):
+        raise LmforgeError("prompts and other backends apply to a sentence pipeline: a model imported from "
+                           "sentence-transformers, or pool 'mean+specials', with no layer given")
+    if forward is None and texts:
+        forward, _ = choose_forward(body, texts, layer=layer, pool=pool, backend=backend, quantize=quantize,
+                                    batch_size=batch_size)
+    if pipeline is not None:
+        with progress_updates(progress, len(texts)) as update:
+            return sentence.encode(body, texts, pipeline, normalize=normalize, batch_size=batch_size,
+                                   prompt_name=prompt_name, forward=forward, update=update)
+    pool = pool or "mean"
+    if pool not in POOLS:
+        raise LmforgeError(f"unknown pool '{pool}'; choose one of {', '.join(POOLS)}")
     if not texts:
         return np.zeros((0, body.hidden_size), dtype=np.float32)
+    out = _pooled_tokens(body, texts, layer, pool, batch_size, progress)
+    if normalize:
+        norms = np.linalg.norm(out, axis=1, keepdims=True)
+        out = out / np.where(norms > 0, norms, 1).astype(np.float32)
+    return out
+
+
+def _pooled_tokens(body, texts: list[str], layer: int | None, pool: str, batch_size: int,
+                   progress: Progress) -> np.ndarray:
+    """lmforge's per-token pooling of every text (``embed``'s windows for long texts), (n, C) float32."""
     out = None
     # Texts of similar length share a batch, so little of each forward pass is padding; row i stays text i.
     order = sorted(range(len(texts)), key=lambda i: len(texts[i]))
@@ -81,10 +124,34 @@ def encode(
                     out = np.zeros((len(texts), vector.shape[0]), dtype=np.float32)
                 out[i] = vector
             update(len(chunk))
-    if normalize:
-        norms = np.linalg.norm(out, axis=1, keepdims=True)
-        out = out / np.where(norms > 0, norms, 1).astype(np.float32)
     return out
+
+
+def sentence_pipeline(body, layer: int | None, pool: str | None) -> sentence.SentencePipeline | None:
+    """The sentence pipeline ``encode`` reads ``body`` with for these arguments, or None (per-token pooling)."""
+    if pool == "mean+specials":
+        if layer is not None or FAMILIES.get(getattr(body, "model_type", None)) is None or \
+                FAMILIES[body.model_type].input_format != "bert":
+            raise LmforgeError("pool 'mean+specials' reads the top layer of a BERT or ELECTRA model (no layer)")
+        return sentence.lmforge_pipeline(body)
+    recorded = getattr(body, "sentence_pipeline", None)
+    return recorded if pool is None and layer is None else None
+
+
+def choose_forward(body, texts: Sequence[str], *, layer: int | None = None, pool: str | None = None,
+                   backend: str = "torch", quantize: str = "none",
+                   batch_size: int = 32) -> tuple[sentence.Forward | None, str]:
+    """The forward pass :func:`encode` runs for these arguments and the backend's name (``torch``: None, the
+    body itself).  ONNX Runtime and int8 apply to a sentence pipeline only; ``auto`` times both backends on a
+    batch of ``texts`` once per model and machine (:func:`lmforge.models.onnx_backend.select`)."""
+    if backend == "torch" and quantize == "none":
+        return None, "torch"
+    pipeline = sentence_pipeline(body, layer, pool)
+    if pipeline is None:
+        raise LmforgeError("--backend onnx/auto and --quantize int8 read a sentence pipeline: a model imported "
+                           "from sentence-transformers, or --pool mean+specials (BERT, ELECTRA), with no --layer")
+    probe = sentence.probe_batch(body, pipeline, list(texts)[:batch_size]) if backend == "auto" else None
+    return onnx_backend.select(body, backend, quantize, probe)
 
 
 def _check_texts(texts: Sequence[str]) -> list[str]:

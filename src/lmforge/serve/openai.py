@@ -9,10 +9,12 @@ written against vLLM or llama.cpp's server call.
   with ``seed`` and ``n`` > 1, choice ``j`` uses ``seed + j``.
 - ``POST /v1/embeddings`` (any family): ``input`` (a string or a list of strings), ``encoding_format``
   ``float`` or ``base64`` (little-endian float32, as OpenAI sends it).  Each vector is
-  :func:`lmforge.models.vectors.encode`'s: the mean of the top layer's token vectors, scaled to unit length
+  :func:`lmforge.models.vectors.encode`'s: the mean of the top layer's token vectors (a model imported from
+  sentence-transformers: its own pipeline, so the vectors are that library's), scaled to unit length
   as OpenAI's embeddings are (clients written for them compare by dot product or by Euclidean distance,
   which rank as cosine only for unit vectors).  lmforge's ``normalize``, ``pool`` and ``layer`` change
-  that (``extra_body`` in the ``openai`` client), so ``lmforge encode``'s own defaults are one request away.
+  that (``extra_body`` in the ``openai`` client), so ``lmforge encode``'s own defaults are one request away;
+  ``backend`` (``torch``, ``onnx``, ``auto``) and ``quantize`` (``none``, ``int8``) are ``lmforge encode``'s.
 - ``GET /v1/models`` and ``/v1/models/NAME``: OpenAI's list shape; lmforge's details (kind, family,
   parameters, supports, path, reloads ...) are extra keys of each model.
 
@@ -80,8 +82,12 @@ class EmbeddingRequest(BaseModel):
     dimensions: int | None = Field(None, ge=1, le=COUNT_MAX, description="must be the model's width if given")
     user: str | None = None
     normalize: bool = Field(True, description="lmforge: unit-length vectors (false: as `lmforge encode` writes)")
-    pool: Literal["mean", "max", "cls"] = Field("mean", description="lmforge: how token vectors become one")
+    pool: Literal["mean", "max", "cls", "mean+specials"] | None = Field(
+        None, description="lmforge: how token vectors become one (default: the model's sentence pipeline, else mean)")
     layer: int | None = Field(None, ge=-LAYER_MAX, le=LAYER_MAX, description="lmforge: which layer (default top)")
+    backend: Literal["torch", "onnx", "auto"] = Field(
+        "torch", description="lmforge: what runs a sentence pipeline's model (onnx: ONNX Runtime; auto: the faster)")
+    quantize: Literal["none", "int8"] = Field("none", description="lmforge: int8 = ONNX Runtime's dynamic int8")
 
 
 def texts_of(server: Server, value: Any, field: str) -> list[str]:
@@ -226,7 +232,8 @@ async def embeddings(server: Server, req: EmbeddingRequest) -> dict:
     if req.dimensions is not None and req.dimensions != width:
         raise HTTPError(400, f"'{req.model}' gives {width}-dimensional vectors; leave dimensions out or give {width}",
                         "dimensions")
-    options = dict(layer=req.layer, pool=req.pool, normalize=req.normalize)
+    options = dict(layer=req.layer, pool=req.pool, normalize=req.normalize, backend=req.backend,
+                   quantize=req.quantize)
     (vectors,) = await server.batchers[(req.model, "encode")].submit([(texts, options)])
     n_tokens = sum(len(e.obj.tokenizer.encode(t)) for t in texts)
     return {

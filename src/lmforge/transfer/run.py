@@ -30,11 +30,12 @@ from torch import nn
 
 from ..data.tasks import TaskData
 from ..errors import LmforgeError
+from ..models import onnx_backend
 from ..models.registry import get_family
 from ..train.precision import resolve_device, resolve_precision
 from ..utils import seed_everything
-from . import gpt_inputs
-from .batching import RowStore, TransferModel
+from . import gpt_inputs, onnx_run
+from .batching import RowStore, TransferModel, collate
 from .building import RunModel, reinit_body
 from .config import TransferConfig, check_supported
 from .encoding import Encoding, InputFormat, summary_trained
@@ -177,6 +178,9 @@ class TransferRun(RunModel, RunFeatures):
         self.choices: dict = {}  # what was chosen on validation data
         self._weights_hash: str | None = None
         self.model: TransferModel | None = None
+        self.backend, self.quantize = "torch", "none"  # what predict runs the model on (set_backend)
+        self._onnx: Callable | None = None
+        self._decided = False  # whether _onnx holds the backend's answer (None then means torch)
 
     def encode(self, data: TaskData) -> list[Encoding]:
         """The body inputs of ``data`` in order (QA: one per window; choice: one per choice); each
@@ -347,6 +351,31 @@ class TransferRun(RunModel, RunFeatures):
         return float(metrics[self.spec.main_metric(self.labels)]), total / max(1, n)
 
     # -- inference ------------------------------------------------------------------------------------
+    def set_backend(self, backend: str = "torch", quantize: str = "none") -> TransferRun:
+        """Predict on ``torch``, ``onnx`` (ONNX Runtime: :mod:`lmforge.transfer.onnx_run`) or ``auto`` (the faster,
+        measured once per run and machine), in fp32 or with ``quantize="int8"`` (ONNX Runtime's dynamic int8,
+        approximate); returns ``self``."""
+        if backend not in onnx_backend.BACKENDS or quantize not in onnx_backend.QUANTIZE:
+            raise LmforgeError(f"a run predicts on torch or onnx, in fp32 (none) or int8; not {backend}/{quantize}")
+        if backend == "torch" and quantize != "none":
+            raise LmforgeError("int8 runs on ONNX Runtime: use --backend onnx with --quantize int8")
+        if (backend == "onnx" or quantize != "none") and self.cfg.mode == "features":
+            raise LmforgeError("a features-mode run's head reads stored vectors; --backend onnx needs a frozen or "
+                               "finetune run")
+        self.backend, self.quantize, self._onnx, self._decided = backend, quantize, None, False
+        return self
+
+    def _graph(self, encs: list[Encoding]) -> Callable | None:
+        """The ONNX Runtime forward of the run, made on first use; None on torch."""
+        if self.backend == "torch" or self._decided:
+            return self._onnx
+        if self.backend == "onnx" or self.quantize != "none":
+            self._onnx = onnx_run.run_forward(self, encs, self.quantize)
+        else:
+            self._onnx = onnx_run.auto_forward(self, encs)
+        self._decided = True
+        return self._onnx
+
     @torch.no_grad()
     def _logits(
         self, data: TaskData, encs: list[Encoding], use_cache: bool = True, store: RowStore | None = None
@@ -359,14 +388,19 @@ class TransferRun(RunModel, RunFeatures):
             store = self._head_store(store)
         out: list[torch.Tensor | None] = [None] * len(encs)
         order = sorted(range(len(encs)), key=lambda i: len(encs[i].input_ids))
+        graph = self._graph(encs) if store is None and encs else None
         for k in range(0, len(order), self.cfg.batch_size):
             idx = order[k : k + self.cfg.batch_size]
             with self.autocast():
-                if store is not None:
+                if graph is not None:
+                    batch = collate([encs[i] for i in idx], self.fmt.pad_id)
+                    logits, mask = graph(batch), batch["row_mask"]
+                elif store is not None:
                     blocks, mask = (t.to(self.device) for t in store.batch(idx))
                 else:
                     blocks, mask = self.body_blocks([encs[i] for i in idx])
-                logits = self.model.head(blocks, mask).float().cpu()
+                if graph is None:
+                    logits = self.model.head(blocks, mask).float().cpu()
             mask = mask.cpu()
             for j, i in enumerate(idx):
                 out[i] = logits[j] if self.spec.sentence else logits[j, : int(mask[j].sum())]
