@@ -241,19 +241,20 @@ class Tokenizer:
     # --- encoding -----------------------------------------------------------------------------
 
     def encode(self, text: str) -> list[int]:
-        """Token ids of ``text`` without special tokens."""
-        return self._tok.encode(text, add_special_tokens=False).ids
+        """Token ids of ``text`` without special tokens (a DataError if it is not valid Unicode)."""
+        return self._tok.encode(check_unicode(text), add_special_tokens=False).ids
 
     def encode_batch(self, texts: list[str]) -> list[list[int]]:
         """Token ids of several texts (encoded in parallel by ``tokenizers``), no special tokens."""
-        return [e.ids for e in self._tok.encode_batch(list(texts), add_special_tokens=False)]
+        texts = [check_unicode(t) for t in texts]
+        return [e.ids for e in self._tok.encode_batch(texts, add_special_tokens=False)]
 
     def encode_with_offsets(self, text: str) -> tuple[list[int], list[str], list[tuple[int, int]]]:
         """Ids, token strings and ``(start, end)`` character offsets into ``text`` (no special tokens).
 
         For byte-level BPE the offsets exclude the leading space a token carries (``Ġ``).
         """
-        enc = self._tok.encode(text, add_special_tokens=False)
+        enc = self._tok.encode(check_unicode(text), add_special_tokens=False)
         return enc.ids, enc.tokens, [tuple(o) for o in enc.offsets]
 
     def decode(self, ids: Iterable[int], skip_special_tokens: bool = True) -> str:
@@ -278,6 +279,26 @@ class Tokenizer:
 
 
 # --- helpers ------------------------------------------------------------------------------------
+
+
+def check_unicode(text: str) -> str:
+    """``text`` itself if it is valid Unicode, else a DataError saying where it is not.
+
+    Every text enters the tokenizer through :class:`Tokenizer`'s encode methods, which call this: a lone
+    surrogate (``"\\ud800"`` in a JSON body) or a byte that is not UTF-8 (a command-line argument, which Python
+    decodes with ``surrogateescape``) would otherwise fail inside ``tokenizers`` with a traceback.
+    """
+    if not isinstance(text, str):
+        raise DataError(f"expected text, got {type(text).__name__} {str(text)[:40]!r}")
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as e:
+        code = ord(text[e.start])
+        what = (f"the byte 0x{code - 0xDC00:02x} (not UTF-8)" if 0xDC80 <= code <= 0xDCFF
+                else f"a lone surrogate U+{code:04X}")
+        raise DataError(f"the text {text[:e.start][-20:]!r}... holds {what} at character {e.start}; give text "
+                        f"encoded as UTF-8 (e.g. iconv -f latin1 -t utf-8)") from None
+    return text
 
 
 def _read_json(path: Path) -> dict:

@@ -20,7 +20,7 @@ from torch import nn
 
 from ..config import from_dict, load_json, save_json
 from ..errors import CheckpointError, LmforgeError
-from ..model_checks import check_finite, check_tokenizer_fits
+from ..model_checks import check_finite, check_recorded_tokenizer, check_tokenizer_fits
 from ..tokenization import Tokenizer
 from ..utils import load_safetensors, save_safetensors
 from . import vectors
@@ -288,6 +288,7 @@ class PretrainedModel(nn.Module):
         if load_tokenizer and (p / "tokenizer.json").is_file():
             model.tokenizer = Tokenizer.load(p)
             check_tokenizer_fits(config, model.tokenizer, p, FAMILIES.get(cls.model_type))
+            check_recorded_tokenizer(p, model.tokenizer)
         return model
 
     def num_parameters(self, trainable_only: bool = False) -> int:
