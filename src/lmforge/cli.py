@@ -10,7 +10,9 @@ import argparse
 import importlib
 import logging
 import re
+import signal
 import sys
+import threading
 from collections.abc import Sequence
 
 from . import __version__
@@ -94,6 +96,16 @@ def main(argv: list[str] | None = None) -> int:
         parser.print_help()
         return 1
     setup_logging(logging.WARNING if args.quiet else logging.INFO)
+    previous = stop_on_sigterm()
+    try:
+        return _run(args)
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
+
+
+def _run(args) -> int:
+    """``args.func(args)``, with the user's mistakes, interruptions and the machine's limits as one line."""
     try:
         logging.getLogger(__name__).debug("allocator: %s", keep_freed_memory())  # lmforge/malloc.py says why
         capped = cap_threads_to_quota()  # before torch loads: lmforge/cpu_quota.py says why
@@ -103,9 +115,10 @@ def main(argv: list[str] | None = None) -> int:
         rc = args.func(args)
     except LmforgeError as e:
         return _fail(args.command, str(e))
-    except KeyboardInterrupt:
-        print(f"lmforge {args.command}: interrupted", file=sys.stderr)
-        return 130
+    except KeyboardInterrupt as e:
+        stopped = isinstance(e, Terminated)
+        print(f"lmforge {args.command}: {'terminated' if stopped else 'interrupted'}", file=sys.stderr)
+        return 143 if stopped else 130
     except OSError as e:
         out = _output_of(args)
         if e.filename is None and out is not None:  # e.g. a write() that hit a full disk names no file
@@ -119,6 +132,28 @@ def main(argv: list[str] | None = None) -> int:
             raise
         return _fail(args.command, line)
     return int(rc or 0)
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM, raised in the main thread as Ctrl-C raises KeyboardInterrupt."""
+
+
+def stop_on_sigterm():
+    """Make SIGTERM unwind the command as Ctrl-C does: every ``finally`` and ``with`` on the way releases its
+    lock, ends its worker processes and removes its staged output (the default action ends the process at once,
+    leaving all three behind).  ``lmforge serve`` replaces it with uvicorn's own shutdown while it serves.
+
+    Returns:
+        the handler it replaced (None where signals cannot be handled: outside the main thread).
+    """
+    if threading.current_thread() is not threading.main_thread():
+        return None
+
+    def terminate(signum, frame):
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)  # a second SIGTERM ends the process at once
+        raise Terminated()
+
+    return signal.signal(signal.SIGTERM, terminate)
 
 
 def check_args(args) -> None:
