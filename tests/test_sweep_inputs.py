@@ -187,3 +187,23 @@ def test_a_refused_cors_preflight_is_json(folders):
     assert refused_.status_code == 400 and refused_.headers["content-type"] == "application/json"
     assert "preflight" in refused_.json()["error"]
     assert allowed.status_code == 200
+
+
+# -- 9 and 12: one seed range, everywhere ------------------------------------------------------------------------
+def test_a_seed_beyond_32_bits_reaches_scikit_learn(folders, tmp_path):
+    """Before: ``finetune --seed 4294967296`` was a scikit-learn traceback (its random_state stops at 2**32-1)."""
+    data = tmp_path / "train.jsonl"
+    data.write_text("".join(json.dumps({"text": f"text {i} " + ("good" if i % 2 else "bad"),
+                                        "label": "pos" if i % 2 else "neg"}) + "\n" for i in range(20)))
+    for seed in ("4294967296", str(2**63 - 1)):
+        rc, _, err = cli("finetune", folders["bert"], "--task", "classify", "--train", data, "--mode", "frozen",
+                         "--epochs", "1", "--seed", seed, "--out", tmp_path / f"run{seed[:3]}")
+        assert rc == 0, err
+
+
+@pytest.mark.parametrize("value", ["-1", str(2**63), str(2**70)])
+def test_set_seed_and_seed_say_the_same_range(tmp_path, value):
+    by_set = refused(cli("pretrain", "gpt", "--data", tmp_path / "d", "--out", tmp_path / "m",
+                         "--set", f"seed={value}"))
+    by_flag = refused(cli("generate", tmp_path, "--prompt", "a", "--seed", value))
+    assert f"from 0 to {2**63 - 1}" in by_set and f"from 0 to {2**63 - 1}" in by_flag, (by_set, by_flag)

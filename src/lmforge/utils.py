@@ -277,13 +277,19 @@ def check_seed(seed, name: str = "seed") -> int | None:
     return seed
 
 
+def seed32(seed: int) -> int:
+    """``seed`` folded into 0..2**32-1, the range of NumPy's legacy ``RandomState`` (scikit-learn's
+    ``random_state``), which refuses the rest of lmforge's seed range."""
+    return int(seed) % (2**32)
+
+
 def seed_everything(seed: int) -> None:
     """Seed Python, NumPy and torch RNGs."""
     import numpy as np
     import torch
 
     random.seed(seed)
-    np.random.seed(seed % (2**32))
+    np.random.seed(seed32(seed))
     torch.manual_seed(seed)
 
 

@@ -28,7 +28,7 @@ import torch
 from threadpoolctl import threadpool_limits
 
 from ..errors import CheckpointError
-from ..utils import load_safetensors, save_safetensors
+from ..utils import load_safetensors, save_safetensors, seed32
 from .batching import RowStore
 
 logger = logging.getLogger(__name__)
@@ -80,7 +80,7 @@ def _folds(y: np.ndarray, groups: np.ndarray, n_folds: int, seed: int, grouped: 
     n = int(min(n_folds, counts[counts > 0].min())) if len(counts) else 0
     if n < 2:
         return None
-    return list(StratifiedKFold(n_splits=n, shuffle=True, random_state=seed).split(np.zeros(len(y)), y))
+    return list(StratifiedKFold(n_splits=n, shuffle=True, random_state=seed32(seed)).split(np.zeros(len(y)), y))
 
 
 def _cv_scores(X: np.ndarray, y: np.ndarray, folds, grid: np.ndarray, scorer) -> np.ndarray:
