@@ -17,7 +17,7 @@ from test_reliability_cli import cli, ok, refused
 
 from lmforge.data import shard_check
 from lmforge.data.shards import Shards
-from lmforge.errors import DataError
+from lmforge.errors import DataError, LmforgeError
 from lmforge.utils import load_safetensors, save_safetensors
 
 
@@ -103,3 +103,36 @@ def test_a_nan_features_cache_is_computed_again(bert_dir, tmp_path):
     assert torch.isfinite(load_safetensors(f)["vectors"]).all()  # recomputed and saved whole
     clean, again = (json.loads((tmp_path / d / "metrics.json").read_text()) for d in ("clean", "again"))
     assert clean["accuracy"] == again["accuracy"]
+
+
+# -- 10: sizes bounded by what the machine can hold, said before allocation ----------------------------------------
+@pytest.fixture
+def eight_gib_free(monkeypatch):
+    """A machine with 8 GiB free (the check reads the real figure; a fixed one keeps the test the same anywhere)."""
+    import lmforge.utils
+
+    monkeypatch.setattr(lmforge.utils, "available_memory", lambda: 8 * 2**30)
+
+
+def test_a_vocabulary_too_large_for_memory_is_refused_before_training(tiny_corpus, tmp_path, eight_gib_free):
+    """Before: ``tokenizer train --vocab-size 1000000000`` aborted (exit 134, a 70 GB allocation) and left its lock."""
+    out = tmp_path / "tok"
+    refused(cli("tokenizer", "train", tiny_corpus, "--kind", "bpe", "--vocab-size", "1000000000", "--out", out),
+            "--vocab-size 1,000,000,000", "GiB", "8.0 GiB is free")
+    assert not out.exists() and not list(tmp_path.glob(".*lock*"))
+    ok(cli("tokenizer", "train", tiny_corpus, "--kind", "bpe", "--vocab-size", "300", "--out", out))
+
+
+def test_a_batch_too_large_for_memory_is_refused_before_sampling(bpe_shards, gpt_dir, eight_gib_free):
+    """Before: ``evaluate lm --batch-size 100000000`` grew without bound (9.4 GB after ten minutes)."""
+    refused(cli("evaluate", "lm", gpt_dir, "--data", bpe_shards, "--batches", "1", "--batch-size", "100000000"),
+            "100,000,000 rows", "GiB", "smaller batch size")
+    ok(cli("evaluate", "lm", gpt_dir, "--data", bpe_shards, "--batches", "1", "--batch-size", "4"))
+
+
+def test_check_memory_names_the_size_and_the_fix():
+    from lmforge.utils import check_memory
+
+    check_memory(2**30, "x", "y", available=2**31)  # fits
+    with pytest.raises(LmforgeError, match=r"x needs at least 4.0 GiB of memory, but 2.0 GiB is free; y"):
+        check_memory(4 * 2**30, "x", "y", available=2 * 2**30)

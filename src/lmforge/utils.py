@@ -259,6 +259,41 @@ def file_sha256(path: str | Path) -> str:
     return h.hexdigest()
 
 
+def available_memory() -> int | None:
+    """Bytes this process can still allocate: the system's ``MemAvailable``, within a cgroup's (a container's)
+    limit; None where neither can be read."""
+    avail = None
+    try:
+        with open("/proc/meminfo", encoding="ascii") as f:
+            avail = next((int(ln.split()[1]) * 1024 for ln in f if ln.startswith("MemAvailable:")), None)
+    except (OSError, ValueError):
+        pass
+    try:
+        limit = Path("/sys/fs/cgroup/memory.max").read_text().strip()
+        if limit != "max":
+            room = int(limit) - int(Path("/sys/fs/cgroup/memory.current").read_text())
+            avail = room if avail is None else min(avail, room)
+    except (OSError, ValueError):
+        pass
+    return avail
+
+
+def check_memory(nbytes: int, what: str, fix: str, available: int | None = None) -> None:
+    """Refuse (one line) a size a user gave that cannot fit, before anything of it is allocated.
+
+    Args:
+        nbytes: a lower bound of what ``what`` allocates (so that a run which could fit is never refused).
+        what: what needs it, e.g. "--batch-size 100000000 (of 128-token rows)".
+        fix: what to do instead.
+        available: the bytes free where it is allocated (default: this machine's memory,
+            :func:`available_memory`).
+    """
+    free = available_memory() if available is None else available
+    if free is not None and nbytes > free:
+        raise LmforgeError(f"{what} needs at least {nbytes / 2**30:,.1f} GiB of memory, but {free / 2**30:,.1f} GiB "
+                           f"is free; {fix}")
+
+
 #: the largest seed lmforge takes: every generator (Python, NumPy after ``% 2**32``, torch) accepts it
 #: the whole numbers torch and NumPy compute with (64 bits): every integer a user gives must lie here
 INT64 = (-(2**63), 2**63 - 1)
