@@ -136,3 +136,32 @@ def test_check_memory_names_the_size_and_the_fix():
     check_memory(2**30, "x", "y", available=2**31)  # fits
     with pytest.raises(LmforgeError, match=r"x needs at least 4.0 GiB of memory, but 2.0 GiB is free; y"):
         check_memory(4 * 2**30, "x", "y", available=2 * 2**30)
+
+
+# -- 12: a full disk names what it could not write ---------------------------------------------------------------
+def test_a_full_disk_under_stdout_names_the_standard_output(tmp_path, wordpiece_tokenizer_dir):
+    """Before: "no space left on the device holding ?" (the failed write named no file and the command no --out)."""
+    import os
+    import subprocess
+    import sys
+
+    from test_reliability import _try_mount
+
+    full = tmp_path / "full"
+    if not _try_mount(full, "size=16k"):
+        pytest.skip("mounting a small tmpfs needs root")
+    try:
+        with open(full / "filler", "wb") as f:
+            with pytest.raises(OSError):
+                f.write(b"x" * 1_000_000)
+                f.flush()
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+        with open(full / "out.txt", "w") as out:
+            proc = subprocess.run([sys.executable, "-m", "lmforge.cli", "tokenizer", "encode", "--tokenizer",
+                                   str(wordpiece_tokenizer_dir), "hello world"], stdout=out, stderr=subprocess.PIPE,
+                                  text=True, env=env)
+        assert proc.returncode == 2 and "Traceback" not in proc.stderr
+        assert proc.stderr.strip() == ("lmforge tokenizer: error: no space left on the device holding the standard "
+                                       "output; free some space or choose another folder")
+    finally:
+        subprocess.run(["umount", "-l", str(full)], capture_output=True)

@@ -207,3 +207,64 @@ def test_set_seed_and_seed_say_the_same_range(tmp_path, value):
                          "--set", f"seed={value}"))
     by_flag = refused(cli("generate", tmp_path, "--prompt", "a", "--seed", value))
     assert f"from 0 to {2**63 - 1}" in by_set and f"from 0 to {2**63 - 1}" in by_flag, (by_set, by_flag)
+
+
+# -- 12: a stalled streaming client, a CSV field over 131,072 characters, rewritten weights ------------------------
+def test_a_stalled_stream_gives_up_its_slot_and_a_reading_one_gets_every_piece():
+    """Before: a streaming client that never read held its generation slot (two such clients blocked everyone)."""
+    import asyncio
+
+    from lmforge.serve.generating import AHEAD, Generations
+
+    def work(slot, emit):
+        for i in range(3 * AHEAD):
+            emit(str(i))
+        return "done"
+
+    async def read_all(messages):
+        async for kind, value in messages:
+            yield f"{kind}:{value if kind == 'piece' else ''}|"
+
+    async def stalled():
+        gens = Generations(1, stall_s=0.2)
+        gens.stream(work, read_all)  # nobody reads the response
+        assert gens.running == 1
+        for _ in range(100):
+            await asyncio.sleep(0.05)
+            if gens.running == 0:
+                break
+        return gens.running
+
+    async def reading():
+        gens = Generations(1, stall_s=0.2)
+        response = gens.stream(work, read_all)
+        text = "".join([chunk async for chunk in response.body_iterator])
+        return text, gens.running
+
+    assert asyncio.run(stalled()) == 0
+    text, running = asyncio.run(reading())
+    assert text == "".join(f"piece:{i}|" for i in range(3 * AHEAD)) + "done:|" and running == 0
+
+
+def test_a_csv_field_over_the_csv_modules_limit_is_read(tmp_path):
+    """Before: a text over 131,072 characters got a hint about quotes."""
+    from lmforge.data.task_readers import load_text_task
+
+    long = "word " * 40_000  # 200,000 characters
+    data = tmp_path / "d.csv"
+    data.write_text(f"text,label\n\"{long}\",pos\nshort,neg\n")
+    loaded = load_text_task(data)
+    assert [len(ex.text) for ex in loaded.examples] == [len(long), 5] and loaded.labels == ["neg", "pos"]
+
+
+def test_float_weights_rewritten_as_integers_are_refused(folders, tmp_path):
+    from lmforge.utils import load_safetensors, save_safetensors
+
+    folder = tmp_path / "gpt"
+    shutil.copytree(folders["gpt"], folder)
+    state = load_safetensors(folder / "model.safetensors")
+    name = next(k for k, v in state.items() if v.is_floating_point() and v.dim() == 2)
+    save_safetensors({**state, name: state[name].round().long()}, folder / "model.safetensors")
+    with pytest.raises(LmforgeError, match=f"weight '{name}' is int64 but the model holds float32"):
+        lmforge.load(folder)
+    refused(cli("generate", folder, "--prompt", "the", "--max-new-tokens", "2"), "int64", "model.safetensors")

@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import io
 import logging
+import os
 import re
 import signal
 import sys
@@ -113,6 +115,7 @@ def _run(args) -> int:
             logging.getLogger(__name__).info("%s", capped)
         check_args(args)
         rc = args.func(args)
+        sys.stdout.flush()  # a full disk under a redirected stdout fails here, not silently at exit
     except LmforgeError as e:
         return _fail(args.command, str(e))
     except KeyboardInterrupt as e:
@@ -121,7 +124,8 @@ def _run(args) -> int:
         return 143 if stopped else 130
     except OSError as e:
         out = _output_of(args)
-        if e.filename is None and out is not None:  # e.g. a write() that hit a full disk names no file
+        if e.filename is None:  # e.g. a write() that hit a full disk names no file: the output, or stdout
+            out = out or ("the standard output" if _stdout_full() else "this command's output")
             e = OSError(e.errno, e.strerror, out)
         return _fail(args.command, os_error_line(e, "write" if out is not None else "read"))
     except MemoryError:
@@ -168,6 +172,14 @@ def check_args(args) -> None:
 def _fail(command: str, message: str) -> int:
     print(f"lmforge {command}: error: {message}", file=sys.stderr)
     return 2
+
+
+def _stdout_full() -> bool:
+    """Whether stdout goes to a file system with no space left (``lmforge ... > file`` on a full disk)."""
+    try:
+        return os.fstatvfs(sys.stdout.fileno()).f_bavail == 0
+    except (OSError, ValueError, AttributeError, io.UnsupportedOperation):
+        return False
 
 
 def _output_of(args) -> str | None:

@@ -262,6 +262,14 @@ class PretrainedModel(nn.Module):
             raise CheckpointError(
                 f"weight '{k}' has shape {tuple(state[k].shape)} but the config expects {tuple(own[k].shape)}"
             )
+        kinds = [k for k, v in state.items() if k in own and own[k].is_floating_point() != v.is_floating_point()]
+        if kinds:
+            k = kinds[0]
+            raise CheckpointError(
+                f"weight '{k}' is {str(state[k].dtype).removeprefix('torch.')} but the model holds "
+                f"{str(own[k].dtype).removeprefix('torch.')} there: the weights file was rewritten; put the saved "
+                f"model.safetensors back"
+            )
         self.load_state_dict(state, strict=False)
 
     @classmethod
