@@ -165,3 +165,25 @@ def test_a_full_disk_under_stdout_names_the_standard_output(tmp_path, wordpiece_
                                        "output; free some space or choose another folder")
     finally:
         subprocess.run(["umount", "-l", str(full)], capture_output=True)
+
+
+def test_a_full_disk_names_the_output_folder_and_leaves_nothing(tmp_path, tiny_corpus):
+    """Before: "no space left on the device holding ?", and the lock's temporary file and an empty folder stayed."""
+    import subprocess
+
+    from test_reliability import _try_mount
+
+    full = tmp_path / "full"
+    if not _try_mount(full, "size=16k"):
+        pytest.skip("mounting a small tmpfs needs root")
+    try:
+        with open(full / "filler", "wb") as f:
+            with pytest.raises(OSError):
+                f.write(b"x" * 1_000_000)
+                f.flush()
+        out = full / "tok"
+        refused(cli("tokenizer", "train", tiny_corpus, "--kind", "bpe", "--vocab-size", "300", "--out", out),
+                f"no space left on the device holding {out};")
+        assert sorted(p.name for p in full.iterdir()) == ["filler"]
+    finally:
+        subprocess.run(["umount", "-l", str(full)], capture_output=True)

@@ -37,8 +37,8 @@ def check_shard_arrays(folder: Path, meta: dict, dtype: np.dtype) -> None:
         if _fresh(tokens):
             top = _max(tokens, dtype, counts["tokens"])
             if top >= vocab:
-                raise DataError(f"{tokens} holds token id {top}, but the vocabulary has {vocab} ids (0..{vocab - 1}): "
-                                f"{again}")
+                raise DataError(f"{tokens} holds token id {top}, but meta.json says vocab_size {vocab} (ids 0.."
+                                f"{vocab - 1}): {again}")
             _done(tokens)
         for name, end in (("sentences", counts["tokens"]), ("documents", counts["sentences"])):
             f = folder / f"{split}.{name}.bin"
