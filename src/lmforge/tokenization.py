@@ -21,7 +21,7 @@ from tokenizers import Tokenizer as HFTokenizer
 from .errors import ConfigError, DataError
 from .folder_writing import recover_folder
 from .tokenizer_pipelines import EOT, WORDPIECE_SPECIALS, check_train_args, train_backend, wordpiece_from_vocab
-from .utils import finish_together, write_together
+from .utils import check_unicode, finish_together, write_together
 
 logger = logging.getLogger(__name__)
 
@@ -279,26 +279,6 @@ class Tokenizer:
 
 
 # --- helpers ------------------------------------------------------------------------------------
-
-
-def check_unicode(text: str) -> str:
-    """``text`` itself if it is valid Unicode, else a DataError saying where it is not.
-
-    Every text enters the tokenizer through :class:`Tokenizer`'s encode methods, which call this: a lone
-    surrogate (``"\\ud800"`` in a JSON body) or a byte that is not UTF-8 (a command-line argument, which Python
-    decodes with ``surrogateescape``) would otherwise fail inside ``tokenizers`` with a traceback.
-    """
-    if not isinstance(text, str):
-        raise DataError(f"expected text, got {type(text).__name__} {str(text)[:40]!r}")
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError as e:
-        code = ord(text[e.start])
-        what = (f"the byte 0x{code - 0xDC00:02x} (not UTF-8)" if 0xDC80 <= code <= 0xDCFF
-                else f"a lone surrogate U+{code:04X}")
-        raise DataError(f"the text {text[:e.start][-20:]!r}... holds {what} at character {e.start}; give text "
-                        f"encoded as UTF-8 (e.g. iconv -f latin1 -t utf-8)") from None
-    return text
 
 
 def _read_json(path: Path) -> dict:

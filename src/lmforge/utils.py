@@ -16,7 +16,7 @@ import tempfile
 import uuid
 from pathlib import Path
 
-from .errors import CheckpointError, LmforgeError
+from .errors import CheckpointError, DataError, LmforgeError
 
 logger = logging.getLogger("lmforge")
 
@@ -257,6 +257,34 @@ def file_sha256(path: str | Path) -> str:
         for chunk in iter(lambda: f.read(1 << 20), b""):
             h.update(chunk)
     return h.hexdigest()
+
+
+def check_unicode(text: str, where: str = "the text") -> str:
+    """``text`` itself if it is valid Unicode, else a DataError saying where it is not.
+
+    Every text enters the tokenizer through :class:`lmforge.tokenization.Tokenizer`'s encode methods, and every
+    record's text through the corpus and task readers, which call this: a lone surrogate (``"\\ud800"`` in JSON)
+    or a byte that is not UTF-8 (a command-line argument, which Python decodes with ``surrogateescape``) would
+    otherwise fail inside ``tokenizers`` with a traceback.
+
+    Args:
+        where: how the message names the text (a record's place, e.g. ``"data.jsonl:3: 'text'"``).
+    """
+    if not isinstance(text, str):
+        raise DataError(f"{where}: expected text, got {type(text).__name__} {str(text)[:40]!r}")
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as e:
+        code = ord(text[e.start])
+        if 0xDC80 <= code <= 0xDCFF:
+            what = f"the byte 0x{code - 0xDC00:02x} (not UTF-8)"
+            fix = "give text encoded as UTF-8 (e.g. iconv -t utf-8)"
+        else:
+            what = f"a lone surrogate U+{code:04X}"
+            fix = "write the character whole (both halves of a pair) or drop it"
+        shown = f" {text[:e.start][-20:]!r}..." if where == "the text" else ""
+        raise DataError(f"{where}{shown} holds {what} at character {e.start}; {fix}") from None
+    return text
 
 
 def available_memory() -> int | None:

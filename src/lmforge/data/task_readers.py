@@ -11,6 +11,7 @@ import numbers
 from pathlib import Path
 
 from ..errors import DataError
+from ..utils import check_unicode
 from .columns import Columns, columns_of, file_format, missing, records, value
 from .compression import open_binary
 from .task_data import ChoiceExample, TaskData, TextExample, TokensExample, is_bio, is_bio_tag
@@ -69,7 +70,7 @@ def text_field(where: str, key: str, v) -> str:
     """The text in field ``key`` of a record; a DataError unless it is a string (``{"text": 5}`` is a mistake)."""
     if not isinstance(v, str):
         raise DataError(f"{where}: {key!r} must be a text (a JSON string), not {type(v).__name__} {v!r:.40}")
-    return v
+    return check_unicode(v, f"{where}: {key!r}")
 
 
 def label_field(where: str, key: str, v) -> str:

@@ -38,7 +38,7 @@ from ..evaluate import find_word, layer_names, span_vectors
 from ..evaluate.polysemy import word_similarities
 from ..generation import check_generation_args
 from ..models.vectors import encode
-from ..tokenization import check_unicode
+from ..utils import check_unicode
 from . import openai as openai_routes
 from .batching import MicroBatcher
 from .errors import HTTPError, error_response, one_line, validation_error
