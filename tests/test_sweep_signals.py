@@ -114,3 +114,17 @@ def test_sigterm_in_process_is_a_clean_exit(tmp_path, tiny_corpus, wordpiece_tok
     assert rc == 143 and "terminated" in capsys.readouterr().err
     assert signal.getsignal(signal.SIGTERM) is before
     assert not locks(tmp_path) and not (tmp_path / "s").exists()
+
+
+def test_sigterm_while_the_command_loads_is_a_clean_exit(tmp_path, tiny_corpus, wordpiece_tokenizer_dir):
+    """Before the handler was installed first, a SIGTERM during the imports ended the process silently (-15)."""
+    script = "import os, signal, sys\nimport lmforge.cli as cli\n" \
+             "real = cli.build_parser\n" \
+             "def slow(*a, **k):\n    os.kill(os.getpid(), signal.SIGTERM)\n    return real(*a, **k)\n" \
+             "cli.build_parser = slow\nsys.exit(cli.main(sys.argv[1:]))\n"
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    proc = subprocess.run([sys.executable, "-c", script, "prepare", "--tokenizer", str(wordpiece_tokenizer_dir),
+                           "--out", str(tmp_path / "s"), str(tiny_corpus)], capture_output=True, text=True, env=env,
+                          timeout=120)
+    assert proc.returncode == 143 and proc.stderr.strip() == "lmforge: terminated", proc.stderr
+    assert not (tmp_path / "s").exists()

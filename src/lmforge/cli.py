@@ -92,18 +92,26 @@ def removed_spelling(spellings: dict[str, str], unknown: Sequence[str], argv: Se
 
 
 def main(argv: list[str] | None = None) -> int:
+    previous = stop_on_sigterm()  # first: a SIGTERM while torch loads is a clean exit too
+    try:
+        return _main(argv)
+    except KeyboardInterrupt as e:  # while the command loads, before it has anything to clean up
+        stopped = isinstance(e, Terminated)
+        print(f"lmforge: {'terminated' if stopped else 'interrupted'}", file=sys.stderr)
+        return 143 if stopped else 130
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
+
+
+def _main(argv: list[str] | None) -> int:
     parser = build_parser(command_of(sys.argv[1:] if argv is None else argv))
     args = parse_args(parser, argv)
     if not getattr(args, "func", None):
         parser.print_help()
         return 1
     setup_logging(logging.WARNING if args.quiet else logging.INFO)
-    previous = stop_on_sigterm()
-    try:
-        return _run(args)
-    finally:
-        if previous is not None:
-            signal.signal(signal.SIGTERM, previous)
+    return _run(args)
 
 
 def _run(args) -> int:
