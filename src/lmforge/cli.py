@@ -12,8 +12,11 @@ import difflib
 import importlib
 import io
 import logging
+import os
 import re
+import signal
 import sys
+import threading
 from collections.abc import Sequence
 
 from . import __version__
@@ -160,12 +163,30 @@ def removed_spelling(spellings: dict[str, str], unknown: Sequence[str], argv: Se
 
 
 def main(argv: list[str] | None = None) -> int:
+    previous = stop_on_sigterm()  # first: a SIGTERM while torch loads is a clean exit too
+    try:
+        return _main(argv)
+    except KeyboardInterrupt as e:  # while the command loads, before it has anything to clean up
+        stopped = isinstance(e, Terminated)
+        print(f"lmforge: {'terminated' if stopped else 'interrupted'}", file=sys.stderr)
+        return 143 if stopped else 130
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
+
+
+def _main(argv: list[str] | None) -> int:
     parser = build_parser(command_of(sys.argv[1:] if argv is None else argv))
     args = parse_args(parser, argv)
     if not getattr(args, "func", None):
         parser.print_help()
         return 1
     setup_logging(logging.WARNING if args.quiet else logging.INFO)
+    return _run(args)
+
+
+def _run(args) -> int:
+    """``args.func(args)``, with the user's mistakes, interruptions and the machine's limits as one line."""
     try:
         logging.getLogger(__name__).debug("allocator: %s", keep_freed_memory())  # lmforge/malloc.py says why
         capped = choose_threads()  # before torch loads: lmforge/cpu_quota.py says why
@@ -173,14 +194,17 @@ def main(argv: list[str] | None = None) -> int:
             logging.getLogger(__name__).info("%s", capped)
         check_args(args)
         rc = args.func(args)
+        sys.stdout.flush()  # a full disk under a redirected stdout fails here, not silently at exit
     except LmforgeError as e:
         return _fail(args.command, str(e))
-    except KeyboardInterrupt:
-        print(f"lmforge {args.command}: interrupted", file=sys.stderr)
-        return 130
+    except KeyboardInterrupt as e:
+        stopped = isinstance(e, Terminated)
+        print(f"lmforge {args.command}: {'terminated' if stopped else 'interrupted'}", file=sys.stderr)
+        return 143 if stopped else 130
     except OSError as e:
         out = _output_of(args)
-        if e.filename is None and out is not None:  # e.g. a write() that hit a full disk names no file
+        if e.filename is None:  # e.g. a write() that hit a full disk names no file: the output, or stdout
+            out = out or ("the standard output" if _stdout_full() else "this command's output")
             e = OSError(e.errno, e.strerror, out)
         return _fail(args.command, os_error_line(e, "write" if out is not None else "read"))
     except MemoryError:
@@ -191,6 +215,28 @@ def main(argv: list[str] | None = None) -> int:
             raise
         return _fail(args.command, line)
     return int(rc or 0)
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM, raised in the main thread as Ctrl-C raises KeyboardInterrupt."""
+
+
+def stop_on_sigterm():
+    """Make SIGTERM unwind the command as Ctrl-C does: every ``finally`` and ``with`` on the way releases its
+    lock, ends its worker processes and removes its staged output (the default action ends the process at once,
+    leaving all three behind).  ``lmforge serve`` replaces it with uvicorn's own shutdown while it serves.
+
+    Returns:
+        the handler it replaced (None where signals cannot be handled: outside the main thread).
+    """
+    if threading.current_thread() is not threading.main_thread():
+        return None
+
+    def terminate(signum, frame):
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)  # a second SIGTERM ends the process at once
+        raise Terminated()
+
+    return signal.signal(signal.SIGTERM, terminate)
 
 
 def check_args(args) -> None:
@@ -205,6 +251,14 @@ def check_args(args) -> None:
 def _fail(command: str, message: str) -> int:
     print(f"lmforge{' ' + command if command else ''}: error: {message}", file=sys.stderr)
     return 2
+
+
+def _stdout_full() -> bool:
+    """Whether stdout goes to a file system with no space left (``lmforge ... > file`` on a full disk)."""
+    try:
+        return os.fstatvfs(sys.stdout.fileno()).f_bavail == 0
+    except (OSError, ValueError, AttributeError, io.UnsupportedOperation):
+        return False
 
 
 def _output_of(args) -> str | None:

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from .errors import ConfigError
-from .utils import INT64, atomic_write_text
+from .utils import INT64, SEED_MAX, atomic_write_text
 
 T = TypeVar("T")
 
@@ -105,8 +105,9 @@ MAX_LAYERS = 1024
 def _bounded(n: int, key: str) -> int:
     """``n`` if it fits the integer types torch and NumPy compute with (64 bits) and, for a layer count,
     :data:`MAX_LAYERS`; otherwise a one-line ConfigError."""
-    if not INT64[0] <= n <= INT64[1]:
-        raise ConfigError(f"'{key}' must be a whole number from {INT64[0]} to {INT64[1]}, got {n}")
+    low, high = (0, SEED_MAX) if key == "seed" else INT64  # the one seed range of every command and route
+    if not low <= n <= high:
+        raise ConfigError(f"'{key}' must be a whole number from {low} to {high}, got {n}")
     if key in LAYER_KEYS and n > MAX_LAYERS:
         raise ConfigError(f"'{key}' must be at most {MAX_LAYERS}, got {n}")
     return n

@@ -88,9 +88,9 @@ def acquire_lock(folder: str | Path, beside: bool = False) -> Path:
             "command": " ".join(["lmforge", *sys.argv[1:3]]),
         }
         fd, tmp = tempfile.mkstemp(prefix=f"{lock.name}.", suffix=".tmp", dir=lock.parent)
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(json.dumps(info) + "\n")
         try:
+            with os.fdopen(fd, "w", encoding="utf-8") as f:  # a full disk fails here: the temp goes too
+                f.write(json.dumps(info) + "\n")
             for _ in range(3):
                 try:
                     os.link(tmp, lock)
@@ -119,7 +119,7 @@ def acquire_lock(folder: str | Path, beside: bool = False) -> Path:
             with contextlib.suppress(OSError):
                 os.unlink(tmp)
     except OSError as e:
-        raise LmforgeError(os_error_line(e)) from None
+        raise LmforgeError(os_error_line(e, path=folder)) from None
 
 
 def release_lock(lock: Path) -> None:
@@ -252,8 +252,14 @@ def output_folder(
         try:
             p.mkdir(parents=True, exist_ok=True)
         except OSError as e:
-            raise LmforgeError(os_error_line(e, "create")) from None
-    lock = acquire_lock(p, beside)
+            raise LmforgeError(os_error_line(e, "create", p)) from None
+    try:
+        lock = acquire_lock(p, beside)
+    except LmforgeError:
+        if created and not beside:  # e.g. a full disk: the folder made above is not left behind empty
+            with contextlib.suppress(OSError):
+                p.rmdir()
+        raise
     failed = False
     try:
         remove_leftovers(p, beside)
@@ -288,7 +294,7 @@ def staged_folder(path: str | Path, kind: str) -> Iterator[Path]:
         os.umask(umask)
         os.chmod(tmp, 0o777 & ~umask)
     except OSError as e:
-        raise LmforgeError(os_error_line(e)) from None
+        raise LmforgeError(os_error_line(e, path=p.parent)) from None
     try:
         yield tmp
         write_marker(tmp, kind)

@@ -161,9 +161,9 @@ def _same(a: Path, b: Path) -> bool:
         return False
 
 
-def os_error_line(e: OSError, action: str = "write") -> str:
-    """One line for an OSError: what failed, on which path, why."""
-    where = e.filename if e.filename is not None else "?"
+def os_error_line(e: OSError, action: str = "write", path: str | Path | None = None) -> str:
+    """One line for an OSError: what failed, on which path (``path`` when the error names none), why."""
+    where = e.filename if e.filename is not None else (path if path is not None else "this command's output")
     if e.errno == errno.ENOSPC:
         return f"no space left on the device holding {where}; free some space or choose another folder"
     if e.errno == errno.EDQUOT:
@@ -278,7 +278,7 @@ def write_marker(path: str | Path, kind: str) -> None:
         if _marked_kind(p) != kind:
             atomic_write_text(p / MARKER, json.dumps({"kind": kind, "lmforge": __version__}) + "\n")
     except OSError as e:
-        raise LmforgeError(os_error_line(e)) from None
+        raise LmforgeError(os_error_line(e, path=p)) from None
 
 
 def probe_writable(folder: str | Path) -> None:
@@ -294,4 +294,4 @@ def probe_writable(folder: str | Path) -> None:
             os.close(fd)
             os.unlink(tmp)
     except OSError as e:
-        raise LmforgeError(os_error_line(e)) from None
+        raise LmforgeError(os_error_line(e, path=p)) from None

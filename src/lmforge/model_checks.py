@@ -7,6 +7,7 @@ from pathlib import Path
 
 import torch
 
+from .cards import read_card_meta
 from .config import load_json
 from .errors import LmforgeError
 from .tokenization import Tokenizer
@@ -87,6 +88,25 @@ def check_tokenizer_fits(config, tokenizer, where: str | Path, family=None) -> N
             )
 
 
+def check_recorded_tokenizer(folder: str | Path, tokenizer) -> None:
+    """Refuse a tokenizer other than the one the model was pretrained with, by the hash its card records.
+
+    A tokenizer of the same kind and size passes :func:`check_tokenizer_fits` but maps text to other ids, so the
+    model reads garbage; the card's ``lmforge.corpus.tokenizer_hash`` (the shards' tokenizer, which pretraining
+    checked against the model's) tells them apart.  A folder with no card, or a card without the hash, is not
+    checked (an imported HF model, a model written before cards recorded it).
+    """
+    meta = read_card_meta(folder).get("lmforge")
+    corpus = meta.get("corpus") if isinstance(meta, dict) and meta.get("kind") == "model" else None
+    recorded = corpus.get("tokenizer_hash") if isinstance(corpus, dict) else None
+    if isinstance(recorded, str) and recorded and recorded != tokenizer.hash:
+        raise LmforgeError(
+            f"the tokenizer in {folder} (hash {tokenizer.hash[:12]}) is not the one the model was pretrained with "
+            f"(its README.md records {recorded[:12]}): the model would read other ids; put the model's own "
+            f"tokenizer files back"
+        )
+
+
 def check_model_folder(path: str | Path) -> None:
     """Refuse a model folder whose weights are not finite or whose tokenizer does not fit its config.
 
@@ -106,4 +126,6 @@ def check_model_folder(path: str | Path) -> None:
                 self.__dict__.update({k: v for k, v in data.items() if k.endswith("_id") or k == "vocab_size"})
 
         data = load_json(p / "config.json")
-        check_tokenizer_fits(_Config(data), Tokenizer.load(p), p, FAMILIES.get(data.get("model_type")))
+        tokenizer = Tokenizer.load(p)
+        check_tokenizer_fits(_Config(data), tokenizer, p, FAMILIES.get(data.get("model_type")))
+        check_recorded_tokenizer(p, tokenizer)

@@ -21,7 +21,7 @@ from tokenizers import Tokenizer as HFTokenizer
 from .errors import ConfigError, DataError
 from .folder_writing import recover_folder
 from .tokenizer_pipelines import EOT, WORDPIECE_SPECIALS, check_train_args, train_backend, wordpiece_from_vocab
-from .utils import finish_together, write_together
+from .utils import check_unicode, finish_together, write_together
 
 logger = logging.getLogger(__name__)
 
@@ -241,19 +241,20 @@ class Tokenizer:
     # --- encoding -----------------------------------------------------------------------------
 
     def encode(self, text: str) -> list[int]:
-        """Token ids of ``text`` without special tokens."""
-        return self._tok.encode(text, add_special_tokens=False).ids
+        """Token ids of ``text`` without special tokens (a DataError if it is not valid Unicode)."""
+        return self._tok.encode(check_unicode(text), add_special_tokens=False).ids
 
     def encode_batch(self, texts: list[str]) -> list[list[int]]:
         """Token ids of several texts (encoded in parallel by ``tokenizers``), no special tokens."""
-        return [e.ids for e in self._tok.encode_batch(list(texts), add_special_tokens=False)]
+        texts = [check_unicode(t) for t in texts]
+        return [e.ids for e in self._tok.encode_batch(texts, add_special_tokens=False)]
 
     def encode_with_offsets(self, text: str) -> tuple[list[int], list[str], list[tuple[int, int]]]:
         """Ids, token strings and ``(start, end)`` character offsets into ``text`` (no special tokens).
 
         For byte-level BPE the offsets exclude the leading space a token carries (``Ġ``).
         """
-        enc = self._tok.encode(text, add_special_tokens=False)
+        enc = self._tok.encode(check_unicode(text), add_special_tokens=False)
         return enc.ids, enc.tokens, [tuple(o) for o in enc.offsets]
 
     def decode(self, ids: Iterable[int], skip_special_tokens: bool = True) -> str:

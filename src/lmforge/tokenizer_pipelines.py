@@ -26,6 +26,7 @@ from tokenizers import Tokenizer as HFTokenizer
 
 from .data.sources import Corpus
 from .errors import ConfigError, DataError
+from .utils import check_memory
 
 logger = logging.getLogger(__name__)
 
@@ -34,6 +35,7 @@ WORDPIECE_SPECIALS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
 EOT = "<|endoftext|>"
 BPE_SPECIALS = [EOT]
 BYTE_ALPHABET = 256
+BYTES_PER_VOCAB_ENTRY = 64
 MAX_VOCAB = 2**31 - 1  # ids are 32-bit in ``tokenizers`` (and in the shards' uint32 arrays)
 
 
@@ -80,6 +82,11 @@ def check_train_args(kind: str, vocab_size: int, min_frequency: int) -> None:
     minimum = len(specials) + 1 if kind == "wordpiece" else len(specials) + BYTE_ALPHABET
     if vocab_size > MAX_VOCAB:
         raise ConfigError(f"vocab_size {vocab_size} is too large; the most a tokenizer takes is {MAX_VOCAB:,}")
+    # the trainers of ``tokenizers`` size their tables by vocab_size up front (an abort, not an error, when the
+    # allocation fails): at least a token string, its id and its merge, some 64 bytes an entry
+    check_memory(vocab_size * BYTES_PER_VOCAB_ENTRY, f"--vocab-size {vocab_size:,}",
+                 "give a smaller --vocab-size (a corpus yields few more pieces than its distinct words; 30,000 to "
+                 "50,000 is usual)")
     if min_frequency < 0:
         raise ConfigError(f"min_frequency must be 0 or more, got {min_frequency}")
     if vocab_size < minimum:

@@ -173,10 +173,19 @@ def _origin(value: str, key: str | None) -> str:
 
 
 def _host_name(value: str) -> str:
+    """The host name of ``--allowed-host``: a name or address, with or without a port, or a URL's host."""
+    from urllib.parse import urlsplit
+
     from ..serve.guard import host_name
 
-    name = host_name(value)  # a port is ignored: the Host check compares names
-    if not name or "/" in name or " " in name:
+    given = value.strip()
+    if "://" in given:  # a URL pasted from a browser: its host, not the scheme ("http")
+        try:
+            given = urlsplit(given).hostname or ""
+        except ValueError:
+            given = ""
+    name = host_name(given)  # a port is ignored: the Host check compares names
+    if not name or any(c in name for c in "/ @?#") or name in ("http", "https"):
         raise LmforgeError(f"--allowed-host {value!r} is not a host name; give a name such as lab.example.org")
     return name
 

@@ -15,12 +15,14 @@ from __future__ import annotations
 import bisect
 import collections
 import contextlib
+import ctypes
 import dataclasses
 import functools
 import itertools
 import logging
 import multiprocessing
 import os
+import signal
 import sys
 import tempfile
 from collections.abc import Callable, Iterable, Iterator
@@ -164,12 +166,44 @@ def encode_chunk(chunk: Chunk, tokenizer, bpe_spacing: bool, dtype: np.dtype) ->
 _WORKER: dict = {}
 
 
-def _init_worker(tokenizer_file: str, bpe_spacing: bool, dtype: str) -> None:
+def _init_worker(tokenizer_file: str, bpe_spacing: bool, dtype: str, parent: int) -> None:
+    _die_with_parent(parent)
     # one thread per process: the processes are the parallelism (read by tokenizers at each batch)
     os.environ["TOKENIZERS_PARALLELISM"] = "false"
     from tokenizers import Tokenizer as HFTokenizer
 
     _WORKER.update(tokenizer=HFTokenizer.from_file(tokenizer_file), bpe_spacing=bpe_spacing, dtype=np.dtype(dtype))
+
+
+def _die_with_parent(parent: int) -> None:
+    """End this worker when the process that started it ends, however it ends.
+
+    A worker waits for chunks on a queue: once its parent is killed (SIGKILL, or a crash) nothing would ever
+    come, and it would wait forever, holding the pipe a caller reads the command's output from.  Linux's
+    ``PR_SET_PDEATHSIG`` sends it SIGKILL when the parent dies; Ctrl-C and SIGTERM reach the parent, which ends
+    its workers itself (:meth:`ChunkEncoder.encode`), so the worker ignores SIGINT and takes SIGTERM's default.
+    """
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    if sys.platform.startswith("linux"):
+        try:
+            ctypes.CDLL(None, use_errno=True).prctl(1, int(signal.SIGKILL))  # 1: PR_SET_PDEATHSIG
+        except (OSError, AttributeError):  # no prctl in this C library: the parent's own cleanup remains
+            pass
+    if os.getppid() != parent:  # the parent died before the line above took effect
+        os._exit(1)
+
+
+def _end_workers(pool) -> None:
+    """Stop ``pool``'s worker processes now (the command is stopping: their chunks are no longer wanted).
+
+    Python 3.14's ``ProcessPoolExecutor.terminate_workers`` does this; before it, the executor's process table."""
+    terminate = getattr(pool, "terminate_workers", None)
+    if terminate is not None:
+        terminate()
+        return
+    for process in list((getattr(pool, "_processes", None) or {}).values()):
+        process.terminate()
 
 
 def _encode_in_worker(chunk: Chunk) -> Encoded:
@@ -246,7 +280,11 @@ class ChunkEncoder:
                         yield pending.popleft().result()
                 while pending:
                     yield pending.popleft().result()
-            except BrokenProcessPool:
+            except BaseException as e:  # a stop (Ctrl-C, SIGTERM, the generator closed) or an error: end the workers
+                if isinstance(pool, ProcessPoolExecutor):
+                    _end_workers(pool)
+                if not isinstance(e, BrokenProcessPool):
+                    raise
                 guard = "" if _context().get_start_method() == "fork" else (
                     "; a script that calls prepare must do so under `if __name__ == \"__main__\":`, since spawned "
                     "workers import it again")
@@ -268,5 +306,5 @@ class ChunkEncoder:
         path = tmp / "tokenizer.json"
         self.tokenizer.save(str(path))
         pool = ProcessPoolExecutor(self.workers, mp_context=context, initializer=_init_worker,
-                                   initargs=(str(path), self.bpe_spacing, self.dtype.name))
+                                   initargs=(str(path), self.bpe_spacing, self.dtype.name, os.getpid()))
         return pool, _encode_in_worker

@@ -239,12 +239,18 @@ def _json_records(path: Path, encoding_errors: str, on_bytes) -> Iterator[tuple[
         yield f"{path}: record {i}", rec
 
 
+#: the longest CSV field read (the csv module's own limit is 131,072 characters)
+CSV_FIELD_CHARS = 1 << 26
+
+
 def _csv_records(path: Path, delimiter: str, by_position: bool, encoding_errors: str,
                  on_bytes) -> Iterator[tuple[Where, Record]]:
     check_file(path)
     with open_binary(path) as (f, stored):
         report = _progress(on_bytes, stored)
         text = io.TextIOWrapper(f, encoding="utf-8-sig", errors=encoding_errors, newline="")
+        # the csv module stops at 131,072 characters a field; a document-long text is a fair field
+        csv.field_size_limit(max(csv.field_size_limit(), CSV_FIELD_CHARS))
         reader = csv.reader(text, delimiter=delimiter, strict=True)
         header: list[str] | None = None
         while True:
@@ -279,6 +285,9 @@ def _csv_records(path: Path, delimiter: str, by_position: bool, encoding_errors:
 
 def _csv_error(path: Path, start: int, line: int, message: str) -> DataError:
     """A CSV record that does not parse: a quote left open is named with the line it opened on."""
+    if "field larger than field limit" in message:
+        return DataError(f"{path}:{start}: a field is longer than {csv.field_size_limit():,} characters, the most "
+                         "lmforge reads in one field; split the text into several records")
     if "unexpected end of data" in message:
         return DataError(f"{path}:{start}: the quote (\") opened on line {start} is never closed; close it, or write "
                          "a quote inside a quoted field as two (\"\")")

@@ -41,6 +41,7 @@ from ..folders import user_files
 from ..tokenization import Tokenizer
 from ..utils import atomic_write_text, swap_into_place
 from .chunks import ChunkEncoder, Encoded, default_workers, read_chunks
+from .shard_check import check_shard_arrays
 from .shard_meta import FORMAT, SPLITS, VERSION, check_meta
 from .sources import Corpus, CorpusOptions
 
@@ -427,17 +428,13 @@ class Shards:
         return shards
 
     def _check_vocab(self, meta_path: Path) -> None:
-        """meta.json's vocabulary agrees with the tokens: the dtype its size takes, and no id at or above it in the
-        first million training tokens (a bounded read, so that opening stays instant on any corpus)."""
+        """meta.json's vocabulary agrees with the tokens: the dtype its size takes, and no id at or above it
+        (:mod:`lmforge.data.shard_check` reads every array once, offsets included)."""
         v = self.vocab_size
         if self.dtype != dtype_for_vocab(v):
             raise DataError(f"{meta_path} says vocab_size {v} and dtype {self.dtype.name}, which disagree; "
                             "run lmforge prepare again")
-        head = np.fromfile(self.path / "train.tokens.bin", dtype=self.dtype, count=1 << 20)
-        top = int(head.max()) if head.size else -1
-        if top >= v:
-            raise DataError(f"{meta_path} says vocab_size {v}, but train.tokens.bin holds token id {top}: the files "
-                            "disagree (an edited meta.json, or files of two runs); run lmforge prepare again")
+        check_shard_arrays(self.path, self.meta, self.dtype)
 
     @property
     def tokenizer_hash(self) -> str:

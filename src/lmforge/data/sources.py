@@ -30,6 +30,7 @@ from pathlib import Path
 
 from ..errors import DataError
 from ..folders import MARKER
+from ..utils import check_unicode
 from .corpus import LAYOUTS, RECORD_MODES, SENTENCE, detect_layout, iter_units, unit_sentences
 from .formats import FORMATS, detect, is_dataset_folder, iter_records, open_dataset, record_fields
 from .formats import dataset_records as _dataset_records
@@ -273,9 +274,9 @@ def _as_text(value, where: str, field: str) -> str:
     if value is None:
         return ""
     if isinstance(value, str):
-        return value
+        return check_unicode(value, f"{where}: {field!r}")
     if isinstance(value, list) and all(isinstance(v, str) for v in value):
-        return "\n".join(value)  # a list of texts (lines, sentences): one a line
+        return check_unicode("\n".join(value), f"{where}: {field!r}")  # a list of texts (lines): one a line
     raise DataError(f"{where}: {field!r} holds a {type(value).__name__}, not text; give --text-field NAME of a "
                     "field of strings")
 

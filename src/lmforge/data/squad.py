@@ -8,7 +8,7 @@ from pathlib import Path
 from ..errors import DataError
 from .columns import Columns, columns_of, file_format, missing, records, value
 from .task_data import QAExample, TaskData
-from .task_readers import read_text
+from .task_readers import read_text, text_field
 
 
 def load_squad(path: str | Path, labelled: bool = True, columns: Columns | None = None) -> TaskData:
@@ -35,7 +35,8 @@ def _qa_record(at: str, rec: dict, cols: Columns, labelled: bool) -> QAExample |
     for field in need:
         if getattr(cols, field) not in rec:
             raise missing(at, field, cols, rec, "qa", need)
-    ctx, answers = str(rec[cols.context] or ""), value(rec, cols.answers)
+    ctx = "" if rec[cols.context] is None else text_field(at, cols.context, rec[cols.context])
+    answers = value(rec, cols.answers)
     if isinstance(answers, dict):  # HF squad: {"text": [...], "answer_start": [...]}
         texts, starts = answers.get("text") or [], answers.get("answer_start") or []
         answers = [{"text": t, "answer_start": s} for t, s in zip(texts, starts)]
@@ -48,7 +49,8 @@ def _qa_record(at: str, rec: dict, cols: Columns, labelled: bool) -> QAExample |
     if labelled and not pairs:
         raise DataError(f"{at}: the question has no answers; training and test data need them")
     qid = rec.get(cols.id)
-    return QAExample(str(qid if qid is not None else at), str(rec[cols.question]), ctx, pairs)
+    return QAExample(str(qid if qid is not None else at), text_field(at, cols.question, rec[cols.question]), ctx,
+                     pairs)
 
 
 def _answers(where: str, ctx: str, answers: list[dict]) -> list[tuple[str, int]]:

@@ -7,9 +7,11 @@ line naming the file, the line or record, and what to fix.
 from __future__ import annotations
 
 import dataclasses
+import numbers
 from pathlib import Path
 
 from ..errors import DataError
+from ..utils import check_unicode
 from .columns import Columns, columns_of, file_format, missing, records, value
 from .compression import open_binary
 from .task_data import ChoiceExample, TaskData, TextExample, TokensExample, is_bio, is_bio_tag
@@ -53,15 +55,35 @@ def load_text_task(path: str | Path, task: str = "classify", labelled: bool = Tr
         label = rec.get(cols.label)
         examples.append(
             TextExample(
-                text=str(rec[cols.text]),
-                text_pair=str(rec[cols.text_pair]) if pair else None,
-                label=None if label is None or str(label).strip() == "" else str(label).strip(),
+                text=text_field(where, cols.text, rec[cols.text]),
+                text_pair=text_field(where, cols.text_pair, rec[cols.text_pair]) if pair else None,
+                label=None if label is None or str(label).strip() == "" else label_field(where, cols.label, label),
             )
         )
     if not examples:
         raise DataError(f"{p} holds no examples")
     labels = sorted({ex.label for ex in examples if ex.label is not None})
     return TaskData(task, examples, labels, str(p))
+
+
+def text_field(where: str, key: str, v) -> str:
+    """The text in field ``key`` of a record; a DataError unless it is a string (``{"text": 5}`` is a mistake)."""
+    if not isinstance(v, str):
+        raise DataError(f"{where}: {key!r} must be a text (a JSON string), not {type(v).__name__} {v!r:.40}")
+    return check_unicode(v, f"{where}: {key!r}")
+
+
+def label_field(where: str, key: str, v) -> str:
+    """A label as its name: a string, or a whole number or bool as written; a list, dict or fraction is refused
+    (``["pos"]`` would become a class named ``['pos']``)."""
+    if isinstance(v, str):
+        return v.strip()
+    if isinstance(v, (bool, numbers.Integral)):
+        return str(v)
+    if isinstance(v, numbers.Real) and float(v).is_integer():
+        return str(int(v))  # 1.0 from a reader that gives floats is the label 1
+    raise DataError(f"{where}: {key!r} must be a label (a string or a whole number), not {type(v).__name__} "
+                    f"{v!r:.40}")
 
 
 def load_conll(path: str | Path, labelled: bool = True, columns: Columns | None = None) -> TaskData:
@@ -85,7 +107,7 @@ def load_conll(path: str | Path, labelled: bool = True, columns: Columns | None 
             if key not in rec:
                 raise missing(at, field, cols, rec, "tokens", need)
             v = value(rec, key)
-            if not isinstance(v, list) or not all(isinstance(x, (str, int)) for x in v):
+            if not isinstance(v, list) or not all(isinstance(x, (str, int)) and not isinstance(x, bool) for x in v):
                 raise DataError(f"{at}: {key!r} must be a list of {field} (strings), not {type(v).__name__}")
             lists[field] = [str(x) for x in v]
         if labelled and len(lists["words"]) != len(lists["tags"]):
@@ -173,12 +195,13 @@ def load_choices(path: str | Path, labelled: bool = True, columns: Columns | Non
             label = None
         else:
             try:
-                label = int(str(label).strip())
+                label = int(label_field(at, cols.label, label))
             except ValueError:
                 raise DataError(f"{at}: label {label!r} is not a choice index (0..{len(choices) - 1})") from None
             if not 0 <= label < len(choices):
                 raise DataError(f"{at}: label {label} is out of range for {len(choices)} choices (0-based)")
-        examples.append(ChoiceExample(str(rec[cols.context] or ""), choices, label))
+        context = rec[cols.context]
+        examples.append(ChoiceExample("" if context is None else text_field(at, cols.context, context), choices, label))
     if not examples:
         raise DataError(f"{p} holds no examples")
     return TaskData("choice", examples, [], str(p))
@@ -200,4 +223,4 @@ def _choices(at: str, rec: dict, cols: Columns, need: list[str]) -> list[str]:
         choices = [rec[k] for k in keys if rec[k] is not None and str(rec[k]).strip() != ""]
     else:
         raise missing(at, "choices", cols, rec, "choice", need)
-    return [str(c) for c in choices]
+    return [text_field(at, "choices", c) for c in choices]

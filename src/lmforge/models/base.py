@@ -20,7 +20,7 @@ from torch import nn
 
 from ..config import from_dict, load_json, save_json
 from ..errors import CheckpointError, LmforgeError
-from ..model_checks import check_finite, check_tokenizer_fits
+from ..model_checks import check_finite, check_recorded_tokenizer, check_tokenizer_fits
 from ..tokenization import Tokenizer
 from ..utils import load_safetensors, save_safetensors
 from . import sentence, vectors
@@ -271,6 +271,14 @@ class PretrainedModel(nn.Module):
             raise CheckpointError(
                 f"weight '{k}' has shape {tuple(state[k].shape)} but the config expects {tuple(own[k].shape)}"
             )
+        kinds = [k for k, v in state.items() if k in own and own[k].is_floating_point() != v.is_floating_point()]
+        if kinds:
+            k = kinds[0]
+            raise CheckpointError(
+                f"weight '{k}' is {str(state[k].dtype).removeprefix('torch.')} but the model holds "
+                f"{str(own[k].dtype).removeprefix('torch.')} there: the weights file was rewritten; put the saved "
+                f"model.safetensors back"
+            )
         self.load_state_dict(state, strict=False)
 
     @classmethod
@@ -298,6 +306,7 @@ class PretrainedModel(nn.Module):
         if load_tokenizer and (p / "tokenizer.json").is_file():
             model.tokenizer = Tokenizer.load(p)
             check_tokenizer_fits(config, model.tokenizer, p, FAMILIES.get(cls.model_type))
+            check_recorded_tokenizer(p, model.tokenizer)
         return model
 
     def num_parameters(self, trainable_only: bool = False) -> int:

@@ -33,11 +33,12 @@ from fastapi.responses import HTMLResponse, Response
 
 from .. import __version__
 from ..data.tasks import TaskData, example_from_fields
-from ..errors import LmforgeError
+from ..errors import DataError, LmforgeError
 from ..evaluate import find_word, layer_names, span_vectors
 from ..evaluate.polysemy import word_similarities
 from ..generation import check_generation_args
 from ..models.vectors import encode
+from ..utils import check_unicode
 from . import openai as openai_routes
 from .batching import MicroBatcher
 from .errors import OPENAI_ROUTES, HTTPError, error_response, one_line, unserved_openai_route, validation_error
@@ -156,7 +157,10 @@ class Server:
                 f"{self.limits.max_text_chars} (--max-text-chars)",
                 field.split("[")[0],
             )
-        return value
+        try:
+            return check_unicode(value)
+        except DataError as e:
+            raise HTTPError(400, f"{field}: {e}", field.split("[")[0]) from None
 
     def texts(self, values: list[str], field: str, least: int = 1) -> list[str]:
         if len(values) < least:

@@ -30,6 +30,10 @@ logger = logging.getLogger(__name__)
 
 #: how often a waiting request asks whether its client is still there
 POLL_S = 0.1
+#: pieces of a stream a generation may run ahead of its client before it waits for the client to read
+AHEAD = 64
+#: how long a generation waits for a streaming client that reads nothing before it gives up its slot
+STALL_S = 30.0
 
 
 class Cancelled(Exception):
@@ -81,8 +85,9 @@ def generate_one(model, prompt: str, options: dict, slot: Slot, on_text: Callabl
 class Generations:
     """The generation slots of one server: at most ``limit`` at once, all stopped by :meth:`stop_all`."""
 
-    def __init__(self, limit: int):
+    def __init__(self, limit: int, stall_s: float = STALL_S):
         self.limit = limit
+        self.stall_s = stall_s
         self.running = 0
         self.stopping = threading.Event()
         self._lock = threading.Lock()
@@ -147,12 +152,15 @@ class Generations:
         slot = self._take()
         loop = asyncio.get_running_loop()
         queue: asyncio.Queue = asyncio.Queue()
+        unread = threading.Semaphore(AHEAD)  # a stalled client stops the generation, which then loses its slot
 
         def put(kind: str, value: Any) -> None:
             loop.call_soon_threadsafe(queue.put_nowait, (kind, value))
 
         def emit(value: Any) -> None:
             slot.check()
+            if not unread.acquire(timeout=self.stall_s):
+                raise Cancelled(f"the client read nothing for {self.stall_s:g} s; the generation gave up its slot")
             put("piece", value)
 
         def guarded() -> None:
@@ -173,6 +181,8 @@ class Generations:
         async def messages() -> AsyncIterator[tuple[str, Any]]:
             while True:
                 kind, value = await queue.get()
+                if kind == "piece":
+                    unread.release()
                 yield kind, value
                 if kind != "piece":
                     return

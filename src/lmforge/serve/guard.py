@@ -197,11 +197,13 @@ class ApiKey:
         await _refuse(scope, receive, send, 401, message, code="invalid_api_key")
 
 
-class _BodyTooLarge(Exception):
-    pass
-
-
 class BodyLimit:
+    """413 for a body over ``max_bytes``, whether it says its length or comes in chunks.
+
+    The body is read here in full (it is small: the limit), so that a chunked body over the limit is refused
+    before a route reads it (FastAPI would turn an error raised while it reads into a 400 "error parsing the
+    body"); the route then receives the same bytes in one message."""
+
     def __init__(self, app, max_bytes: int):
         self.app = app
         self.max_bytes = max_bytes
@@ -213,29 +215,29 @@ class BodyLimit:
         length = _header(scope, b"content-length")
         if length is not None and length.isdigit() and int(length) > self.max_bytes:
             return await _refuse(scope, receive, send, 413, msg)
-        seen = 0
-        started = False
-
-        async def counted_receive():
-            nonlocal seen
+        chunks, seen = [], 0
+        while True:
             message = await receive()
-            if message["type"] == "http.request":
-                seen += len(message.get("body", b""))
-                if seen > self.max_bytes:
-                    raise _BodyTooLarge()
-            return message
+            if message["type"] != "http.request":  # the client left: let the app see it
+                return await self.app(scope, _replay([message], receive), send)
+            chunks.append(message.get("body", b""))
+            seen += len(chunks[-1])
+            if seen > self.max_bytes:
+                return await _refuse(scope, receive, send, 413, msg)
+            if not message.get("more_body", False):
+                break
+        whole = {"type": "http.request", "body": b"".join(chunks), "more_body": False}
+        await self.app(scope, _replay([whole], receive), send)
 
-        async def tracked_send(message):
-            nonlocal started
-            if message["type"] == "http.response.start":
-                started = True
-            await send(message)
 
-        try:
-            await self.app(scope, counted_receive, tracked_send)
-        except _BodyTooLarge:
-            if not started:
-                await _refuse(scope, receive, send, 413, msg)
+def _replay(messages: list[dict], receive):
+    """A ``receive`` that gives ``messages`` first, then the client's own."""
+    pending = list(messages)
+
+    async def replayed():
+        return pending.pop(0) if pending else await receive()
+
+    return replayed
 
 
 class JsonBody:
@@ -257,6 +259,23 @@ class JsonBody:
         await self.app({**scope, "headers": headers}, receive, send)
 
 
+def _json_cors():
+    """Starlette's CORS middleware, with its preflight refusals (text/plain) answered as one line of JSON."""
+    from starlette.middleware.cors import CORSMiddleware
+
+    class JsonCors(CORSMiddleware):
+        def preflight_response(self, request_headers):
+            response = super().preflight_response(request_headers)
+            if response.status_code < 400:
+                return response
+            reason = response.body.decode("utf-8", "replace")
+            message = (f"the CORS preflight is refused ({one_line(reason)}); the server allows the methods GET and "
+                       f"POST and the headers Authorization and Content-Type")
+            return error_response("", response.status_code, message)
+
+    return JsonCors
+
+
 def install(app, access: ServeAccess, max_body_bytes: int) -> None:
     """Add the guards to ``app`` in the order of the module docstring (Starlette runs the last added first)."""
     app.add_middleware(JsonBody)
@@ -264,10 +283,8 @@ def install(app, access: ServeAccess, max_body_bytes: int) -> None:
     if access.api_key:
         app.add_middleware(ApiKey, key=access.api_key)
     if access.allow_origins:
-        from starlette.middleware.cors import CORSMiddleware
-
         app.add_middleware(
-            CORSMiddleware,
+            _json_cors(),
             allow_origins=list(access.allow_origins),
             allow_methods=["GET", "POST"],
             allow_headers=["Authorization", "Content-Type"],

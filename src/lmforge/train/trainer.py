@@ -37,7 +37,7 @@ from tqdm.contrib.logging import logging_redirect_tqdm
 from ..cpu_quota import AutoThreads, auto_threads
 from ..errors import LmforgeError
 from ..nn.cpu_share import advise_threads
-from ..utils import save_safetensors
+from ..utils import check_memory, save_safetensors
 from . import checkpoint as ckpt
 from . import compute, run_state
 from . import precision as prec
@@ -132,6 +132,7 @@ class Trainer:
         self.progress = progress
         self.env: DistEnv = init_distributed(config.device)
         self.device = self.env.device
+        check_batch_fits(model, sampler, config.batch_size, self.device)
         self.model = model.to(self.device)
         self.threads = self._settle_threads()  # before the precision probe, which times steps at this count
         self.config = config
@@ -483,3 +484,21 @@ class Trainer:
     def close(self) -> None:
         """Leave the process group if this trainer joined it (call once at the very end)."""
         cleanup(self.env)
+
+
+def check_batch_fits(model: nn.Module, sampler: Any, batch_size: int, device: torch.device) -> None:
+    """Refuse a batch size whose rows cannot be held where the model computes, before a row is drawn.
+
+    The bound is one that every family's forward pass needs at least: the rows' ids (int64) and one (B, T, C)
+    activation in 16 bits; so a batch that could fit is never refused, and a typo (``--batch-size 100000000``)
+    is one line instead of memory growing until the machine swaps.
+    """
+    seq = getattr(sampler, "seq_len", None) or getattr(sampler, "max_seq_length", None)
+    if not isinstance(seq, int):
+        return
+    cfg = getattr(model, "config", None)
+    width = next((w for w in (getattr(cfg, k, None) for k in ("n_embd", "hidden_size", "projection_dim"))
+                  if isinstance(w, int)), 0)
+    free = torch.cuda.mem_get_info(device)[0] if device.type == "cuda" else None
+    check_memory(batch_size * seq * (8 + 2 * width), f"a batch of {batch_size:,} rows of {seq} tokens",
+                 "use a smaller batch size (--batch-size N, or --set batch_size=N)", free)

@@ -28,7 +28,7 @@ import torch
 from threadpoolctl import threadpool_limits
 
 from ..errors import CheckpointError
-from ..utils import load_safetensors, save_safetensors
+from ..utils import load_safetensors, save_safetensors, seed32
 from .batching import RowStore
 
 logger = logging.getLogger(__name__)
@@ -56,7 +56,7 @@ def load_or_compute(path: Path, owners: torch.Tensor, compute, meta: dict[str, s
     if path.is_file():
         try:
             t = load_safetensors(path)
-            if "owners" in t and torch.equal(t["owners"], owners):
+            if _cache_fits(t, owners):
                 logger.info("features: reusing cached vectors %s (%d inputs)", path, len(owners))
                 return RowStore(t["vectors"], t["lengths"], t["owners"])
         except CheckpointError:
@@ -67,6 +67,17 @@ def load_or_compute(path: Path, owners: torch.Tensor, compute, meta: dict[str, s
     save_safetensors({"vectors": vectors, "lengths": lengths, "owners": owners}, path, metadata=meta)
     logger.info("features: ran the body over %d inputs in %.1fs; cached to %s", len(owners), time.time() - t0, path)
     return RowStore(vectors, lengths, owners)
+
+
+def _cache_fits(t: dict, owners: torch.Tensor) -> bool:
+    """Whether a cache file holds whole, finite vectors of these inputs (a damaged one is computed again: a cache
+    never decides a result)."""
+    if not {"vectors", "lengths", "owners"} <= set(t) or not torch.equal(t["owners"], owners):
+        return False
+    vectors, lengths = t["vectors"], t["lengths"]
+    whole = (not lengths.is_floating_point() and len(lengths) == len(owners) and bool((lengths >= 0).all())
+             and int(lengths.sum()) == len(vectors))
+    return whole and vectors.is_floating_point() and bool(torch.isfinite(vectors).all())
 
 
 def _folds(y: np.ndarray, groups: np.ndarray, n_folds: int, seed: int, grouped: bool):
@@ -80,7 +91,7 @@ def _folds(y: np.ndarray, groups: np.ndarray, n_folds: int, seed: int, grouped: 
     n = int(min(n_folds, counts[counts > 0].min())) if len(counts) else 0
     if n < 2:
         return None
-    return list(StratifiedKFold(n_splits=n, shuffle=True, random_state=seed).split(np.zeros(len(y)), y))
+    return list(StratifiedKFold(n_splits=n, shuffle=True, random_state=seed32(seed)).split(np.zeros(len(y)), y))
 
 
 def _cv_scores(X: np.ndarray, y: np.ndarray, folds, grid: np.ndarray, scorer) -> np.ndarray:

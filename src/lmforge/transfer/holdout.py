@@ -13,6 +13,7 @@ from collections import Counter
 
 from ..data.tasks import TaskData
 from ..errors import DataError
+from ..utils import seed32
 from .specs import SPECS
 
 
@@ -59,7 +60,7 @@ def hold_out(data: TaskData, fraction: float, seed: int) -> Holdout:
     if SPECS[data.task].stratify and None not in counts and min(counts.values()) >= 2 \
             and n_test >= len(counts) and n - n_test >= len(counts):
         stratify = [str(lab) for lab in labels]
-    train_idx, test_idx = train_test_split(list(range(n)), test_size=n_test, random_state=seed, shuffle=True,
+    train_idx, test_idx = train_test_split(list(range(n)), test_size=n_test, random_state=seed32(seed), shuffle=True,
                                            stratify=stratify)
     train = TaskData(data.task, [data.examples[i] for i in sorted(train_idx)], list(data.labels), data.source)
     test = TaskData(data.task, [data.examples[i] for i in sorted(test_idx)], list(data.labels),
