@@ -35,7 +35,7 @@ demo: setup
 	$(BIN)/lmforge demo
 
 test: setup-test
-	$(BIN)/python -m pytest -q tests
+	$(BIN)/python -m pytest -q --durations=15 tests
 
 lint:
 	$(BIN)/ruff check src tests bench scripts

@@ -31,6 +31,7 @@ TINY_VOCAB = 500
 torch.set_num_threads(1)
 # the commands the tests run, in this process or a child, keep to it too (lmforge/cpu_quota.py would otherwise
 # choose one thread per free CPU)
+THREADS_PINNED_HERE = "OMP_NUM_THREADS" not in os.environ  # the docs walkthroughs run as a user's shell does
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 

@@ -8,7 +8,7 @@ from lmforge.commands import COMMANDS
 
 SUBCOMMANDS = ["demo", "tokenizer", "prepare", "pretrain", "generate", "fill-mask", "embed", "encode", "neighbors",
                "evaluate",
-               "finetune", "predict", "benchmark", "export-hf", "import-hf", "serve"]
+               "finetune", "predict", "benchmark", "export-hf", "import-hf", "export-onnx", "serve"]
 
 
 def test_every_command_module_is_present():

@@ -18,7 +18,7 @@ from lmforge.transfer import load_run
 MODEL_COMMANDS = (("encode",), ("embed",), ("neighbors",), ("fill-mask",), ("generate",), ("serve",),
                   ("evaluate", "wic"), ("evaluate", "lm"))
 RUN_COMMANDS = (("predict",), ("evaluate", "run"))
-CONVERTS = {"export-hf"}  # reads a folder and writes its weights in another layout: nothing runs
+CONVERTS = {"export-hf", "export-onnx"}  # a folder written in another layout (export-onnx traces on the CPU)
 NO_GPU = pytest.mark.skipif(torch.cuda.is_available(), reason="checks the answer of a machine without a CUDA GPU")
 
 

@@ -24,6 +24,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from conftest import THREADS_PINNED_HERE
 
 from lmforge.cli import build_parser
 
@@ -210,6 +211,8 @@ def test_marked_walkthroughs_run(page, tmp_path, request):
     env = dict(os.environ)
     env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
     env["LMFORGE_REPO"] = str(ROOT)
+    if THREADS_PINNED_HERE:  # a user's shell: lmforge chooses its own thread count (no bitwise comparison here)
+        env.pop("OMP_NUM_THREADS", None)
     for line, lang, body, marked, serving in blocks(page.read_text(encoding="utf-8")):
         if not marked:
             continue

@@ -50,7 +50,7 @@ def st_encode(folder: Path, items: list[str], **kw) -> np.ndarray:
 @pytest.fixture(scope="module")
 def minilm(tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("st") / "minilm"
-    assert main(["-q", "import-hf", str(MINILM), str(out)]) == 0
+    assert main(["-q", "import-hf", str(MINILM), "--out", str(out)]) == 0
     return out
 
 
@@ -128,7 +128,7 @@ def test_other_pipelines_match_the_library(case, tmp_path):
     else:
         prompts = {"query": "query: ", "passage": "passage: "}
         folder = _edited_folder(tmp_path / "f", extra={"prompts": prompts, "default_prompt_name": "query"})
-    assert main(["-q", "import-hf", str(folder), str(tmp_path / "m")]) == 0
+    assert main(["-q", "import-hf", str(folder), "--out", str(tmp_path / "m")]) == 0
     model = lmforge.load(tmp_path / "m")
     assert_same(model.encode(items), st_encode(folder, items))
     if case == "prompts":
@@ -137,14 +137,14 @@ def test_other_pipelines_match_the_library(case, tmp_path):
 
 def test_a_module_lmforge_cannot_reproduce_is_refused(tmp_path, capsys):
     folder = _edited_folder(tmp_path / "f", {"pooling_mode_mean_sqrt_len_tokens": True})
-    assert main(["import-hf", str(folder), str(tmp_path / "m")]) == 2
+    assert main(["import-hf", str(folder), "--out", str(tmp_path / "m")]) == 2
     err = capsys.readouterr().err.strip()
     assert "\n" not in err and "mean_sqrt_len" in err and "Traceback" not in err
     assert not (tmp_path / "m").exists()
 
 
 def test_exported_imported_model_loads_in_sentence_transformers(minilm, reference, tmp_path):
-    assert main(["-q", "export-hf", str(minilm), str(tmp_path / "st")]) == 0
+    assert main(["-q", "export-hf", str(minilm), "--out", str(tmp_path / "st")]) == 0
     assert_same(st_encode(tmp_path / "st", texts()), reference)
 
 
@@ -152,10 +152,12 @@ def test_exported_imported_model_loads_in_sentence_transformers(minilm, referenc
 def test_exported_lmforge_model_encodes_to_lmforge_vectors(family, wordpiece_tokenizer, tmp_path):
     model = (tiny_bert if family == "bert" else tiny_electra)(wordpiece_tokenizer)
     model.save_pretrained(tmp_path / "m", wordpiece_tokenizer)
-    assert main(["-q", "export-hf", str(tmp_path / "m"), str(tmp_path / "st")]) == 0
+    assert main(["-q", "export-hf", str(tmp_path / "m"), "--out", str(tmp_path / "st")]) == 0
     items = domain_text("en-tweets")[:30] + [LONG]  # LONG is past the tiny model's 64 positions: cut in both
     torch.manual_seed(0)
     ours = lmforge.load(tmp_path / "m").encode(items, pool="mean+specials")
     assert_same(ours, st_encode(tmp_path / "st", items))
-    # its sentence-transformers files are the export's own: exporting again replaces it without --overwrite
-    assert main(["-q", "export-hf", str(tmp_path / "m"), str(tmp_path / "st")]) == 0
+    # its sentence-transformers files are the export's own: an export over it is refused, --overwrite replaces it
+    # whole (no file of the old export is taken for the user's)
+    assert main(["-q", "export-hf", str(tmp_path / "m"), "--out", str(tmp_path / "st")]) == 2
+    assert main(["-q", "export-hf", str(tmp_path / "m"), "--out", str(tmp_path / "st"), "--overwrite"]) == 0

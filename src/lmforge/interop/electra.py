@@ -208,7 +208,7 @@ def _read_weights(p: Path) -> dict[str, torch.Tensor]:
     return {("electra." + k if bare else k): v for k, v in state.items()}  # a bare ElectraModel file has no prefix
 
 
-def import_hf(hf_dir: str | Path) -> ElectraForPreTraining:
+def import_hf(hf_dir: str | Path, warn_fresh_heads: bool = True) -> ElectraForPreTraining:
     """Load an HF ELECTRA export (``OUT/`` discriminator and ``OUT/generator/``) as an lmforge ELECTRA.
 
     A discriminator folder without ``generator/`` gets a freshly initialised generator (the default
@@ -216,6 +216,7 @@ def import_hf(hf_dir: str | Path) -> ElectraForPreTraining:
 
     Args:
         hf_dir: the HF folder of the discriminator (``ElectraForPreTraining`` or ``ElectraModel``).
+        warn_fresh_heads: warn about freshly initialised parts; a caller that reads only the body says False.
     Returns:
         The model in eval mode, with the folder's tokenizer attached when lmforge reads it.
     """
@@ -246,8 +247,9 @@ def import_hf(hf_dir: str | Path) -> ElectraForPreTraining:
                               "is it a complete ELECTRA?")
     fresh = [what for prefix, what in optional.items() if any(k.startswith(prefix) for k in missing)]
     if fresh:
-        logger.warning("%s has no weights for %s: freshly initialised (pretrain or fine-tune before trusting "
-                       "their outputs)", p.name, " and ".join(fresh))
+        (logger.warning if warn_fresh_heads else logger.debug)(
+            "%s has no weights for %s: freshly initialised (pretrain or fine-tune before trusting their outputs)",
+            p.name, " and ".join(fresh))
     model.load_weights(ours, strict=False)
     model.eval()
     model.tokenizer = _load_tokenizer(p)

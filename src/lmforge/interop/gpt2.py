@@ -121,13 +121,15 @@ def export_hf(model: GPTLMHeadModel, out_dir: str | Path) -> Path:
     return out
 
 
-def import_hf(hf_dir: str | Path) -> GPTLMHeadModel:
+def import_hf(hf_dir: str | Path, warn_fresh_heads: bool = True) -> GPTLMHeadModel:
     """Load an HF GPT-2 folder (``config.json`` + ``model.safetensors``) as a :class:`GPTLMHeadModel`.
 
     The tokenizer is attached when the folder has a ``tokenizer.json`` lmforge can read.
 
     Args:
         hf_dir: the HF folder.
+        warn_fresh_heads: accepted as every family's import takes it; GPT-2's LM head is tied to its embeddings,
+            so nothing is ever freshly initialised.
     Returns:
         The model in eval mode.
     """

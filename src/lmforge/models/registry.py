@@ -48,6 +48,9 @@ class Family:
             (``lmforge export-hf RUN``; see :class:`lmforge.interop.runs.RunExport`); None = its runs do not export.
         hf_pool: the sentence read-out (``--pool``) its HF sequence-classification class reads: fine-tuning
             defaults to it, so that a default run exports (None: no such class).
+        sentence_transformers: sentence-transformers' Transformer module reads its HF export (BERT's input
+            format: ``[CLS] ... [SEP]`` under an attention mask), so ``export-hf`` also writes that library's
+            pooling files and ``--pool mean+specials`` gives its mean.
     """
 
     name: str
@@ -71,6 +74,7 @@ class Family:
     recipes: str = "lmforge.models.recipes"
     run_export: str | None = None
     hf_pool: str | None = None
+    sentence_transformers: bool = False
 
     @property
     def input_format(self) -> str:
@@ -116,7 +120,7 @@ FAMILIES: dict[str, Family] = {
         "bert", "BERT", "lmforge.models.bert", "BertForPreTraining", "BertConfig", "wordpiece", trainer=True,
         hf_module="lmforge.interop.bert", hf_model_type="bert", fills_mask=True,
         transfer_modes=("frozen", "features", "finetune"), data_recipe="lmforge.data.bert:MaskedLMRecipe",
-        run_export="lmforge.interop.runs_bert", pooler=True, hf_pool="pooler",
+        run_export="lmforge.interop.runs_bert", pooler=True, hf_pool="pooler", sentence_transformers=True,
     ),
     "gpt": Family(
         "gpt", "GPT", "lmforge.models.gpt", "GPTLMHeadModel", "GPTConfig", "bpe", trainer=True,
@@ -137,7 +141,7 @@ FAMILIES: dict[str, Family] = {
         trainer=True, hf_module="lmforge.interop.electra", hf_model_type="electra", fills_mask=True,
         transfer_modes=("frozen", "features", "finetune"), inputs_like="bert",
         data_recipe="lmforge.data.bert:MaskedLMRecipe",
-        run_export="lmforge.interop.runs_electra", hf_pool="cls",
+        run_export="lmforge.interop.runs_electra", hf_pool="cls", sentence_transformers=True,
     ),
 }
 

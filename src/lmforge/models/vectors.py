@@ -130,8 +130,8 @@ def _pooled_tokens(body, texts: list[str], layer: int | None, pool: str, batch_s
 def sentence_pipeline(body, layer: int | None, pool: str | None) -> sentence.SentencePipeline | None:
     """The sentence pipeline ``encode`` reads ``body`` with for these arguments, or None (per-token pooling)."""
     if pool == "mean+specials":
-        if layer is not None or FAMILIES.get(getattr(body, "model_type", None)) is None or \
-                FAMILIES[body.model_type].input_format != "bert":
+        family = FAMILIES.get(getattr(body, "model_type", None))
+        if layer is not None or family is None or not family.sentence_transformers:
             raise LmforgeError("pool 'mean+specials' reads the top layer of a BERT or ELECTRA model (no layer)")
         return sentence.lmforge_pipeline(body)
     recorded = getattr(body, "sentence_pipeline", None)

@@ -21,6 +21,7 @@ from ..errors import LmforgeError
 from ..models import onnx_backend
 from ..nn import autotune
 from .batching import collate
+from .specs import SPECS
 
 
 class _Positional(nn.Module):
@@ -46,9 +47,10 @@ def _padded_example(run, encs) -> dict[str, torch.Tensor]:
 
 def _example_encodings(run) -> list:
     """An encoding of the run's kind of input, for tracing (sentence and pair tasks, token tagging)."""
-    if run.cfg.task in ("classify", "pair"):
-        return [run.fmt.encode_text("an example text", "and its pair" if run.cfg.task == "pair" else None)]
-    if run.cfg.task == "tokens":
+    spec = SPECS[run.cfg.task]
+    if spec.label_outputs and spec.sentence:  # classify, pair
+        return [run.fmt.encode_text("an example text", "and its pair" if spec.text_pair else None)]
+    if spec.label_outputs:  # tokens
         return [run.fmt.encode_words(["an", "example", "text"])]
     raise LmforgeError(f"export-onnx writes classify, pair and tokens runs, not {run.cfg.task}")
 
