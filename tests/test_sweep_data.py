@@ -139,51 +139,45 @@ def test_check_memory_names_the_size_and_the_fix():
 
 
 # -- 12: a full disk names what it could not write ---------------------------------------------------------------
-def test_a_full_disk_under_stdout_names_the_standard_output(tmp_path, wordpiece_tokenizer_dir):
+@pytest.fixture
+def full_disk(tmp_path):
+    """A 16 KiB tmpfs already full (root only: skipped with the reason elsewhere), unmounted afterwards."""
+    import subprocess
+
+    from test_reliability import _try_mount
+
+    full = tmp_path / "full"
+    if not _try_mount(full, "size=16k"):
+        pytest.skip("mounting a small tmpfs needs root")
+    try:
+        with open(full / "filler", "wb") as f:
+            with pytest.raises(OSError):
+                f.write(b"x" * 1_000_000)
+                f.flush()
+        yield full
+    finally:
+        subprocess.run(["umount", "-l", str(full)], capture_output=True)
+
+
+def test_a_full_disk_under_stdout_names_the_standard_output(full_disk, wordpiece_tokenizer_dir):
     """Before: "no space left on the device holding ?" (the failed write named no file and the command no --out)."""
     import os
     import subprocess
     import sys
 
-    from test_reliability import _try_mount
-
-    full = tmp_path / "full"
-    if not _try_mount(full, "size=16k"):
-        pytest.skip("mounting a small tmpfs needs root")
-    try:
-        with open(full / "filler", "wb") as f:
-            with pytest.raises(OSError):
-                f.write(b"x" * 1_000_000)
-                f.flush()
-        env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
-        with open(full / "out.txt", "w") as out:
-            proc = subprocess.run([sys.executable, "-m", "lmforge.cli", "tokenizer", "encode", "--tokenizer",
-                                   str(wordpiece_tokenizer_dir), "hello world"], stdout=out, stderr=subprocess.PIPE,
-                                  text=True, env=env)
-        assert proc.returncode == 2 and "Traceback" not in proc.stderr
-        assert proc.stderr.strip() == ("lmforge tokenizer: error: no space left on the device holding the standard "
-                                       "output; free some space or choose another folder")
-    finally:
-        subprocess.run(["umount", "-l", str(full)], capture_output=True)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    with open(full_disk / "out.txt", "w") as out:
+        proc = subprocess.run([sys.executable, "-m", "lmforge.cli", "tokenizer", "encode", "--tokenizer",
+                               str(wordpiece_tokenizer_dir), "hello world"], stdout=out, stderr=subprocess.PIPE,
+                              text=True, env=env)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    assert proc.stderr.strip() == ("lmforge tokenizer: error: no space left on the device holding the standard "
+                                   "output; free some space or choose another folder")
 
 
-def test_a_full_disk_names_the_output_folder_and_leaves_nothing(tmp_path, tiny_corpus):
+def test_a_full_disk_names_the_output_folder_and_leaves_nothing(full_disk, tiny_corpus):
     """Before: "no space left on the device holding ?", and the lock's temporary file and an empty folder stayed."""
-    import subprocess
-
-    from test_reliability import _try_mount
-
-    full = tmp_path / "full"
-    if not _try_mount(full, "size=16k"):
-        pytest.skip("mounting a small tmpfs needs root")
-    try:
-        with open(full / "filler", "wb") as f:
-            with pytest.raises(OSError):
-                f.write(b"x" * 1_000_000)
-                f.flush()
-        out = full / "tok"
-        refused(cli("tokenizer", "train", tiny_corpus, "--kind", "bpe", "--vocab-size", "300", "--out", out),
-                f"no space left on the device holding {full};")  # the output is built beside, in {full}
-        assert sorted(p.name for p in full.iterdir()) == ["filler"]
-    finally:
-        subprocess.run(["umount", "-l", str(full)], capture_output=True)
+    out = full_disk / "tok"
+    refused(cli("tokenizer", "train", tiny_corpus, "--kind", "bpe", "--vocab-size", "300", "--out", out),
+            f"no space left on the device holding {full_disk};")  # the output is built beside it, in full_disk
+    assert sorted(p.name for p in full_disk.iterdir()) == ["filler"]
