@@ -7,6 +7,9 @@ BIN := $(VENV)/bin
 # The CPU wheel of torch lies on this machine's disk; installing it before anything that
 # depends on torch keeps pip from resolving `torch` to a multi-GB CUDA build.
 TORCH_SPEC ?= torch==2.13.0
+# The suite runs on two pytest-xdist workers, one test file each at a time: most tests run one torch thread, so
+# two workers use both cores of a 2-core machine (TEST_WORKERS=1 runs it in one process).
+TEST_WORKERS ?= 2
 
 .PHONY: setup setup-test demo test lint bench clean
 
@@ -35,7 +38,7 @@ demo: setup
 	$(BIN)/lmforge demo
 
 test: setup-test
-	$(BIN)/python -m pytest -q --durations=15 tests
+	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile --durations=15 tests
 
 lint:
 	$(BIN)/ruff check src tests bench scripts
