@@ -1,7 +1,7 @@
 """lmforge BERT vs ``transformers.BertForPreTraining`` (sdpa): training and inference speed, MFU, bf16.
 
 Both models live in ONE process and take turns step by step (the order flips every step), start
-from the same weights (copied through ``lmforge.interop.bert``) and see the same batches, so the
+from the same weights (copied through ``lmforge.families.bert.hf``) and see the same batches, so the
 machine's drift (+-15-20 % between runs here) hits both alike.  Before timing, the script checks
 that the two compute the same loss.
 
@@ -138,7 +138,7 @@ def timed(fn, device: str = "cpu") -> float:
 def bf16_vs_fp32(args, cfg, batches, adamw, dev: str, tok_step: int) -> dict:
     """lmforge under bf16 autocast against lmforge fp32: alternating training steps from the same weights,
     batches and dropout masks; prints both loss curves and returns the figures."""
-    from lmforge.models.bert import BertForPreTraining
+    from lmforge.families.bert.model import BertForPreTraining
 
     torch.manual_seed(0)
     fp32 = BertForPreTraining(cfg).to(dev)
@@ -214,8 +214,8 @@ def main(argv: list[str] | None = None) -> int:
     import transformers
 
     # imported once --onednn has set LMFORGE_ONEDNN, which lmforge reads at import
-    from lmforge.interop.bert import hf_config_dict, to_hf_state_dict
-    from lmforge.models.bert import BertConfig, BertForPreTraining
+    from lmforge.families.bert.hf import hf_config_dict, to_hf_state_dict
+    from lmforge.families.bert.model import BertConfig, BertForPreTraining
     from lmforge.nn.cpu_ops import chosen_routes, describe_routes
     from lmforge.provenance import describe_machine, provenance
     from lmforge.train.compute import make_optimizer
@@ -362,7 +362,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.record:
         import json
 
-        from lmforge.utils import atomic_write_text
+        from lmforge.storage.files import atomic_write_text
 
         record = {
             "bench": "bert", **provenance(), "settings": vars(args), "threads": threads_line, "malloc": malloc,

@@ -29,13 +29,13 @@ def build(family: str, dropout: float):
     if family == "bert":
         from bench_bert import make_batches
 
-        from lmforge.models.bert import BertConfig, BertForPreTraining
+        from lmforge.families.bert.model import BertConfig, BertForPreTraining
 
         cfg = BertConfig(vocab_size=8192, hidden_size=256, num_hidden_layers=4, num_attention_heads=4,
                          intermediate_size=1024, max_position_embeddings=512,
                          hidden_dropout_prob=dropout, attention_probs_dropout_prob=dropout)
         return (lambda: BertForPreTraining(cfg)), make_batches(4, 16, 128, 8192)
-    from lmforge.models.gpt import GPTConfig, GPTLMHeadModel
+    from lmforge.families.gpt.model import GPTConfig, GPTLMHeadModel
 
     cfg = GPTConfig(vocab_size=8192, n_positions=512, n_embd=256, n_layer=4, n_head=4, resid_pdrop=dropout,
                     embd_pdrop=dropout, attn_pdrop=dropout)
@@ -110,7 +110,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.record:
         import json
 
-        from lmforge.utils import atomic_write_text
+        from lmforge.storage.files import atomic_write_text
 
         record = {"bench": "compile", **provenance(), "settings": vars(args), "first_step_s": first,
                   "median_step_s": med, "compiled_speedup": med["eager"] / med["compiled"],

@@ -69,9 +69,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--device", default="cpu")
     args = ap.parse_args(argv)
 
-    from lmforge.models.bert import BertConfig, BertForPreTraining
-    from lmforge.models.electra import ElectraConfig, ElectraForPreTraining
-    from lmforge.models.recipes import PRESETS as ALL_PRESETS
+    from lmforge.families.bert.model import BertConfig, BertForPreTraining
+    from lmforge.families.electra.model import ElectraConfig, ElectraForPreTraining
+    from lmforge.families.recipes import PRESETS as ALL_PRESETS
 
     PRESETS = ALL_PRESETS["electra"]
 

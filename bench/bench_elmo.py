@@ -111,7 +111,7 @@ def char_cnn_flops(encoder, ids: torch.Tensor) -> float:
 
 
 def bench_lstms(args, tokenizer) -> list[dict]:
-    from lmforge.models.elmo import ElmoBiLM, ElmoConfig
+    from lmforge.families.elmo.model import ElmoBiLM, ElmoConfig
     from lmforge.train.compute import make_optimizer
 
     V, H, T, B = args.vocab, args.hidden, args.seq, args.batch
@@ -186,8 +186,8 @@ def bench_lstms(args, tokenizer) -> list[dict]:
 def bench_word2vec(args, tmp: Path) -> None:
     from lmforge.data import builtin_corpus_path
     from lmforge.data.shards import Shards, prepare
-    from lmforge.models.word2vec import Word2VecConfig
-    from lmforge.train.word2vec import run_pretraining
+    from lmforge.families.word2vec.model import Word2VecConfig
+    from lmforge.families.word2vec.train import run_pretraining
 
     prepare([builtin_corpus_path()], tmp / "tok", tmp / "shards", val_fraction=0.02, workers=1)
     shards = Shards.open(tmp / "shards")
@@ -236,7 +236,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.record:
         import json
 
-        from lmforge.utils import atomic_write_text
+        from lmforge.storage.files import atomic_write_text
 
         record = {"bench": "elmo", **provenance(), "settings": vars(args), "rows": rows,
                   "load_average": {"start": load_start, "end": os.getloadavg()[0]}}

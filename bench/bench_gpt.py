@@ -117,7 +117,7 @@ def main() -> int:
         return rc
     malloc = malloc_setting.apply(args.malloc)
     # imported once --onednn has set LMFORGE_ONEDNN, which lmforge reads at import
-    from lmforge.interop.gpt2 import import_hf
+    from lmforge.families.gpt.hf import import_hf
     from lmforge.nn.cpu_features import onednn_bf16
     from lmforge.nn.cpu_ops import chosen_routes, describe_routes
     from lmforge.provenance import describe_machine, provenance
@@ -333,7 +333,7 @@ def main() -> int:
     print(f"lmforge routes taken: {res['routes'] or 'none measured (plain PyTorch calls)'}; load average "
           f"{res['load_average']['end']:.2f} at the end")
     if args.record:
-        from lmforge.utils import atomic_write_text
+        from lmforge.storage.files import atomic_write_text
 
         atomic_write_text(args.record, json.dumps(res, indent=2) + "\n")
         print(f"wrote {args.record}")

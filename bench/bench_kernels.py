@@ -162,7 +162,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.record:
         import json
 
-        from lmforge.utils import atomic_write_text
+        from lmforge.storage.files import atomic_write_text
 
         record = {"bench": "kernels", **provenance(), "settings": vars(args), "rows": rows,
                   "load_average": os.getloadavg()[0]}

@@ -59,7 +59,7 @@ def main(argv: list[str] | None = None) -> int:
     sys.path.insert(0, str(args.nanogpt))
     import model as nanogpt  # noqa: E402 - nanoGPT's model.py, from the checkout given
 
-    from lmforge.models.gpt import GPTConfig, GPTLMHeadModel
+    from lmforge.families.gpt.model import GPTConfig, GPTLMHeadModel
     from lmforge.provenance import describe_machine, provenance
     from lmforge.train.compute import make_optimizer
     from lmforge.train.parameters import param_groups
@@ -132,7 +132,7 @@ def main(argv: list[str] | None = None) -> int:
     ratio = rows["lmforge"]["tokens_per_s"] / rows["nanogpt"]["tokens_per_s"]
     print(f"lmforge / nanoGPT: {ratio:.3f} (target >= 1.0)")
     if args.record:
-        from lmforge.utils import atomic_write_text
+        from lmforge.storage.files import atomic_write_text
 
         record = {"bench": "nanogpt", **provenance(), "settings": {k: str(v) for k, v in vars(args).items()},
                   "device_name": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",

@@ -40,7 +40,7 @@ def _models(family: str, width: int, vocab: int):
     """A fresh lmforge model of ``family`` at ``width`` and a function giving batch ``i`` for it."""
     g = torch.Generator().manual_seed(0)
     if family == "bert":
-        from lmforge.models.bert import BertConfig, BertForPreTraining
+        from lmforge.families.bert.model import BertConfig, BertForPreTraining
 
         model = BertForPreTraining(BertConfig(vocab_size=vocab, hidden_size=width, num_hidden_layers=3,
                                               num_attention_heads=max(1, width // 64), intermediate_size=4 * width,
@@ -51,13 +51,13 @@ def _models(family: str, width: int, vocab: int):
         return model, lambda i: {"input_ids": ids[i % 4], "labels": labels[i % 4],
                                  "next_sentence_label": torch.zeros(16, dtype=torch.long)}
     if family == "gpt":
-        from lmforge.models.gpt import GPTConfig, GPTLMHeadModel
+        from lmforge.families.gpt.model import GPTConfig, GPTLMHeadModel
 
         model = GPTLMHeadModel(GPTConfig(vocab_size=vocab, n_positions=64, n_embd=width, n_layer=3,
                                          n_head=max(1, width // 64)))
         ids = torch.randint(0, vocab, (4, 16, 64), generator=g)
         return model, lambda i: {"input_ids": ids[i % 4], "labels": ids[i % 4]}
-    from lmforge.models.elmo import ElmoBiLM, ElmoConfig
+    from lmforge.families.elmo.model import ElmoBiLM, ElmoConfig
 
     model = ElmoBiLM(ElmoConfig(vocab_size=vocab, token_encoder="word", projection_dim=width, cell_size=width,
                                 dropout=0.0))
@@ -230,7 +230,7 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_num_threads(args.threads)
     os.environ["OMP_NUM_THREADS"] = str(args.threads)  # the CLI runs it starts use the same thread count
     from lmforge.provenance import describe_machine, provenance
-    from lmforge.utils import atomic_write_text
+    from lmforge.storage.files import atomic_write_text
 
     args.out.mkdir(parents=True, exist_ok=True)
     print(f"{describe_machine()}; load average {os.getloadavg()[0]:.2f}; settings: "

@@ -352,7 +352,7 @@ def main(argv: list[str] | None = None) -> int:
 def write_record(args, results: dict, cores: int, startup: float) -> None:
     """A results record (docs/results/records/): the summary table, the settings and every run's figures."""
     from lmforge.provenance import git_commit, provenance
-    from lmforge.utils import atomic_write_text
+    from lmforge.storage.files import atomic_write_text
 
     prov = provenance()
     names = {"avx512f": "AVX-512", "avx512_bf16": "AVX512-BF16", "amx_bf16": "AMX"}  # as the other records name them

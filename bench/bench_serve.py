@@ -47,7 +47,7 @@ def build_model(folder: Path, hidden: int, layers: int) -> None:
     import torch
 
     from lmforge.data import builtin_corpus_path
-    from lmforge.models.bert import BertConfig, BertForPreTraining
+    from lmforge.families.bert.model import BertConfig, BertForPreTraining
     from lmforge.tokenization import Tokenizer
 
     text = folder / "corpus.txt"

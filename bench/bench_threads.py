@@ -52,7 +52,7 @@ from pathlib import Path
 
 CHILD = r"""
 import json, statistics, sys, time, torch
-from lmforge.models.bert import BertConfig, BertForPreTraining
+from lmforge.families.bert.model import BertConfig, BertForPreTraining
 steps, warmup, B, T = map(int, sys.argv[1:5])
 torch.manual_seed(0)
 cfg = BertConfig(vocab_size=8192, hidden_size=256, num_hidden_layers=4, num_attention_heads=4,
@@ -130,7 +130,7 @@ import json, logging, subprocess, sys, tempfile, threading
 from lmforge.cpu_quota import choose_threads
 choose_threads()  # what the lmforge command does first; nothing when OMP_NUM_THREADS is set (the fixed counts)
 import numpy as np, torch
-from lmforge.models.bert import BertConfig, BertForPreTraining
+from lmforge.families.bert.model import BertConfig, BertForPreTraining
 from lmforge.train.config import TrainConfig
 from lmforge.train.trainer import Trainer
 steps, warmup, B, T = map(int, sys.argv[1:5])
@@ -211,7 +211,7 @@ def encode_inputs(folder: Path, n_texts: int, checkout: str) -> tuple[Path, Path
 
     import torch
 
-    from lmforge.models.bert import BertConfig, BertForPreTraining
+    from lmforge.families.bert.model import BertConfig, BertForPreTraining
     from lmforge.tokenization import Tokenizer
 
     lines = [" ".join(x.split()) for t in topics.values() for x in t.split(". ") if len(x.split()) >= 6]

@@ -35,8 +35,8 @@ def build(args):
     if args.family == "bert":
         from bench_bert import make_batches
 
-        from lmforge.interop.bert import hf_config_dict, to_hf_state_dict
-        from lmforge.models.bert import BertConfig, BertForPreTraining
+        from lmforge.families.bert.hf import hf_config_dict, to_hf_state_dict
+        from lmforge.families.bert.model import BertConfig, BertForPreTraining
 
         cfg = BertConfig(vocab_size=8192, hidden_size=256, num_hidden_layers=4, num_attention_heads=4,
                          intermediate_size=1024, max_position_embeddings=512)
@@ -52,7 +52,7 @@ def build(args):
     elif args.family == "gpt":
         import tempfile
 
-        from lmforge.interop.gpt2 import import_hf
+        from lmforge.families.gpt.hf import import_hf
 
         hf_cfg = transformers.GPT2Config(vocab_size=8192, n_positions=512, n_embd=256, n_layer=4, n_head=4,
                                          resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0,
@@ -68,7 +68,7 @@ def build(args):
         from bench_elmo import PlainBiLM
         from bench_elmo import make_batches as elmo_batches
 
-        from lmforge.models.elmo import ElmoBiLM, ElmoConfig
+        from lmforge.families.elmo.model import ElmoBiLM, ElmoConfig
 
         ids = elmo_batches(1, 32, 64, 8192)[0]
         ours = ElmoBiLM(ElmoConfig(vocab_size=8192, token_encoder=args.encoder, projection_dim=256, cell_size=256,

@@ -294,7 +294,7 @@ def quick_demo(tmp_path_factory):
     import types
 
     from lmforge import demo
-    from lmforge.folder_writing import output_folder
+    from lmforge.storage.writing import output_folder
     from lmforge.train import precision
 
     out = tmp_path_factory.mktemp("quick-demo") / "demo"

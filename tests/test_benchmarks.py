@@ -58,7 +58,7 @@ def test_benchmark_cli_writes_text_and_files(tmp_path, capsys):
 def test_benchmark_cli_learning_curve(tmp_path, capsys):
     import torch
 
-    from lmforge.models.word2vec import Word2Vec, Word2VecConfig
+    from lmforge.families.word2vec.model import Word2Vec, Word2VecConfig
     from lmforge.tokenization import Tokenizer
 
     tok = Tokenizer.train(iter(domain_text("en-tweets")[:2000]), kind="wordpiece", vocab_size=1000)
@@ -91,7 +91,7 @@ def _tweets_bert(max_positions: int):
     """A WordPiece tokenizer trained on 2,000 tweets and a 1-layer, 32-wide random BERT over it (tokenizer attached)."""
     import torch
 
-    from lmforge.models.bert import BertConfig, BertForPreTraining
+    from lmforge.families.bert.model import BertConfig, BertForPreTraining
     from lmforge.tokenization import Tokenizer
 
     tok = Tokenizer.train(iter(domain_text("en-tweets")[:2000]), kind="wordpiece", vocab_size=1000)
@@ -104,7 +104,7 @@ def _tweets_bert(max_positions: int):
 
 
 def test_benchmark_cli_curve_with_a_baseline_in_another_shape(tmp_path, capsys):
-    from lmforge.models.recipes import PRESETS
+    from lmforge.families.recipes import PRESETS
     from lmforge.transfer.curve import curve_leads, preset_body
 
     tok, body = _tweets_bert(48)

@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 import torch
 
-from lmforge.data.bert import BertPretrainingSampler
 from lmforge.errors import DataError
+from lmforge.families.bert.data import BertPretrainingSampler
 
 N_SPECIAL = 5  # [PAD] [UNK] [CLS] [SEP] [MASK] = 0..4
 PAD, UNK, CLS, SEP, MASK = range(N_SPECIAL)

@@ -9,8 +9,8 @@ import pytest
 import torch
 
 from lmforge.errors import CheckpointError
-from lmforge.interop.bert import export_hf, import_hf
-from lmforge.models.bert import BertConfig, BertForPreTraining
+from lmforge.families.bert.hf import export_hf, import_hf
+from lmforge.families.bert.model import BertConfig, BertForPreTraining
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 import transformers

@@ -10,12 +10,12 @@ import pytest
 import torch
 
 from lmforge.config import from_dict
-from lmforge.data.bert import MaskedLMRecipe
 from lmforge.errors import ConfigError, DataError
-from lmforge.models.bert import BertConfig, BertForPreTraining
-from lmforge.models.recipes import DEFAULT_PRESET as DEFAULTS
-from lmforge.models.recipes import PRESETS as ALL_PRESETS
-from lmforge.train.families import setup_bert
+from lmforge.families.bert.data import MaskedLMRecipe
+from lmforge.families.bert.model import BertConfig, BertForPreTraining
+from lmforge.families.pretraining import setup_bert
+from lmforge.families.recipes import DEFAULT_PRESET as DEFAULTS
+from lmforge.families.recipes import PRESETS as ALL_PRESETS
 
 V = 101
 DEFAULT_PRESET, PRESETS = DEFAULTS["bert"], ALL_PRESETS["bert"]

@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from lmforge.models import bert as bert_module
-from lmforge.models.bert import BertConfig, BertForPreTraining
+from lmforge.families.bert import model as bert_module
+from lmforge.families.bert.model import BertConfig, BertForPreTraining
 from lmforge.nn.transformer import TransformerBlock
 
 V = 101

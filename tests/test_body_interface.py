@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from lmforge.models import FAMILIES
+from lmforge.families import FAMILIES
 from lmforge.models.base import TokenLayers, TransferBody
 
 SMALL = {  # a small config of each family, on top of its "tiny" (or default) preset

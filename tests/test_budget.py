@@ -12,11 +12,11 @@ import torch
 from safetensors.torch import load_file
 
 from lmforge.cli import main
-from lmforge.data.bert import MaskedLMRecipe
 from lmforge.data.shards import Shards
 from lmforge.errors import ConfigError
-from lmforge.models import FAMILIES
-from lmforge.models.recipes import PRESETS
+from lmforge.families import FAMILIES
+from lmforge.families.bert.data import MaskedLMRecipe
+from lmforge.families.recipes import PRESETS
 from lmforge.train import budget as B
 from lmforge.train import budget_probe as P
 from lmforge.train import budget_search as S
@@ -248,7 +248,8 @@ def test_budget_too_small_for_one_step(bpe_shards):
 
 
 def test_body_parameters_leave_out_embeddings_and_an_untied_softmax(wordpiece_shards, bpe_shards):
-    from lmforge.models import elmo, gpt
+    from lmforge.families.elmo import model as elmo
+    from lmforge.families.gpt import model as gpt
 
     shards = Shards.open(wordpiece_shards)
     tok = shards.tokenizer()

@@ -17,10 +17,10 @@ from test_transfer_families import rows, tiny_gpt
 from lmforge.cli import build_parser, main
 from lmforge.data.tasks import TaskData, TextExample
 from lmforge.errors import ConfigError
+from lmforge.storage.files import load_safetensors
 from lmforge.train import precision as P
 from lmforge.transfer import run_transfer
 from lmforge.transfer.holdout import hold_out
-from lmforge.utils import load_safetensors
 
 TRAINING_COMMANDS = (("pretrain",), ("finetune",), ("benchmark", "curve"), ("demo",))
 

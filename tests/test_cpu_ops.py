@@ -290,8 +290,8 @@ def test_bf16_attention_matches_fp32_sdpa(path, monkeypatch):
 
 def test_gpt_and_bert_give_the_same_losses_with_the_switch_off(onednn_off):
     """A whole training step of each Transformer family: same loss and gradients either way."""
-    from lmforge.models.bert import BertConfig, BertForPreTraining
-    from lmforge.models.gpt import GPTConfig, GPTLMHeadModel
+    from lmforge.families.bert.model import BertConfig, BertForPreTraining
+    from lmforge.families.gpt.model import GPTConfig, GPTLMHeadModel
 
     torch.manual_seed(5)
     gpt = GPTLMHeadModel(GPTConfig(vocab_size=300, n_positions=64, n_embd=32, n_layer=2, n_head=2,

@@ -312,7 +312,7 @@ def test_the_user_s_threads_win_over_the_automatic_count(machine, monkeypatch):
 
 
 def test_the_trainer_settles_and_rechecks_the_count(machine, monkeypatch, tmp_path, caplog):
-    from lmforge.models.gpt import GPTConfig, GPTLMHeadModel
+    from lmforge.families.gpt.model import GPTConfig, GPTLMHeadModel
     from lmforge.train.config import TrainConfig
     from lmforge.train.trainer import Trainer
 

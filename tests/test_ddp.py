@@ -91,7 +91,7 @@ def test_two_process_ddp_equals_one_process_with_the_global_batch(tmp_path, word
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     ddp_val = json.loads((out / "val.json").read_text())
 
-    from lmforge.utils import load_safetensors
+    from lmforge.storage.files import load_safetensors
 
     for name, ddp_dir in (("a", out / "b2"), ("b", out / "b1_accum2")):
         single = make_trainer(tmp_path / f"single_{name}", dropout=0.0, max_steps=3, batch_size=4, eval_every=3,

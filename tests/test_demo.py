@@ -18,7 +18,7 @@ import torch
 from lmforge import demo as D
 from lmforge.cli import main
 from lmforge.demo import plan as plan_module
-from lmforge.models import FAMILIES
+from lmforge.families import FAMILIES
 
 
 # -- the step machinery, with toy steps (fast) -------------------------------------------------------------

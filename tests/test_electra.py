@@ -13,10 +13,10 @@ import pytest
 import torch
 
 from lmforge.cli import main
-from lmforge.data.bert import MaskedLMRecipe
 from lmforge.errors import CheckpointError, ConfigError
-from lmforge.models.electra import ElectraConfig, ElectraForPreTraining, sample_tokens
-from lmforge.models.recipes import PRESETS as ALL_PRESETS
+from lmforge.families.bert.data import MaskedLMRecipe
+from lmforge.families.electra.model import ElectraConfig, ElectraForPreTraining, sample_tokens
+from lmforge.families.recipes import PRESETS as ALL_PRESETS
 
 PRESETS = ALL_PRESETS["electra"]
 
@@ -113,7 +113,7 @@ def _binomial_ok(hits: float, n: int, p: float, sds: float = 4.0) -> bool:
 
 def test_masking_and_replacement_statistics(wordpiece_shards, wordpiece_tokenizer):
     from lmforge.data.shards import Shards
-    from lmforge.train.families import setup_electra
+    from lmforge.families.pretraining import setup_electra
 
     shards = Shards.open(wordpiece_shards)
     cfg = tiny(vocab_size=7)
@@ -155,8 +155,8 @@ def test_masking_and_replacement_statistics(wordpiece_shards, wordpiece_tokenize
 
 
 def test_whole_word_masking_picks_whole_words(wordpiece_shards, wordpiece_tokenizer):
-    from lmforge.data.electra import ElectraPretrainingSampler
     from lmforge.data.shards import Shards
+    from lmforge.families.electra.data import ElectraPretrainingSampler
 
     tok = wordpiece_tokenizer
     sampler = ElectraPretrainingSampler(Shards.open(wordpiece_shards), max_seq_length=64, whole_word_mask=True,
@@ -221,7 +221,7 @@ def test_joint_training_steps_match_transformers():
     the same losses and the same weights after, so the joint objective's gradients are HF's."""
     import transformers
 
-    from lmforge.interop.electra import hf_config_dicts, to_hf_state_dicts
+    from lmforge.families.electra.hf import hf_config_dicts, to_hf_state_dicts
 
     torch.manual_seed(2)
     ours = ElectraForPreTraining(tiny()).train()
@@ -313,7 +313,7 @@ def _close(a, b, mask) -> bool:
 
 
 def test_import_random_hf_pair(tmp_path):
-    from lmforge.interop.electra import import_hf
+    from lmforge.families.electra.hf import import_hf
 
     disc, gen = _hf_pair()
     disc.save_pretrained(tmp_path)
@@ -333,7 +333,7 @@ def test_import_random_hf_pair(tmp_path):
 
 
 def test_import_discriminator_alone_and_refusals(tmp_path, caplog):
-    from lmforge.interop.electra import import_hf
+    from lmforge.families.electra.hf import import_hf
 
     disc, gen = _hf_pair()
     disc.save_pretrained(tmp_path / "disc")
@@ -357,7 +357,7 @@ def test_import_discriminator_alone_and_refusals(tmp_path, caplog):
 def test_export_loads_in_transformers_and_back(tmp_path):
     import transformers
 
-    from lmforge.interop.electra import export_hf, import_hf
+    from lmforge.families.electra.hf import export_hf, import_hf
 
     torch.manual_seed(1)
     model = ElectraForPreTraining(tiny()).eval()

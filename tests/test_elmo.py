@@ -10,11 +10,11 @@ import numpy as np
 import pytest
 import torch
 
+from lmforge.families.elmo.model import ElmoBiLM, ElmoConfig
+from lmforge.families.pretraining import setup_elmo
+from lmforge.families.recipes import PRESETS as ALL_PRESETS
 from lmforge.models.base import TokenLayers
-from lmforge.models.elmo import ElmoBiLM, ElmoConfig
-from lmforge.models.recipes import PRESETS as ALL_PRESETS
 from lmforge.nn.charcnn import BOW_CHAR, EOW_CHAR, PAD_CHAR, SPECIAL_CHAR, piece_bytes, spell_piece, vocab_char_ids
-from lmforge.train.families import setup_elmo
 
 PRESETS = ALL_PRESETS["elmo"]
 V = 97
@@ -342,7 +342,7 @@ def test_token_norm_and_folders_saved_before_it(tmp_path):
     loads with the norm off and gives the logits it gave when it was saved."""
     import json
 
-    from lmforge.utils import save_safetensors
+    from lmforge.storage.files import save_safetensors
 
     model = make_model(token_encoder="char")
     ids = torch.randint(5, V, (2, 9))

@@ -10,7 +10,7 @@ import torch
 
 from lmforge.cli import main
 from lmforge.errors import LmforgeError
-from lmforge.models import FAMILIES, load
+from lmforge.families import FAMILIES, load
 from lmforge.models.vectors import encode, load_vectors
 from lmforge.models.windows import plan_windows
 from lmforge.train.precision import native_bf16

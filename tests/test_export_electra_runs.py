@@ -17,9 +17,9 @@ from test_export_runs import FILL, NAMES, as_data, export, texts, train, write_j
 from lmforge.cli import main
 from lmforge.data.tasks import QAExample, TaskData, TokensExample
 from lmforge.errors import LmforgeError
+from lmforge.families.electra.model import ElectraConfig, ElectraForPreTraining
+from lmforge.families.electra.runs import classification_head
 from lmforge.interop.runs import check_exportable
-from lmforge.interop.runs_electra import classification_head
-from lmforge.models.electra import ElectraConfig, ElectraForPreTraining
 from lmforge.transfer import load_run
 from lmforge.transfer.encoding import join_words
 

@@ -14,8 +14,8 @@ import torch
 from lmforge.cli import main
 from lmforge.data.tasks import QAExample, TaskData, TextExample, TokensExample
 from lmforge.errors import LmforgeError
+from lmforge.families.gpt.runs import bias_into_ln_f
 from lmforge.interop.runs import check_exportable
-from lmforge.interop.runs_gpt2 import bias_into_ln_f
 from lmforge.transfer import load_run, run_transfer
 from lmforge.transfer.encoding import join_words
 

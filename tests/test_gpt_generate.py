@@ -6,8 +6,8 @@ import pytest
 import torch
 
 from lmforge.errors import LmforgeError
+from lmforge.families.gpt.model import GPTConfig, GPTLMHeadModel
 from lmforge.generation import TextStream, filter_logits, next_token
-from lmforge.models.gpt import GPTConfig, GPTLMHeadModel
 
 V = 101
 

@@ -6,8 +6,8 @@ import pytest
 import torch
 
 from lmforge.errors import LmforgeError
-from lmforge.models.gpt import GPTConfig, GPTLMHeadModel
-from lmforge.transfer.gpt_inputs import GPTForTask, add_task_tokens, transfer_format
+from lmforge.families.gpt.inputs import GPTForTask, add_task_tokens, transfer_format
+from lmforge.families.gpt.model import GPTConfig, GPTLMHeadModel
 
 
 @pytest.fixture

@@ -7,8 +7,8 @@ import torch
 import transformers
 
 from lmforge.errors import CheckpointError  # noqa: E402
-from lmforge.interop.gpt2 import export_hf, import_hf  # noqa: E402
-from lmforge.models.gpt import GPTConfig, GPTLMHeadModel  # noqa: E402
+from lmforge.families.gpt.hf import export_hf, import_hf  # noqa: E402
+from lmforge.families.gpt.model import GPTConfig, GPTLMHeadModel  # noqa: E402
 
 
 def random_hf(vocab: int = 99, n_positions: int = 64):

@@ -9,10 +9,10 @@ import pytest
 import torch
 
 from lmforge.errors import ConfigError, DataError, LmforgeError
-from lmforge.models.gpt import GPTConfig, GPTLMHeadModel
-from lmforge.models.recipes import DEFAULT_PRESET, PRESETS
+from lmforge.families.gpt.model import GPTConfig, GPTLMHeadModel
+from lmforge.families.pretraining import setup_gpt
+from lmforge.families.recipes import DEFAULT_PRESET, PRESETS
 from lmforge.nn import cpu_features, cpu_ops
-from lmforge.train.families import setup_gpt
 
 DEFAULT_PRESET, PRESETS = DEFAULT_PRESET["gpt"], PRESETS["gpt"]
 V = 97

@@ -8,10 +8,10 @@ import pytest
 import torch
 
 from lmforge.cli import main
+from lmforge.families import FAMILIES, load
 from lmforge.interop import export_hf
 from lmforge.interop.hub_cache import cached_snapshot, hub_cache_dir
-from lmforge.models import FAMILIES, load
-from lmforge.utils import load_safetensors
+from lmforge.storage.files import load_safetensors
 
 REPO = "tiny-org/tiny-bert"
 

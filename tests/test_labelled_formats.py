@@ -138,7 +138,7 @@ def test_errors_name_the_columns_found_and_the_flag(files, tmp_path):
 
 @pytest.fixture(scope="module")
 def bert_dir(tmp_path_factory, wordpiece_tokenizer) -> Path:
-    from lmforge.models.bert import BertConfig, BertForPreTraining
+    from lmforge.families.bert.model import BertConfig, BertForPreTraining
 
     torch.manual_seed(0)
     cfg = BertConfig(vocab_size=wordpiece_tokenizer.vocab_size, hidden_size=32, num_hidden_layers=1,

@@ -11,9 +11,9 @@ import torch
 
 from lmforge.cli import main
 from lmforge.errors import LmforgeError
-from lmforge.models import FAMILIES, load
+from lmforge.families import FAMILIES, load
+from lmforge.families.word2vec.model import Word2VecConfig
 from lmforge.models.neighbors import neighbors
-from lmforge.models.word2vec import Word2VecConfig
 
 CORPUS = [
     "the python is a large snake .",
@@ -27,7 +27,7 @@ CORPUS = [
 @pytest.fixture(scope="module")
 def w2v_dir(tmp_path_factory, wordpiece_shards):
     from lmforge.data.shards import Shards
-    from lmforge.train.word2vec import run_pretraining
+    from lmforge.families.word2vec.train import run_pretraining
 
     shards = Shards.open(wordpiece_shards)
     out = tmp_path_factory.mktemp("w2v") / "model"

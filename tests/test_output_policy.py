@@ -20,7 +20,7 @@ import pytest
 from test_reliability_cli import cli, digest, ok, refused
 from test_transfer_families import rows
 
-from lmforge.folders import MARKER, folder_kind
+from lmforge.storage.folders import MARKER, folder_kind
 
 
 @pytest.fixture(scope="module")

@@ -13,10 +13,10 @@ import ast
 from pathlib import Path
 
 import lmforge
-from lmforge.cards import FAMILY_CARDS
 from lmforge.data.tasks import KINDS, TASKS
+from lmforge.families import FAMILIES
 from lmforge.interop.runs import family_export
-from lmforge.models import FAMILIES
+from lmforge.storage.cards import FAMILY_CARDS
 from lmforge.transfer.specs import SPECS
 
 SRC = Path(lmforge.__file__).resolve().parent

@@ -33,8 +33,8 @@ def pairs(examples):
 
 @pytest.fixture(scope="module")
 def elmo_dir(tmp_path_factory, wordpiece_tokenizer):
-    from lmforge.models.elmo import ElmoBiLM, ElmoConfig
-    from lmforge.models.recipes import PRESETS
+    from lmforge.families.elmo.model import ElmoBiLM, ElmoConfig
+    from lmforge.families.recipes import PRESETS
 
     torch.manual_seed(0)
     model = ElmoBiLM(ElmoConfig(**dict(PRESETS["elmo"]["tiny"], vocab_size=wordpiece_tokenizer.vocab_size)))
@@ -49,8 +49,8 @@ def w2v_dir(tmp_path_factory, wordpiece_shards):
     import gensim  # noqa: F401  (installed by `make test`)
 
     from lmforge.data.shards import Shards
-    from lmforge.models.word2vec import Word2VecConfig
-    from lmforge.train.word2vec import run_pretraining
+    from lmforge.families.word2vec.model import Word2VecConfig
+    from lmforge.families.word2vec.train import run_pretraining
 
     shards = Shards.open(wordpiece_shards)
     out = tmp_path_factory.mktemp("w2v") / "w2v"

@@ -18,9 +18,9 @@ from lmforge.cli import main
 from lmforge.commands._runconfig import model_from_choice
 from lmforge.config import apply_overrides
 from lmforge.errors import ConfigError, DataError
-from lmforge.models import FAMILIES
+from lmforge.families import FAMILIES
+from lmforge.families.pretraining import SETUPS
 from lmforge.train import LRSchedule, TrainConfig, Trainer, parse_duration
-from lmforge.train.families import SETUPS
 from lmforge.train.parameters import param_groups
 from lmforge.train.pretrain import default_train_config, pretrain, run_configs
 
@@ -312,7 +312,7 @@ def test_real_family_smoke(family, shards_fixture, sets, request, tmp_path, caps
 # -- --init: continued (domain-adaptive) pretraining from a model folder ----------------------------------
 def test_init_starts_from_the_folder_weights(bpe_shards, wordpiece_shards, tmp_path, capsys):
     import lmforge
-    from lmforge.utils import load_safetensors
+    from lmforge.storage.files import load_safetensors
 
     sets = ["batch_size=2", "eval_batches=2", "device=cpu", "n_positions=32", "warmup_steps=1"]
     kw = dict(batch_size=2, eval_batches=2, device="cpu", n_positions=32, warmup_steps=1)
@@ -346,7 +346,7 @@ def test_init_starts_from_the_folder_weights(bpe_shards, wordpiece_shards, tmp_p
 
 
 def test_init_continues_an_electra_generator_and_discriminator(wordpiece_shards, tmp_path):
-    from lmforge.utils import load_safetensors
+    from lmforge.storage.files import load_safetensors
 
     kw = dict(batch_size=2, eval_batches=2, device="cpu", max_seq_length=32, max_position_embeddings=64,
               warmup_steps=1)

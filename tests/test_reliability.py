@@ -23,7 +23,7 @@ from pathlib import Path
 
 import pytest
 
-from lmforge.folders import LOCK, MARKER, folder_kind
+from lmforge.storage.folders import LOCK, MARKER, folder_kind
 
 ENV = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore"}
 _EXE = Path(sys.executable).parent / "lmforge"
@@ -356,7 +356,7 @@ def test_divergence_keeps_the_last_finite_checkpoint_and_resume_with_lower_lr_wo
     assert 1 <= state["step"] < 8 and f"step {state['step']}" in line
     import torch
 
-    from lmforge.utils import load_safetensors
+    from lmforge.storage.files import load_safetensors
 
     for name in ("model.safetensors", "training_state/model.safetensors", "training_state/optimizer.safetensors"):
         assert all(bool(torch.isfinite(t).all()) for t in load_safetensors(out / name).values()), name
@@ -369,7 +369,7 @@ def test_divergence_keeps_the_last_finite_checkpoint_and_resume_with_lower_lr_wo
 def test_readers_refuse_non_finite_weights(gpt_copy, bpe_shards, task_files, tmp_path):
     from safetensors.torch import save_file
 
-    from lmforge.utils import load_safetensors
+    from lmforge.storage.files import load_safetensors
 
     state = load_safetensors(gpt_copy / "model.safetensors")
     name = sorted(state)[0]
@@ -435,7 +435,7 @@ def test_a_kill_inside_the_first_checkpoint_leaves_nothing_or_a_resumable_folder
             *GPT_FLAGS, "--set", *GPT_SETS, "save_every=1"]
     ref = tmp_path / "ref"
     assert main(["-q", *args, "--out", str(ref)]) == 0
-    from lmforge.utils import load_safetensors
+    from lmforge.storage.files import load_safetensors
 
     want = load_safetensors(ref / "model.safetensors")
     kills = 0

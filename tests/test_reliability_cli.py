@@ -26,7 +26,7 @@ from pathlib import Path
 import pytest
 
 from lmforge.cli import main
-from lmforge.folders import LOCK, MARKER
+from lmforge.storage.folders import LOCK, MARKER
 
 GPT_SETS = ["n_positions=32", "batch_size=2", "eval_batches=1", "device=cpu"]
 

@@ -96,7 +96,7 @@ def test_bilm_windows_stay_inside_one_document(wordpiece_shards, wordpiece_token
 
 
 def test_bilm_feeds_the_elmo_model(wordpiece_shards):
-    from lmforge.models import elmo as elmo
+    from lmforge.families.elmo import model as elmo
     torch.manual_seed(0)
     sh = Shards.open(wordpiece_shards)
     cfg = elmo.ElmoConfig(vocab_size=sh.vocab_size, token_encoder="word", projection_dim=16, cell_size=32,

@@ -7,8 +7,8 @@ import random
 
 import pytest
 
-from lmforge.cards import read_card_meta, shard_facts
 from lmforge.cli import main
+from lmforge.storage.cards import read_card_meta, shard_facts
 from lmforge.train.tblog import read_scalars
 
 TINY_GPT = [

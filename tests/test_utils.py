@@ -2,7 +2,7 @@ import pytest
 import torch
 
 from lmforge.errors import CheckpointError
-from lmforge.utils import atomic_path, atomic_write_text, load_safetensors, save_safetensors
+from lmforge.storage.files import atomic_path, atomic_write_text, load_safetensors, save_safetensors
 
 
 def test_atomic_write_keeps_old_file_on_failure(tmp_path):

@@ -12,8 +12,8 @@ import pytest
 import torch
 
 import lmforge  # noqa: E402
-from lmforge.models.word2vec import Word2Vec, Word2VecConfig, word_index  # noqa: E402
-from lmforge.train.word2vec import run_pretraining  # noqa: E402
+from lmforge.families.word2vec.model import Word2Vec, Word2VecConfig, word_index  # noqa: E402
+from lmforge.families.word2vec.train import run_pretraining  # noqa: E402
 
 CFG = dict(vector_size=16, epochs=2, window=3, negative=3, seed=7)
 
@@ -97,7 +97,8 @@ def test_word_index_groups_pieces_by_characters():
 def _train_in_subprocess(shards_dir: Path, out: Path, hashseed: str) -> None:
     code = (
         "import sys; from lmforge.data.shards import Shards; "
-        "from lmforge.models.word2vec import Word2VecConfig; from lmforge.train.word2vec import run_pretraining; "
+        "from lmforge.families.word2vec.model import Word2VecConfig; "
+        "from lmforge.families.word2vec.train import run_pretraining; "
         "s = Shards.open(sys.argv[1]); "
         f"run_pretraining(s, s.tokenizer(), Word2VecConfig(**{CFG!r}), sys.argv[2])"
     )
@@ -109,7 +110,7 @@ def _train_in_subprocess(shards_dir: Path, out: Path, hashseed: str) -> None:
 def test_deterministic_across_processes(tmp_path, wordpiece_shards, w2v_dir):
     """Same config and shards give the same vectors, whatever Python's string-hash seed."""
     _train_in_subprocess(wordpiece_shards, tmp_path / "a", "1")
-    from lmforge.utils import load_safetensors
+    from lmforge.storage.files import load_safetensors
 
     a = load_safetensors(tmp_path / "a" / "model.safetensors")["embeddings.weight"]
     b = load_safetensors(w2v_dir / "model.safetensors")["embeddings.weight"]

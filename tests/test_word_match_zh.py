@@ -34,7 +34,7 @@ def zh_tokenizer():
 
 @pytest.fixture(scope="module")
 def zh_bert_dir(tmp_path_factory, zh_tokenizer):
-    from lmforge.models.bert import BertConfig, BertForPreTraining
+    from lmforge.families.bert.model import BertConfig, BertForPreTraining
 
     torch.manual_seed(0)
     cfg = BertConfig(vocab_size=zh_tokenizer.vocab_size, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
@@ -46,7 +46,7 @@ def zh_bert_dir(tmp_path_factory, zh_tokenizer):
 
 @pytest.fixture(scope="module")
 def zh_w2v_dir(tmp_path_factory, zh_tokenizer):
-    from lmforge.models.word2vec import Word2Vec, Word2VecConfig
+    from lmforge.families.word2vec.model import Word2Vec, Word2VecConfig
 
     torch.manual_seed(0)
     m = Word2Vec(Word2VecConfig(vocab_size=zh_tokenizer.vocab_size, vector_size=16))
@@ -97,7 +97,7 @@ def test_tokens_of_the_word(zh_tokenizer):
 
 
 def test_bert_polysemy_in_chinese(zh_bert_dir):
-    from lmforge.models import load
+    from lmforge.families import load
 
     model = load(zh_bert_dir)
     rows = word_similarities(model, [FRUIT, COMPANY], "苹果")
@@ -111,7 +111,7 @@ def test_bert_polysemy_in_chinese(zh_bert_dir):
 
 
 def test_word2vec_polysemy_in_chinese_is_one(zh_w2v_dir):
-    from lmforge.models import load
+    from lmforge.families import load
 
     rows = word_similarities(load(zh_w2v_dir), [FRUIT, COMPANY, "他每天吃一个苹果，身体很好。"], "苹果")
     assert len(rows) == 1 and set(rows[0].pairs.values()) == {1.0}  # a static model: the same vector everywhere

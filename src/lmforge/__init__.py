@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from .models import load
+from .families import load
 
 __version__ = "0.1.0"
 

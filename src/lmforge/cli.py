@@ -23,10 +23,10 @@ from . import __version__
 from .commands import COMMANDS
 from .cpu_quota import choose_threads
 from .errors import LmforgeError
-from .folder_writing import recover_folder
-from .folders import os_error_line
-from .guards import check_numbers, check_paths, command_paths
 from .malloc import keep_freed_memory
+from .storage.folders import os_error_line
+from .storage.guards import check_numbers, check_paths, command_paths
+from .storage.writing import recover_folder
 from .utils import setup_logging
 
 

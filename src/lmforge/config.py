@@ -18,7 +18,8 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from .errors import ConfigError
-from .utils import INT64, SEED_MAX, atomic_write_text
+from .storage.files import atomic_write_text
+from .utils import INT64, SEED_MAX
 
 T = TypeVar("T")
 

@@ -19,9 +19,10 @@ from pathlib import Path
 from tokenizers import Tokenizer as HFTokenizer
 
 from .errors import ConfigError, DataError
-from .folder_writing import recover_folder
+from .storage.files import finish_together, write_together
+from .storage.writing import recover_folder
 from .tokenizer_pipelines import EOT, WORDPIECE_SPECIALS, check_train_args, train_backend, wordpiece_from_vocab
-from .utils import check_unicode, finish_together, write_together
+from .utils import check_unicode
 
 logger = logging.getLogger(__name__)
 
@@ -166,7 +167,7 @@ class Tokenizer:
         Writes ``tokenizer.json``, ``tokenizer_config.json``, ``special_tokens_map.json`` and, for
         WordPiece, ``vocab.txt`` (one token per line in id order), and deletes the files of another
         tokenizer kind (a WordPiece ``vocab.txt`` beside a BPE tokenizer, HF's ``vocab.json`` /
-        ``merges.txt``), all as one change (:func:`lmforge.utils.write_together`): a kill leaves the old
+        ``merges.txt``), all as one change (:func:`lmforge.storage.files.write_together`): a kill leaves the old
         tokenizer or the new one, never a mix.
 
         Returns:

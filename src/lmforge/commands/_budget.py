@@ -8,7 +8,7 @@ import os
 from pathlib import Path
 
 from ..errors import ConfigError, LmforgeError
-from ..models import get_family
+from ..families import get_family
 from ..train.budget import BudgetPlan, check_plan_data, holds_model, load_plan, parse_budget, plan_budget
 from ..train.pretrain import default_train_config, open_shards
 from ._runconfig import compute_flags, is_config_file, model_from_choice, recipe_of, run_file_train, split_sets

@@ -18,7 +18,7 @@ from pathlib import Path
 
 from ..config import _field_types, apply_overrides, from_dict, load_config_file, parse_overrides, synonyms_in
 from ..errors import ConfigError
-from ..models import FAMILIES, get_family
+from ..families import FAMILIES, get_family
 from ..train.config import TrainConfig, parse_duration
 from ..train.precision import upgrade_legacy_keys
 from ..train.pretrain import (

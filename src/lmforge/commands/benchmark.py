@@ -7,7 +7,7 @@ from pathlib import Path
 
 from ..data.task_files import write_task
 from ..errors import LmforgeError
-from ..folders import check_output_file
+from ..storage.folders import check_output_file
 from ..transfer import learning_curve
 from ..transfer.benchmarks import BENCHMARKS, load_benchmark, write_domain_text
 from ..transfer.curve import curve_table, leads_text

@@ -6,7 +6,7 @@ import argparse
 
 from ..demo import run_demo
 from ..demo.plan import DEMO_PRECISION
-from ..folder_writing import output_folder
+from ..storage.writing import output_folder
 from . import command_help
 from ._common import add_compute_args, add_json_arg, say, show
 

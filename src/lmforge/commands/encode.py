@@ -10,8 +10,8 @@ from pathlib import Path
 
 from ..cpu_quota import auto_threads
 from ..errors import LmforgeError
-from ..folders import check_output_file
-from ..models import load
+from ..families import load
+from ..storage.folders import check_output_file
 from . import command_help
 from ._common import (
     add_device_arg,

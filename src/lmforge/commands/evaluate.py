@@ -11,12 +11,12 @@ from ..data.tasks import TaskData, check_labels, load_task
 from ..errors import ConfigError, LmforgeError
 from ..evaluate import load_models
 from ..evaluate.wic import format_wic, wic_table
-from ..folders import check_output_file
-from ..model_checks import check_model_folder
-from ..models import FAMILIES
+from ..families import FAMILIES
+from ..storage.checks import check_model_folder
+from ..storage.files import atomic_write_text
+from ..storage.folders import check_output_file
 from ..train.pretrain import evaluate_lm
 from ..transfer import load_run
-from ..utils import atomic_write_text
 from . import command_help
 from ._columns import add_column_args
 from ._common import (

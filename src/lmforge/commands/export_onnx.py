@@ -6,8 +6,8 @@ import shutil
 from pathlib import Path
 
 from ..errors import LmforgeError
-from ..folders import check_output_file
-from ..utils import atomic_path
+from ..storage.files import atomic_path
+from ..storage.folders import check_output_file
 from . import command_help
 from ._common import add_json_arg, add_overwrite_arg, show
 
@@ -30,8 +30,9 @@ def register(sub) -> None:
 
 
 def run(args) -> int:
+    from ..families import load  # imports torch too
     from ..interop.runs import is_run_folder  # imports torch: only when run
-    from ..models import load, onnx_backend  # imports torch too
+    from ..models import onnx_backend  # imports torch too
 
     out = Path(args.out)
     if out.suffix != ".onnx":

@@ -4,7 +4,7 @@ generator); the registry says which families fill masks."""
 from __future__ import annotations
 
 from ..errors import LmforgeError
-from ..models import FAMILIES, get_family, load
+from ..families import FAMILIES, get_family, load
 from . import command_help
 from ._common import add_device_arg, add_json_arg, on_device, show
 

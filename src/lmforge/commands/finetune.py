@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 from ..data.tasks import load_task
-from ..folder_writing import output_folder, staged_folder
-from ..model_checks import check_model_folder
-from ..models import FAMILIES
+from ..families import FAMILIES
+from ..storage.checks import check_model_folder
+from ..storage.writing import output_folder, staged_folder
 from ..train.tblog import EpochLog
 from ..transfer import run_transfer
 from ..transfer.holdout import hold_out

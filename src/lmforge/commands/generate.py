@@ -7,8 +7,8 @@ import sys
 import time
 
 from ..errors import LmforgeError
+from ..families import FAMILIES, get_family, load
 from ..generation import check_generation_args, generate_text
-from ..models import FAMILIES, get_family, load
 from ..train.precision import autocast, inference_precision
 from . import command_help
 from ._common import add_device_arg, add_inference_precision_arg, add_json_arg, fmt, on_device, show

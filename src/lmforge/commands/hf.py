@@ -5,9 +5,9 @@ from __future__ import annotations
 import dataclasses
 
 from ..config import load_json
-from ..folder_writing import output_folder, staged_folder
 from ..interop import export_hf, import_hf
 from ..interop.hub_cache import resolve_hf_dir
+from ..storage.writing import output_folder, staged_folder
 from . import command_help
 from ._common import add_json_arg, add_overwrite_arg, say, show
 

@@ -6,7 +6,7 @@ import argparse
 import sys
 
 from ..errors import LmforgeError
-from ..models import load
+from ..families import load
 from . import command_help
 from ._common import add_device_arg, add_json_arg, add_text_file_args, on_device, show
 

@@ -14,9 +14,9 @@ from pathlib import Path
 
 from ..data.formats import is_dataset_folder
 from ..errors import DataError
-from ..folders import check_output_file
+from ..storage.files import atomic_write_text
+from ..storage.folders import check_output_file
 from ..transfer import load_run
-from ..utils import atomic_write_text
 from . import command_help
 from ._columns import add_column_args
 from ._common import (

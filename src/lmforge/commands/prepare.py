@@ -10,8 +10,8 @@ from tqdm import tqdm
 
 from ..data.shards import prepare
 from ..errors import DataError
-from ..folder_writing import output_folder
-from ..folders import write_marker
+from ..storage.folders import write_marker
+from ..storage.writing import output_folder
 from . import command_help
 from ._common import add_json_arg, add_overwrite_arg, show
 from ._corpus import INPUTS_HELP, add_corpus_args, corpus_from_args

@@ -12,9 +12,9 @@ from pathlib import Path
 
 from ..config import FIELD_SYNONYMS, apply_overrides
 from ..errors import DataError, LmforgeError
-from ..folder_writing import output_folder, recover_folder, staged_folder
-from ..folders import folder_kind
-from ..models import FAMILIES, get_family
+from ..families import FAMILIES, get_family
+from ..storage.folders import folder_kind
+from ..storage.writing import output_folder, recover_folder, staged_folder
 from ..train.budget import run_plan
 from ..train.checkpoint import restore_model_config
 from ..train.config import TrainConfig, parse_duration

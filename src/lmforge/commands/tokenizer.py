@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from ..folder_writing import output_folder, staged_folder
+from ..storage.writing import output_folder, staged_folder
 from ..tokenization import Tokenizer
 from . import command_help
 from ._common import add_json_arg, add_overwrite_arg, show

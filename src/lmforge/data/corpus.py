@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import DataError, MissingExtraError
-from ..utils import atomic_path
+from ..storage.files import atomic_path
 from .sentences import ends_sentence, join_wrapped, split_sentences
 from .textfiles import read_lines
 

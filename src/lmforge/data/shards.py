@@ -37,9 +37,9 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import DataError
-from ..folders import user_files
+from ..storage.files import atomic_write_text, swap_into_place
+from ..storage.folders import user_files
 from ..tokenization import Tokenizer
-from ..utils import atomic_write_text, swap_into_place
 from .chunks import ChunkEncoder, Encoded, default_workers, read_chunks
 from .shard_check import check_shard_arrays
 from .shard_meta import FORMAT, SPLITS, VERSION, check_meta

@@ -29,7 +29,7 @@ from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
 from ..errors import DataError
-from ..folders import MARKER
+from ..storage.folders import MARKER
 from ..utils import check_unicode
 from .corpus import LAYOUTS, RECORD_MODES, SENTENCE, detect_layout, iter_units, unit_sentences
 from .formats import FORMATS, detect, is_dataset_folder, iter_records, open_dataset, record_fields

@@ -8,7 +8,7 @@ from collections.abc import Iterable
 from pathlib import Path
 
 from ..errors import DataError
-from ..utils import atomic_write_text
+from ..storage.files import atomic_write_text
 from .tasks import QAExample, TaskData, TextExample, TokensExample
 
 

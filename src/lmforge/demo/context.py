@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import LmforgeError
-from ..utils import atomic_write_text
+from ..storage.files import atomic_write_text
 from .plan import DemoPlan
 
 STATE_FILE = "demo_state.json"

@@ -11,7 +11,7 @@ import dataclasses
 import importlib.util
 from collections.abc import Callable
 
-from ..models.registry import FAMILIES
+from ..families.registry import FAMILIES
 from .plan import CURVE, DemoPlan
 
 

@@ -12,7 +12,7 @@ import hashlib
 import json
 
 from ..errors import LmforgeError
-from ..models import FAMILIES
+from ..families import FAMILIES
 from ..train.config import parse_duration
 
 DEFAULT_OUT = "lmforge-demo"

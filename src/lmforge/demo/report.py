@@ -11,10 +11,10 @@ import os
 from pathlib import Path
 
 from .. import __version__
-from ..models import FAMILIES
+from ..families import FAMILIES
 from ..provenance import describe_machine, git_commit
+from ..storage.files import atomic_path, atomic_write_text, file_sha256
 from ..transfer.curve import curve_leads
-from ..utils import atomic_path, atomic_write_text, file_sha256
 from .context import REPORT_FILE, DemoContext, Step, jsonable
 from .plan import CURVE, DOMAIN, FULL, POLYSEMY_SENTENCES, POLYSEMY_WORD, TABLE_FAMILY, TABLE_MODES, DemoPlan
 

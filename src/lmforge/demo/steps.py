@@ -25,14 +25,14 @@ from ..errors import LmforgeError
 from ..evaluate import find_word, load_reference, word_rows
 from ..evaluate.polysemy import polysemy_table
 from ..evaluate.wic import wic_table
-from ..models import FAMILIES, load
+from ..families import FAMILIES, load
+from ..storage.files import atomic_write_text, file_sha256
 from ..tokenization import Tokenizer
 from ..train.precision import resolve_device
 from ..train.pretrain import default_train_config, pretrain, recipe_in
 from ..transfer import learning_curve, run_transfer
 from ..transfer.benchmarks import load_benchmark, write_domain_text
 from ..transfer.curve import main_metric
-from ..utils import atomic_write_text, file_sha256
 from .context import DemoContext, Step, jsonable
 from .plan import (
     CURVE,

@@ -16,8 +16,8 @@ import re
 import torch
 
 from ..errors import LmforgeError
-from ..interop.bert import import_hf
-from ..models import load
+from ..families import load
+from ..families.bert.hf import import_hf
 from ..models.base import TokenLayers
 from ..tokenization import Tokenizer
 from ..tokenizer_pipelines import is_cjk

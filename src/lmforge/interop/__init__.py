@@ -10,11 +10,11 @@ from __future__ import annotations
 import importlib
 from pathlib import Path
 
-from ..cards import update_card
 from ..config import load_json
 from ..errors import CheckpointError
-from ..models import FAMILIES, load
+from ..families import FAMILIES, load
 from ..models.sentence import lmforge_pipeline, read_sentence_transformers, write_sentence_transformers
+from ..storage.cards import update_card
 from .hub_cache import resolve_hf_dir
 from .runs import export_run, is_run_folder
 

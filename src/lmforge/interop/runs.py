@@ -1,7 +1,7 @@
 """A finished transfer run (``lmforge finetune --out RUN``) as an HF ``transformers`` task model.
 
-``lmforge export-hf RUN_DIR --out OUT`` writes the run's body (with the weight map of :mod:`lmforge.interop.bert` /
-:mod:`lmforge.interop.gpt2` / :mod:`lmforge.interop.electra`) plus its head in the HF class of its task, so that
+``lmforge export-hf RUN_DIR --out OUT`` writes the run's body (with the weight map of :mod:`lmforge.families.bert.hf` /
+:mod:`lmforge.families.gpt.hf` / :mod:`lmforge.families.electra.hf`) plus its head in the HF class of its task, so that
 ``transformers.pipeline(TASK, model=OUT)`` predicts what ``lmforge predict`` does:
 
 | run | HF class | pipeline |
@@ -27,7 +27,7 @@ the ``lmforge finetune`` command that retrains the run in a form that maps; noth
   weights make ``tanh`` the identity: a pooler scaled towards 0 only approaches it);
 - ELECTRA sentence tasks: ``ElectraForSequenceClassification`` reads the raw top ``[CLS]`` (``--pool cls``)
   through ``out_proj(gelu(dense(x)))``, which carries the run's Linear exactly by ``gelu(z) - gelu(-z) = z``
-  (:mod:`lmforge.interop.runs_electra`); ``--pool mean`` is refused;
+  (:mod:`lmforge.families.electra.runs`); ``--pool mean`` is refused;
 - GPT: the tokenizer gets the run's start / delimiter / extract tokens (ids V, V+1, V+2, rows of
   ``wte``) and a post-processor that frames every input as ``start text extract`` (pairs: ``start a
   delim b extract``), so the pipeline feeds the run's ids; ``<|endoftext|>`` is the pad token, and
@@ -48,22 +48,22 @@ from typing import Protocol
 
 import torch
 
-from ..cards import display_name
 from ..config import load_json, save_json
 from ..data.tasks import KINDS
 from ..errors import LmforgeError
-from ..models.registry import FAMILIES, Family
+from ..families.registry import FAMILIES, Family
+from ..storage.cards import display_name
+from ..storage.files import atomic_write_text, save_safetensors
 from ..transfer import load_run
 from ..transfer.config import saved_config
 from ..transfer.specs import SPECS
-from ..utils import atomic_write_text, save_safetensors
 
 logger = logging.getLogger(__name__)
 
 
 class RunExport(Protocol):
-    """What a family's run-export module (``Family.run_export``: :mod:`lmforge.interop.runs_bert`,
-    :mod:`lmforge.interop.runs_gpt2`, :mod:`lmforge.interop.runs_electra`) gives :func:`export_run`."""
+    """What a family's run-export module (``Family.run_export``: :mod:`lmforge.families.bert.runs`,
+    :mod:`lmforge.families.gpt.runs`, :mod:`lmforge.families.electra.runs`) gives :func:`export_run`."""
 
     #: ``TaskSpec.hf_head`` -> the HF class a run of that task exports to (a task not here does not export)
     HEADS: dict[str, str]

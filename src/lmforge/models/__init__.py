@@ -1,4 +1,4 @@
-"""The four model families and their registry (:mod:`lmforge.models.registry`).
+"""The four model families and their registry (:mod:`lmforge.families.registry`).
 
 ``FAMILIES`` maps a family name (a folder's ``model_type``) to what lmforge knows about it;
 :func:`load` opens any model folder.  The family modules are imported lazily so that
@@ -7,6 +7,6 @@
 
 from __future__ import annotations
 
-from .registry import FAMILIES, Family, folder_family, get_family, load, model_class
+from ..families.registry import FAMILIES, Family, folder_family, get_family, load, model_class
 
 __all__ = ["FAMILIES", "Family", "folder_family", "get_family", "load", "model_class"]

@@ -20,11 +20,11 @@ from torch import nn
 
 from ..config import from_dict, load_json, save_json
 from ..errors import CheckpointError, LmforgeError
-from ..model_checks import check_finite, check_recorded_tokenizer, check_tokenizer_fits
+from ..families.registry import FAMILIES
+from ..storage.checks import check_finite, check_recorded_tokenizer, check_tokenizer_fits
+from ..storage.files import load_safetensors, save_safetensors
 from ..tokenization import Tokenizer
-from ..utils import load_safetensors, save_safetensors
 from . import sentence, vectors
-from .registry import FAMILIES
 from .windows import Window, plan_windows
 
 logger = logging.getLogger(__name__)

@@ -8,7 +8,7 @@
   Every word of a corpus gets the mean of its vectors over its occurrences there (a word split into
   pieces: the mean of its pieces at each occurrence), at one layer (default the top); the neighbours are
   the corpus words whose mean vectors are closest in cosine.  Words are whole words as
-  :func:`lmforge.models.word2vec.word_index` groups pieces, compared lower-cased when the tokenizer
+  :func:`lmforge.families.word2vec.model.word_index` groups pieces, compared lower-cased when the tokenizer
   lower-cases; tokens without a letter or digit (punctuation) are no candidates.
 """
 
@@ -23,8 +23,8 @@ import numpy as np
 import torch
 
 from ..errors import LmforgeError
+from ..families.word2vec.model import word_index
 from .vectors import Progress, progress_updates, read_texts, resolve_layer
-from .word2vec import word_index
 
 logger = logging.getLogger(__name__)
 

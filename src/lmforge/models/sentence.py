@@ -25,7 +25,7 @@ import numpy as np
 import torch
 
 from ..errors import CheckpointError, LmforgeError
-from ..utils import atomic_path
+from ..storage.files import atomic_path
 
 PIPELINE_FILE = "sentence_pipeline.json"
 ST_POOLS = ("mean", "cls", "max")

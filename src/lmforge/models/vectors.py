@@ -35,9 +35,9 @@ from tqdm import tqdm
 from ..data.formats import RECORD_FORMATS, detect, iter_records, record_fields
 from ..data.textfiles import read_lines
 from ..errors import DataError, LmforgeError, require
-from ..utils import atomic_path
+from ..families.registry import FAMILIES
+from ..storage.files import atomic_path
 from . import onnx_backend, sentence
-from .registry import FAMILIES
 
 POOLS = ("mean", "cls", "max", "mean+specials")
 

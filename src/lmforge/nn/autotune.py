@@ -31,7 +31,7 @@ from pathlib import Path
 import torch
 
 from ..provenance import cpu_info
-from ..utils import atomic_write_text
+from ..storage.files import atomic_write_text
 from .cpu_features import FEATURES_ENV
 
 logger = logging.getLogger(__name__)

@@ -20,8 +20,8 @@ from typing import Any
 
 from ..config import load_json
 from ..errors import CheckpointError
-from ..models import load
-from ..models.registry import get_family
+from ..families import load
+from ..families.registry import get_family
 from ..train.precision import autocast, inference_precision, resolve_device
 from ..transfer import load_run
 

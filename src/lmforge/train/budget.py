@@ -31,7 +31,7 @@ from .. import __version__
 from ..config import from_dict, save_json, to_dict
 from ..cpu_quota import auto_threads
 from ..errors import ConfigError, LmforgeError
-from ..models import get_family
+from ..families import get_family
 from ..nn.cpu_share import advise_threads
 from . import budget_search
 from .budget_probe import (

@@ -26,8 +26,8 @@ import torch
 from torch import nn
 
 from ..config import apply_overrides, from_dict, to_dict
-from ..folder_writing import pid_alive
-from ..models import get_family
+from ..families import get_family
+from ..storage.writing import pid_alive
 from . import compute
 from .config import TrainConfig
 from .parameters import param_groups

@@ -29,7 +29,7 @@ from typing import Any
 import torch
 
 from ..errors import CheckpointError
-from ..utils import _fsync_dir, atomic_write_text, file_sha256, load_safetensors, save_safetensors
+from ..storage.files import _fsync_dir, atomic_write_text, file_sha256, load_safetensors, save_safetensors
 
 logger = logging.getLogger(__name__)
 

@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-from ..utils import atomic_write_text
+from ..storage.files import atomic_write_text
 from .config import TrainConfig, format_duration
 from .distributed import DistEnv, all_reduce_sum
 from .plots import plot_metrics

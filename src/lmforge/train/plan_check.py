@@ -15,7 +15,7 @@ from typing import Any
 
 from ..config import _coerce, _field_types, apply_overrides, from_dict
 from ..errors import ConfigError, LmforgeError
-from ..models import get_family
+from ..families import get_family
 from .config import TrainConfig
 from .precision import upgrade_legacy_keys
 

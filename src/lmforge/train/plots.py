@@ -6,7 +6,7 @@ import json
 import logging
 from pathlib import Path
 
-from ..utils import atomic_path
+from ..storage.files import atomic_path
 
 logger = logging.getLogger(__name__)
 

@@ -2,7 +2,7 @@
 
 Which families exist, and their config classes, presets and training defaults, come from the
 registry (:data:`lmforge.models.FAMILIES`); how each is built from shards (model and sampler), or
-trained by gensim (word2vec), from :mod:`lmforge.train.families`.
+trained by gensim (word2vec), from :mod:`lmforge.families.pretraining`.
 
 Order of work: every config problem is found before any data is read, the tokenizer is checked
 against the shards before any model is built, and ``train_config.json`` is written before the
@@ -21,17 +21,18 @@ import logging
 from pathlib import Path
 from typing import Any
 
-from ..cards import update_card
 from ..config import apply_overrides, from_dict, load_json, save_json, to_dict
 from ..data.shards import Shards
 from ..errors import CheckpointError, ConfigError, DataError, LmforgeError
-from ..models import FAMILIES, get_family
+from ..families import FAMILIES, get_family
+from ..families.pretraining import PretrainHooks, pretrain_hooks
+from ..storage.cards import update_card
+from ..storage.files import load_safetensors
 from ..tokenization import Tokenizer
-from ..utils import load_safetensors, seed_everything
+from ..utils import seed_everything
 from .checkpoint import STATE_DIR, find_state_dir
 from .config import TrainConfig, format_duration
 from .distributed import cleanup, init_distributed
-from .families import PretrainHooks, pretrain_hooks
 from .precision import upgrade_legacy_keys
 from .result import PretrainResult
 from .trainer import Trainer
@@ -252,7 +253,7 @@ def pretrain(
         train: the :class:`TrainConfig` (default: the family's training defaults; on resume the saved ones).
             Device, precision and a time budget (``max_time``) are its fields. Not used by word2vec.
         recipe: the pretraining-data recipe of a family that has one (BERT, ELECTRA:
-            :class:`lmforge.data.bert.MaskedLMRecipe`; default: its defaults; on resume the saved one).
+            :class:`lmforge.families.bert.data.MaskedLMRecipe`; default: its defaults; on resume the saved one).
         resume: continue the run saved in ``out_dir/training_state``.
         tokenizer_dir: if given, the tokenizer the user expects; it must be the one that made the shards.
         init: continue pretraining from this model folder of the same family (domain-adaptive

@@ -21,7 +21,7 @@ from torch import nn
 
 from ..config import to_dict
 from ..errors import CheckpointError, LmforgeError
-from ..model_checks import nonfinite_tensor
+from ..storage.checks import nonfinite_tensor
 from . import checkpoint as ckpt
 from . import compute
 from . import precision as prec

@@ -37,7 +37,8 @@ from tqdm.contrib.logging import logging_redirect_tqdm
 from ..cpu_quota import AutoThreads, auto_threads
 from ..errors import LmforgeError
 from ..nn.cpu_share import advise_threads
-from ..utils import check_memory, save_safetensors
+from ..storage.files import save_safetensors
+from ..utils import check_memory
 from . import checkpoint as ckpt
 from . import compute, run_state
 from . import precision as prec

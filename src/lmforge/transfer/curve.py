@@ -30,9 +30,9 @@ from torch import nn
 
 from ..data.tasks import TaskData, check_labels, load_task
 from ..errors import LmforgeError
-from ..models.registry import get_family
+from ..families.registry import get_family
+from ..storage.files import atomic_path, atomic_write_text
 from ..train.precision import choose_precision, describe, resolve_device
-from ..utils import atomic_path, atomic_write_text
 from .batching import RowStore
 from .config import SUPPORTED, TransferConfig, check_supported
 from .folder import load_body

@@ -26,7 +26,7 @@ import dataclasses
 import logging
 
 from ..errors import LmforgeError
-from ..models.registry import FAMILIES
+from ..families.registry import FAMILIES
 
 logger = logging.getLogger(__name__)
 
@@ -193,7 +193,7 @@ class InputFormat:
         self._assemble_format = {"bert": self._assemble_cls_sep, "gpt": self._assemble_gpt}.get(family,
                                                                                                 self._assemble_plain)
         if self._assemble_format == self._assemble_gpt and gpt is None:
-            raise LmforgeError("GPT inputs need lmforge.transfer.gpt_inputs, which is not available")
+            raise LmforgeError("GPT inputs need lmforge.families.gpt.inputs, which is not available")
         for name in rules.needs_ids:
             if getattr(tokenizer, name, None) is None:
                 raise LmforgeError(f"the BERT tokenizer has no {name}; BERT inputs need [CLS] and [SEP]")
@@ -251,7 +251,7 @@ class InputFormat:
         return ids, types, seg, a_pos, b_pos
 
     def _assemble_gpt(self, a: list[int], b: list[int] | None, pair_mode: str = "pair"):
-        """GPT's task tokens around the text (lmforge.transfer.gpt_inputs)."""
+        """GPT's task tokens around the text (lmforge.families.gpt.inputs)."""
         ids, a_pos, b_pos = self.gpt.build(a, b)
         seg = [-1] * len(ids)
         for p in a_pos:

@@ -36,7 +36,7 @@ from ..data.tasks import (
     example_from_fields,
 )
 from ..errors import ConfigError, LmforgeError
-from ..folder_writing import output_folder, staged_folder
+from ..storage.writing import output_folder, staged_folder
 from .config import TransferConfig
 from .folder import as_data, fit_summary, load_body, load_run, save_run
 from .run import TransferRun

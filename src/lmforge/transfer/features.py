@@ -28,7 +28,8 @@ import torch
 from threadpoolctl import threadpool_limits
 
 from ..errors import CheckpointError
-from ..utils import load_safetensors, save_safetensors, seed32
+from ..storage.files import load_safetensors, save_safetensors
+from ..utils import seed32
 from .batching import RowStore
 
 logger = logging.getLogger(__name__)

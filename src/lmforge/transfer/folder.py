@@ -18,15 +18,15 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from ..cards import update_card
 from ..config import load_json, save_json, to_dict
 from ..data.tasks import TaskData, check_labels, load_task
 from ..devices import check_device, check_precision
 from ..errors import CheckpointError, LmforgeError
-from ..model_checks import nonfinite_number, nonfinite_tensor
-from ..models import load
+from ..families import load
+from ..storage.cards import update_card
+from ..storage.checks import nonfinite_number, nonfinite_tensor
+from ..storage.files import atomic_write_text, file_sha256, load_safetensors, save_safetensors
 from ..train.precision import describe, warn_if_emulated
-from ..utils import atomic_write_text, file_sha256, load_safetensors, save_safetensors
 from .config import TransferConfig, check_supported, saved_config
 from .run import TransferRun
 

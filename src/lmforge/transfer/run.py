@@ -30,11 +30,12 @@ from torch import nn
 
 from ..data.tasks import TaskData
 from ..errors import LmforgeError
+from ..families.gpt import inputs as gpt_inputs
+from ..families.registry import get_family
 from ..models import onnx_backend
-from ..models.registry import get_family
 from ..train.precision import resolve_device, resolve_precision
 from ..utils import seed_everything
-from . import gpt_inputs, onnx_run
+from . import onnx_run
 from .batching import RowStore, TransferModel, collate
 from .building import RunModel, reinit_body
 from .config import TransferConfig, check_supported

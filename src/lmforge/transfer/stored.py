@@ -19,7 +19,7 @@ import torch
 
 from ..data.tasks import TaskData
 from ..errors import LmforgeError
-from ..utils import file_sha256
+from ..storage.files import file_sha256
 from . import features as FT
 from .batching import RowStore
 from .encoding import Encoding

@@ -8,14 +8,14 @@ written before the marker existed, inferred from the files they hold (:func:`fol
 One policy holds for every output (docs/cli.md, "Existing outputs"): :func:`check_output_dir` and
 :func:`check_output_file` refuse, in one line naming ``--overwrite``, an output that already exists.  With
 ``overwrite`` a folder is replaced by a new one built beside it and swapped in only when complete
-(:func:`lmforge.folder_writing.staged_folder`), and the files lmforge did not write there
+(:func:`lmforge.storage.writing.staged_folder`), and the files lmforge did not write there
 (:func:`user_files`: notes, your own subfolders) are carried into the new folder; a file is replaced
 atomically.  A folder that is one of the command's own inputs (``finetune M --out M``) is refused even with
 ``overwrite``.
 
 Taking a folder for the length of a command (the writer lock, the leftovers of killed runs, a replacement
-staged beside it) is :mod:`lmforge.folder_writing`'s; whether the model in a folder can be read is
-:mod:`lmforge.model_checks`'.
+staged beside it) is :mod:`lmforge.storage.writing`'s; whether the model in a folder can be read is
+:mod:`lmforge.storage.checks`'.
 """
 
 from __future__ import annotations
@@ -29,8 +29,8 @@ from collections.abc import Iterable
 from fnmatch import fnmatch
 from pathlib import Path
 
-from .errors import LmforgeError
-from .utils import TOGETHER, atomic_write_text
+from ..errors import LmforgeError
+from .files import TOGETHER, atomic_write_text
 
 logger = logging.getLogger(__name__)
 
@@ -118,7 +118,7 @@ def folder_kind(path: str | Path) -> str | None:
         return "demo"
     if "config.json" in names:
         config = _read_json(p / "config.json")
-        from .models import FAMILIES  # uphill (layer 2): which model_types exist; models import this module
+        from ..families import FAMILIES  # uphill: which model_types exist; the families import this module
 
         if "transfer" in config:
             return "run"
@@ -208,7 +208,7 @@ def check_output_dir(
         option: how the folder was given, for the messages.
         hint: how to replace it, for the messages (``None``: the command has no ``--overwrite``).
     Returns:
-        ``path`` as a Path.  Nothing is created here; see :func:`lmforge.folder_writing.output_folder`.
+        ``path`` as a Path.  Nothing is created here; see :func:`lmforge.storage.writing.output_folder`.
     Raises:
         LmforgeError: the refusal, saying what to do instead.
     """
@@ -256,9 +256,9 @@ def check_output_file(path: str | Path, overwrite: bool = False, *, option: str 
                       hint: str = "pass --overwrite to replace it") -> Path:
     """Refuse, in one line, a file output that exists (unless ``overwrite``) or is a folder.
 
-    The file itself is then written with :func:`lmforge.utils.atomic_path`, so it is either complete or, after
+    The file itself is then written with :func:`lmforge.storage.files.atomic_path`, so it is either complete or, after
     a failure or a kill, the old one.  That it is none of the command's inputs is
-    :func:`lmforge.guards.check_paths`'s (refused even with ``overwrite``).
+    :func:`lmforge.storage.guards.check_paths`'s (refused even with ``overwrite``).
     """
     p = Path(path)
     if p.is_dir():
@@ -270,7 +270,7 @@ def check_output_file(path: str | Path, overwrite: bool = False, *, option: str 
 
 def write_marker(path: str | Path, kind: str) -> None:
     """Record ``kind`` in ``path`` (created if need be); a failure is a one-line LmforgeError."""
-    from . import __version__  # the package root imports the models, which import this module
+    from .. import __version__  # the package root imports the models, which import this module
 
     p = Path(path)
     try:

@@ -71,7 +71,7 @@ class Family:
     aux_lm: bool = False
     mixes_layers: bool = False
     pooler: bool = False
-    recipes: str = "lmforge.models.recipes"
+    recipes: str = "lmforge.families.recipes"
     run_export: str | None = None
     hf_pool: str | None = None
     sentence_transformers: bool = False
@@ -117,31 +117,31 @@ class Family:
 # the CLI lists the families in this order
 FAMILIES: dict[str, Family] = {
     "bert": Family(
-        "bert", "BERT", "lmforge.models.bert", "BertForPreTraining", "BertConfig", "wordpiece", trainer=True,
-        hf_module="lmforge.interop.bert", hf_model_type="bert", fills_mask=True,
-        transfer_modes=("frozen", "features", "finetune"), data_recipe="lmforge.data.bert:MaskedLMRecipe",
-        run_export="lmforge.interop.runs_bert", pooler=True, hf_pool="pooler", sentence_transformers=True,
+        "bert", "BERT", "lmforge.families.bert.model", "BertForPreTraining", "BertConfig", "wordpiece", trainer=True,
+        hf_module="lmforge.families.bert.hf", hf_model_type="bert", fills_mask=True,
+        transfer_modes=("frozen", "features", "finetune"), data_recipe="lmforge.families.bert.data:MaskedLMRecipe",
+        run_export="lmforge.families.bert.runs", pooler=True, hf_pool="pooler", sentence_transformers=True,
     ),
     "gpt": Family(
-        "gpt", "GPT", "lmforge.models.gpt", "GPTLMHeadModel", "GPTConfig", "bpe", trainer=True,
-        hf_module="lmforge.interop.gpt2", hf_model_type="gpt2", generates=True,
+        "gpt", "GPT", "lmforge.families.gpt.model", "GPTLMHeadModel", "GPTConfig", "bpe", trainer=True,
+        hf_module="lmforge.families.gpt.hf", hf_model_type="gpt2", generates=True,
         transfer_modes=("frozen", "features", "finetune"), task_tokens=True, aux_lm=True,
-        run_export="lmforge.interop.runs_gpt2", hf_pool="last",
+        run_export="lmforge.families.gpt.runs", hf_pool="last",
     ),
     "elmo": Family(
-        "elmo", "ELMo", "lmforge.models.elmo", "ElmoBiLM", "ElmoConfig", None, trainer=True,
+        "elmo", "ELMo", "lmforge.families.elmo.model", "ElmoBiLM", "ElmoConfig", None, trainer=True,
         transfer_modes=("frozen", "features"), mixes_layers=True,
     ),
     "word2vec": Family(
-        "word2vec", "word2vec", "lmforge.models.word2vec", "Word2Vec", "Word2VecConfig", None, trainer=False,
+        "word2vec", "word2vec", "lmforge.families.word2vec.model", "Word2Vec", "Word2VecConfig", None, trainer=False,
         transfer_modes=("frozen", "features", "finetune"),
     ),
     "electra": Family(
-        "electra", "ELECTRA", "lmforge.models.electra", "ElectraForPreTraining", "ElectraConfig", "wordpiece",
-        trainer=True, hf_module="lmforge.interop.electra", hf_model_type="electra", fills_mask=True,
+        "electra", "ELECTRA", "lmforge.families.electra.model", "ElectraForPreTraining", "ElectraConfig", "wordpiece",
+        trainer=True, hf_module="lmforge.families.electra.hf", hf_model_type="electra", fills_mask=True,
         transfer_modes=("frozen", "features", "finetune"), inputs_like="bert",
-        data_recipe="lmforge.data.bert:MaskedLMRecipe",
-        run_export="lmforge.interop.runs_electra", hf_pool="cls", sentence_transformers=True,
+        data_recipe="lmforge.families.bert.data:MaskedLMRecipe",
+        run_export="lmforge.families.electra.runs", hf_pool="cls", sentence_transformers=True,
     ),
 }
 

@@ -3,7 +3,7 @@
 Mikolov et al. 2013.  The baseline of the four generations: the vector of *python* is the same in
 "He got bit by Python." and "Python is my favorite programming language.", so it cannot tell the
 snake from the language.  lmforge trains it on the same shards (the same corpus and tokenisation)
-as the other families, with gensim doing the training (:func:`lmforge.train.word2vec.run_pretraining`),
+as the other families, with gensim doing the training (:func:`lmforge.families.word2vec.train.run_pretraining`),
 and stores it as a model folder like the others: ``model.safetensors`` holds an ``nn.Embedding`` indexed by token
 id (tokens gensim never saw get zeros), ``vectors.txt`` the same vectors in the word2vec text
 format for other tools, plus ``config.json`` and the tokenizer.
@@ -25,9 +25,10 @@ import numpy as np
 import torch
 from torch import nn
 
-from ..errors import ConfigError, LmforgeError
-from ..utils import SEED_MAX, atomic_path
-from .base import ModelOutput, PretrainedModel, TokenLayers
+from ...errors import ConfigError, LmforgeError
+from ...models.base import ModelOutput, PretrainedModel, TokenLayers
+from ...storage.files import atomic_path
+from ...utils import SEED_MAX
 
 logger = logging.getLogger(__name__)
 
@@ -37,7 +38,7 @@ class Word2VecConfig:
     """word2vec settings (``model_type: "word2vec"``); the training knobs are gensim's.
 
     Attributes:
-        vocab_size: V, the tokenizer's vocabulary (set by :func:`lmforge.train.word2vec.run_pretraining`).
+        vocab_size: V, the tokenizer's vocabulary (set by :func:`lmforge.families.word2vec.train.run_pretraining`).
         vector_size: width of the vectors.
         architecture: ``"skipgram"`` (predict the context from the word) or ``"cbow"`` (the word from
             the mean of its context).
@@ -112,7 +113,7 @@ class Word2Vec(PretrainedModel):
     """Static token vectors in an ``nn.Embedding`` (``embeddings.weight``: (V, vector_size)).
 
     ``forward(input_ids)`` returns the vectors as the only hidden state; there is no language-model
-    loss (gensim trains it; see :func:`lmforge.train.word2vec.run_pretraining`).
+    loss (gensim trains it; see :func:`lmforge.families.word2vec.train.run_pretraining`).
     """
 
     config_class = Word2VecConfig

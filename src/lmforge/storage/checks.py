@@ -7,11 +7,11 @@ from pathlib import Path
 
 import torch
 
+from ..config import load_json
+from ..errors import LmforgeError
+from ..tokenization import Tokenizer
 from .cards import read_card_meta
-from .config import load_json
-from .errors import LmforgeError
-from .tokenization import Tokenizer
-from .utils import load_safetensors
+from .files import load_safetensors
 
 
 def nonfinite_tensor(tensors: dict) -> str | None:
@@ -119,7 +119,7 @@ def check_model_folder(path: str | Path) -> None:
         return
     check_finite(load_safetensors(weights), weights)
     if (p / "tokenizer.json").is_file():
-        from .models import FAMILIES  # uphill (layer 2): the registry's family for the tokenizer kind
+        from ..families import FAMILIES  # uphill: the registry's family for the tokenizer kind
 
         class _Config:  # the fields check_tokenizer_fits reads
             def __init__(self, data: dict):

@@ -14,11 +14,11 @@ from pathlib import Path
 
 import torch
 
-from ..config import load_json, save_json
-from ..errors import CheckpointError
-from ..models.bert import SUPPORTED_ACTS, BertConfig, BertForPreTraining
-from ..tokenization import Tokenizer
-from ..utils import load_safetensors, save_safetensors
+from ...config import load_json, save_json
+from ...errors import CheckpointError
+from ...storage.files import load_safetensors, save_safetensors
+from ...tokenization import Tokenizer
+from .model import SUPPORTED_ACTS, BertConfig, BertForPreTraining
 
 logger = logging.getLogger(__name__)
 

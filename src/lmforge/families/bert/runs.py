@@ -1,9 +1,9 @@
 """BERT's side of ``lmforge export-hf RUN``: a BERT transfer run as ``BertFor...`` of HF ``transformers``.
 
 :mod:`lmforge.interop.runs` checks and folds the head and calls these (the :class:`~lmforge.interop.runs.RunExport`
-interface).  The body's weights map with :mod:`lmforge.interop.bert`; the head's Linear becomes ``classifier``
+interface).  The body's weights map with :mod:`lmforge.families.bert.hf`; the head's Linear becomes ``classifier``
 (``qa_outputs`` for QA); the token and QA classes have no pooler.  ELECTRA's run export
-(:mod:`lmforge.interop.runs_electra`) shares the pool check, the task Linear and the tokenizer files.
+(:mod:`lmforge.families.electra.runs`) shares the pool check, the task Linear and the tokenizer files.
 """
 
 from __future__ import annotations
@@ -12,8 +12,8 @@ from pathlib import Path
 
 import torch
 
-from ..config import load_json, save_json
-from .bert import hf_config_dict, to_hf_state_dict
+from ...config import load_json, save_json
+from .hf import hf_config_dict, to_hf_state_dict
 
 #: TaskSpec.hf_head -> the HF class a BERT run of that task exports to
 HEADS = {

@@ -14,11 +14,11 @@ from pathlib import Path
 
 import torch
 
-from ..config import load_json
-from ..errors import CheckpointError, LmforgeError
-from ..models.gpt import ACTIVATIONS, GPTConfig, GPTLMHeadModel
-from ..tokenization import Tokenizer
-from ..utils import atomic_write_text, load_safetensors, save_safetensors
+from ...config import load_json
+from ...errors import CheckpointError, LmforgeError
+from ...storage.files import atomic_write_text, load_safetensors, save_safetensors
+from ...tokenization import Tokenizer
+from .model import ACTIVATIONS, GPTConfig, GPTLMHeadModel
 
 logger = logging.getLogger(__name__)
 

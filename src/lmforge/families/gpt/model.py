@@ -4,7 +4,7 @@ Token + learned position embeddings, a stack of blocks with causal self-attentio
 ``is_causal``), and an output layer tied to the token embedding.  ``norm_first=True`` is GPT-2
 (pre-LN blocks and a final ``ln_f``); ``norm_first=False`` is GPT-1 (post-LN blocks, no final norm).
 
-Config fields carry HF ``GPT2Config`` names so that :mod:`lmforge.interop.gpt2` is a plain key map.
+Config fields carry HF ``GPT2Config`` names so that :mod:`lmforge.families.gpt.hf` is a plain key map.
 The blocks are :class:`lmforge.nn.transformer.TransformerBlock` (shared with BERT); their module
 names map to HF's as ``ln_attn -> ln_1``, ``attn.qkv -> attn.c_attn``, ``ln_mlp -> ln_2``,
 ``mlp.fc -> mlp.c_fc`` (HF stores these as transposed ``Conv1D`` weights).
@@ -20,12 +20,12 @@ from collections.abc import Callable, Sequence
 import torch
 from torch import nn
 
-from ..errors import ConfigError, LmforgeError
-from ..generation import generate as generate_ids
-from ..generation import generate_text
-from ..nn.losses import causal_lm_loss, free_workspace, linear_cross_entropy, shift_labels
-from ..nn.transformer import KVCache, TransformerBlock, init_weights
-from .base import ModelOutput, PretrainedModel
+from ...errors import ConfigError, LmforgeError
+from ...generation import generate as generate_ids
+from ...generation import generate_text
+from ...models.base import ModelOutput, PretrainedModel
+from ...nn.losses import causal_lm_loss, free_workspace, linear_cross_entropy, shift_labels
+from ...nn.transformer import KVCache, TransformerBlock, init_weights
 
 logger = logging.getLogger(__name__)
 
@@ -37,7 +37,7 @@ class GPTConfig:
     """GPT hyper-parameters (HF ``GPT2Config`` field names).
 
     Attributes:
-        vocab_size: number of token ids (set from the tokenizer by :func:`lmforge.train.families.setup_gpt`).
+        vocab_size: number of token ids (set from the tokenizer by :func:`lmforge.families.pretraining.setup_gpt`).
         n_positions: longest sequence the learned position embedding covers.
         n_embd: hidden size C.
         n_layer: number of Transformer blocks.

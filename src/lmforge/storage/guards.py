@@ -21,10 +21,10 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import NamedTuple
 
-from .errors import LmforgeError
+from ..errors import LmforgeError
+from ..utils import INT64 as _INT64
+from ..utils import SEED_MAX
 from .folders import _read_json, folder_kind
-from .utils import INT64 as _INT64
-from .utils import SEED_MAX
 
 
 class Range(NamedTuple):

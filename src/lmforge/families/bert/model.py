@@ -4,7 +4,7 @@ Devlin et al. 2018, "BERT: Pre-training of Deep Bidirectional Transformers for L
 Understanding" (https://arxiv.org/abs/1810.04805).  The file reads top to bottom:
 
 * :class:`BertConfig` - one flat config with HF field names (the pretraining-data recipe is
-  :class:`lmforge.data.bert.MaskedLMRecipe`);
+  :class:`lmforge.families.bert.data.MaskedLMRecipe`);
 * :class:`BertEmbeddings` - token + position + segment embeddings, summed, LayerNorm, dropout;
 * :class:`BertBody` - embeddings, a stack of :class:`~lmforge.nn.transformer.TransformerBlock`
   (post-LN as in the paper, pre-LN as an option) and the tanh pooler on ``[CLS]``;
@@ -26,12 +26,12 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..data.bert import RECIPE_FIELDS
-from ..errors import ConfigError, DataError, LmforgeError
-from ..nn.cpu_ops import Dropout, Linear, compiling, linear
-from ..nn.losses import mean_cross_entropy, top1_share
-from ..nn.transformer import TransformerBlock, document_mask, init_weights, padding_mask
-from .base import ModelOutput, PretrainedModel
+from ...errors import ConfigError, DataError, LmforgeError
+from ...models.base import ModelOutput, PretrainedModel
+from ...nn.cpu_ops import Dropout, Linear, compiling, linear
+from ...nn.losses import mean_cross_entropy, top1_share
+from ...nn.transformer import TransformerBlock, document_mask, init_weights, padding_mask
+from .data import RECIPE_FIELDS
 
 logger = logging.getLogger(__name__)
 

@@ -13,11 +13,11 @@ import torch
 from tokenizers import AddedToken, processors
 from tokenizers import Tokenizer as HFTokenizer
 
-from ..errors import CheckpointError, LmforgeError
-from ..tokenizer_pipelines import EOT
-from ..transfer.gpt_inputs import TASK_TOKENS
-from ..utils import atomic_write_text
-from .gpt2 import hf_config_dict, weight_map
+from ...errors import CheckpointError, LmforgeError
+from ...storage.files import atomic_write_text
+from ...tokenizer_pipelines import EOT
+from .hf import hf_config_dict, weight_map
+from .inputs import TASK_TOKENS
 
 #: TaskSpec.hf_head -> the HF class a GPT run of that task exports to
 HEADS = {"SequenceClassification": "GPT2ForSequenceClassification"}

@@ -14,16 +14,16 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
-from ..data.bert import BertPretrainingSampler, MaskedLMRecipe
-from ..data.electra import ElectraPretrainingSampler
 from ..data.samplers import BiLMWindowSampler, CausalWindowSampler
 from ..errors import ConfigError, DataError, LmforgeError
-from ..models import Family, get_family
-from ..models.bert import BertConfig, BertForPreTraining
-from ..models.electra import ElectraConfig, ElectraForPreTraining
-from ..models.elmo import ElmoBiLM, ElmoConfig
-from ..models.gpt import GPTConfig, GPTLMHeadModel
-from . import word2vec
+from . import Family, get_family
+from .bert.data import BertPretrainingSampler, MaskedLMRecipe
+from .bert.model import BertConfig, BertForPreTraining
+from .electra.data import ElectraPretrainingSampler
+from .electra.model import ElectraConfig, ElectraForPreTraining
+from .elmo.model import ElmoBiLM, ElmoConfig
+from .gpt.model import GPTConfig, GPTLMHeadModel
+from .word2vec import train as word2vec
 
 logger = logging.getLogger(__name__)
 

@@ -28,9 +28,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..errors import LmforgeError
-from ..models.base import ModelOutput
-from ..models.gpt import GPTLMHeadModel, linear_cross_entropy, shift_labels
+from ...errors import LmforgeError
+from ...models.base import ModelOutput
+from .model import GPTLMHeadModel, linear_cross_entropy, shift_labels
 
 logger = logging.getLogger(__name__)
 

@@ -26,11 +26,11 @@ from typing import Any
 
 from safetensors import safe_open
 
-from .config import load_json
-from .data.tasks import KINDS
-from .tokenization import Tokenizer
-from .tokenizer_pipelines import is_cjk
-from .utils import atomic_write_text
+from ..config import load_json
+from ..data.tasks import KINDS
+from ..tokenization import Tokenizer
+from ..tokenizer_pipelines import is_cjk
+from .files import atomic_write_text
 
 logger = logging.getLogger(__name__)
 

@@ -1,9 +1,9 @@
 """ELECTRA's side of ``lmforge export-hf RUN``: an ELECTRA transfer run as ``ElectraFor...`` of HF ``transformers``.
 
 :mod:`lmforge.interop.runs` checks and folds the head and calls these (the :class:`~lmforge.interop.runs.RunExport`
-interface).  The run's body is the discriminator: its weights map with :mod:`lmforge.interop.electra` (the
+interface).  The run's body is the discriminator: its weights map with :mod:`lmforge.families.electra.hf` (the
 generator and the replaced-token head stay behind).  ELECTRA reads BERT's inputs, so the tokenizer files, the pool
-check and the token / QA heads are BERT's (:mod:`lmforge.interop.runs_bert`):
+check and the token / QA heads are BERT's (:mod:`lmforge.families.bert.runs`):
 
 - ``ElectraForTokenClassification`` / ``ElectraForQuestionAnswering``: the head's Linear becomes ``classifier`` /
   ``qa_outputs`` on the top layer, as for BERT;
@@ -21,9 +21,9 @@ from __future__ import annotations
 
 import torch
 
-from ..errors import LmforgeError
-from .electra import DISCRIMINATOR, hf_config_dicts, to_hf_state_dicts
-from .runs_bert import check_pool, task_linear, write_tokenizer
+from ...errors import LmforgeError
+from ..bert.runs import check_pool, task_linear, write_tokenizer
+from .hf import DISCRIMINATOR, hf_config_dicts, to_hf_state_dicts
 
 #: TaskSpec.hf_head -> the HF class an ELECTRA run of that task exports to
 HEADS = {

@@ -14,7 +14,7 @@ embeddings.  An export is therefore two HF folders, one inside the other:
 ``generator/`` (e.g. a downloaded ``google/electra-small-discriminator``) imports with a freshly initialised
 generator, with a warning; a generator folder alone is refused (the body would be untrained).
 
-:data:`KEY_MAP` is the whole mapping; inside an encoder layer, :data:`lmforge.interop.bert.LAYER_MAP`
+:data:`KEY_MAP` is the whole mapping; inside an encoder layer, :data:`lmforge.families.bert.hf.LAYER_MAP`
 renames the block's parameters and its fused ``qkv`` is HF's ``query``, ``key``, ``value`` stacked.  Neither
 direction needs ``transformers``: weights go through safetensors, configs through JSON.
 """
@@ -26,12 +26,12 @@ from pathlib import Path
 
 import torch
 
-from ..config import load_json, save_json
-from ..errors import CheckpointError
-from ..models.bert import SUPPORTED_ACTS
-from ..models.electra import ElectraConfig, ElectraForPreTraining
-from ..utils import load_safetensors, save_safetensors
-from .bert import LAYER_MAP, QKV, _load_tokenizer
+from ...config import load_json, save_json
+from ...errors import CheckpointError
+from ...storage.files import load_safetensors, save_safetensors
+from ..bert.hf import LAYER_MAP, QKV, _load_tokenizer
+from ..bert.model import SUPPORTED_ACTS
+from .model import ElectraConfig, ElectraForPreTraining
 
 logger = logging.getLogger(__name__)
 

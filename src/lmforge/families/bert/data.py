@@ -39,8 +39,8 @@ import logging
 import numpy as np
 import torch
 
-from ..errors import ConfigError, DataError, require
-from ..tokenizer_pipelines import is_cjk
+from ...errors import ConfigError, DataError, require
+from ...tokenizer_pipelines import is_cjk
 
 logger = logging.getLogger(__name__)
 

@@ -1,11 +1,11 @@
 """Writing an output folder: one writer at a time, and nothing lost when a writer is killed.
 
 A writing command calls :func:`output_folder` before any long work.  Besides the refusals of
-:func:`lmforge.folders.check_output_dir`, it refuses, in one line:
+:func:`lmforge.storage.folders.check_output_dir`, it refuses, in one line:
 
 - a folder it cannot create or write into (the check writes the marker, so permissions, a read-only
   or full filesystem are found before training starts, not after);
-- a folder another lmforge process is writing: the writer holds :data:`lmforge.folders.LOCK` (its pid and
+- a folder another lmforge process is writing: the writer holds :data:`lmforge.storage.folders.LOCK` (its pid and
   host).  A lock whose process is gone (same host, pid not running) is taken over with a warning.
 
 It also clears what killed runs leave behind: ``.NAME.XXXX.tmp`` files of interrupted atomic
@@ -29,7 +29,8 @@ import time
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 
-from .errors import LmforgeError
+from ..errors import LmforgeError
+from .files import TOGETHER, moved_aside, swap_into_place
 from .folders import (
     LOCK,
     MARKER,
@@ -44,7 +45,6 @@ from .folders import (
     user_files,
     write_marker,
 )
-from .utils import TOGETHER, moved_aside, swap_into_place
 
 logger = logging.getLogger(__name__)
 
@@ -282,9 +282,9 @@ def staged_folder(path: str | Path, kind: str) -> Iterator[Path]:
     """Yield a fresh hidden folder beside ``path``; on success mark it and rename it into place.
 
     Whatever was at ``path`` is replaced only once the new folder is complete, by
-    :func:`lmforge.utils.swap_into_place`: a failure or a kill leaves ``path`` as it was (or its old copy
+    :func:`lmforge.storage.files.swap_into_place`: a failure or a kill leaves ``path`` as it was (or its old copy
     in ``.NAME.old-*``, which :func:`recover_folder` puts back), plus a ``.NAME.tmp-*`` folder that the
-    next run removes.  The files lmforge did not write there (:func:`lmforge.folders.user_files`) go
+    next run removes.  The files lmforge did not write there (:func:`lmforge.storage.folders.user_files`) go
     into the new folder.  Hold the lock (``output_folder(..., beside=True)``) around it.
     """
     p = Path(path)

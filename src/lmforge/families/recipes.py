@@ -2,14 +2,14 @@
 architecture only.  ``vocab_size`` (and GPT's end-of-text ids) come from the tokenizer when a model is built.
 
 Each value is a set of config fields; the doc named beside it measured or explains it.  The registry
-(:mod:`lmforge.models.registry`) reads :data:`PRESETS`, :data:`DEFAULT_PRESET` and :data:`TRAIN_DEFAULTS`.
+(:mod:`lmforge.families.registry`) reads :data:`PRESETS`, :data:`DEFAULT_PRESET` and :data:`TRAIN_DEFAULTS`.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from .elmo import ORIGINAL_FILTERS, SMALL_FILTERS
+from .elmo.model import ORIGINAL_FILTERS, SMALL_FILTERS
 
 
 def _bert(layers: int, hidden: int, dropout: float = 0.1) -> dict[str, Any]:

@@ -10,7 +10,7 @@ generator serves ``fill-mask``.  The file reads top to bottom:
 * :class:`ElectraConfig` - HF ``ElectraConfig``'s fields, the generator's size, λ, and the pretraining data;
 * :func:`sample_tokens` - one draw from the generator's softmax per masked position;
 * :class:`ElectraModel` - token + position + segment embeddings of width E (BERT's
-  :class:`~lmforge.models.bert.BertEmbeddings`), a projection to the width C when E != C (HF's
+  :class:`~lmforge.families.bert.model.BertEmbeddings`), a projection to the width C when E != C (HF's
   ``embeddings_project``) and a stack of :class:`~lmforge.nn.transformer.TransformerBlock`;
 * :class:`ElectraGenerator` - a narrower ElectraModel over the *same* embeddings, and the masked-LM head;
 * :class:`ElectraForPreTraining` - discriminator + generator; ``forward`` with labels is the joint loss.
@@ -34,7 +34,7 @@ The recipe, as the paper and its code (google-research/electra) set it; docs/ele
   is much smaller than the MLM loss, and the paper weighs it up; L_RTD averages the sigmoid cross-entropy
   over every non-padding position (``[CLS]`` and ``[SEP]`` included, as in the code);
 * 15 % of the tokens are picked, 85 % of them shown as ``[MASK]`` and 15 % unchanged
-  (:mod:`lmforge.data.electra`); no next-sentence prediction.
+  (:mod:`lmforge.families.electra.data`); no next-sentence prediction.
 
 Module names follow HF's ``ElectraForPreTraining`` (``electra.embeddings``, ``electra.embeddings_project``,
 ``discriminator_predictions.dense``) and, under ``generator.``, HF's ``ElectraForMaskedLM``
@@ -52,13 +52,13 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..data.bert import RECIPE_FIELDS
-from ..errors import ConfigError
-from ..nn.cpu_ops import Linear, linear
-from ..nn.losses import mean_cross_entropy, top1_share
-from ..nn.transformer import TransformerBlock, document_mask, init_weights, padding_mask
-from .base import ModelOutput, PretrainedModel
-from .bert import SUPPORTED_ACTS, BertEmbeddings, ClsSepReading
+from ...errors import ConfigError
+from ...models.base import ModelOutput, PretrainedModel
+from ...nn.cpu_ops import Linear, linear
+from ...nn.losses import mean_cross_entropy, top1_share
+from ...nn.transformer import TransformerBlock, document_mask, init_weights, padding_mask
+from ..bert.data import RECIPE_FIELDS
+from ..bert.model import SUPPORTED_ACTS, BertEmbeddings, ClsSepReading
 
 logger = logging.getLogger(__name__)
 
@@ -72,7 +72,7 @@ class ElectraConfig:
     ``generator_size_divisor`` d (:attr:`generator_shape`: width round(C / d), heads width // 64 (at least
     1), FFN 4 x width, as many layers: ``get_generator_config`` of the paper's code).
     ``discriminator_weight`` is λ in loss = L_MLM + λ L_RTD.  The pretraining-data recipe is
-    :class:`lmforge.data.bert.MaskedLMRecipe`.
+    :class:`lmforge.families.bert.data.MaskedLMRecipe`.
     """
 
     #: keys of the data recipe that config.json files written before it had its own config carry: read and dropped
@@ -214,7 +214,7 @@ class ElectraModel(nn.Module):
         """The (B, T, C) top layer, or every layer (the projected embeddings first) when ``all_states``.
 
         ``document_ids`` (B, T) (1, 2, ... per packed document, 0 for padding) keeps attention inside each
-        document and restarts positions in each, as :class:`~lmforge.models.bert.BertBody` does.
+        document and restarts positions in each, as :class:`~lmforge.families.bert.model.BertBody` does.
         """
         mask, positions = padding_mask(attention_mask), None
         if document_ids is not None:

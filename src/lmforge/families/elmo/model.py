@@ -30,12 +30,12 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from ..config import from_dict, load_json
-from ..errors import ConfigError
-from ..nn.charcnn import CharCNNEncoder, vocab_char_ids
-from ..nn.losses import cross_entropy_rows
-from ..nn.lstm import ResidualLSTMStack
-from .base import ModelOutput, PretrainedModel
+from ...config import from_dict, load_json
+from ...errors import ConfigError
+from ...models.base import ModelOutput, PretrainedModel
+from ...nn.charcnn import CharCNNEncoder, vocab_char_ids
+from ...nn.losses import cross_entropy_rows
+from ...nn.lstm import ResidualLSTMStack
 
 logger = logging.getLogger(__name__)
 
@@ -49,7 +49,8 @@ class ElmoConfig:
     """ELMo biLM settings (``model_type: "elmo"``).
 
     Attributes:
-        vocab_size: V, the tokenizer's vocabulary (set from the tokenizer by :func:`lmforge.train.families.setup_elmo`).
+        vocab_size: V, the tokenizer's vocabulary (set from the tokenizer by
+            :func:`lmforge.families.pretraining.setup_elmo`).
         token_encoder: ``"char"`` (char CNN + highway + projection, the original) or ``"word"``
             (a word-embedding table).
         projection_dim: P, width of the token vectors and of each LSTM layer's output per direction.

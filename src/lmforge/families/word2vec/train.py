@@ -1,6 +1,6 @@
 """word2vec training with gensim (skip-gram or CBOW, negative sampling) on token shards.
 
-The model itself (:class:`lmforge.models.word2vec.Word2Vec`) is an ``nn.Embedding`` indexed by token
+The model itself (:class:`lmforge.families.word2vec.model.Word2Vec`) is an ``nn.Embedding`` indexed by token
 id; gensim trains the vectors on the shards' sentences, fed as the tokenizer's token strings, and
 :func:`run_pretraining` copies them into the model and writes the model folder.  gensim is an optional
 dependency (the ``w2v`` extra), imported when training starts.
@@ -24,11 +24,11 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from ..config import save_json
-from ..data.shards import Shards
-from ..errors import LmforgeError, require
-from ..models.word2vec import Word2Vec, Word2VecConfig
-from .result import PretrainResult
+from ...config import save_json
+from ...data.shards import Shards
+from ...errors import LmforgeError, require
+from ...train.result import PretrainResult
+from .model import Word2Vec, Word2VecConfig
 
 logger = logging.getLogger(__name__)
 

@@ -8,7 +8,7 @@ generator to predict (whole words with ``whole_word_mask``).  Two things differ,
 * a picked token becomes ``[MASK]`` 85 % of the time and stays unchanged 15 %, never a random token: the
   generator's samples are the replacements, so BERT's 10 % random tokens would only add noise;
 * each row carries one uniform number per position (``sample_noise``) from which the model draws the
-  generator's sample at that position (inverse-CDF sampling, :func:`lmforge.models.electra.sample_tokens`).
+  generator's sample at that position (inverse-CDF sampling, :func:`lmforge.families.electra.model.sample_tokens`).
   Drawing the noise here, from the row's own generator, keeps the run a pure function of (config, data,
   seed) as for every family: the samples do not depend on how a batch is split over micro-batches or
   processes, a resumed run replays them, and validation sees the same replacements every time.
@@ -21,7 +21,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from .bert import BertPretrainingSampler
+from ..bert.data import BertPretrainingSampler
 
 #: share of the picked tokens replaced by ``[MASK]`` in the generator's input; the rest stay as they are
 MASK_TOKEN_PROB = 0.85
@@ -34,7 +34,7 @@ class ElectraPretrainingSampler:
     Args:
         shards: an opened :class:`lmforge.data.shards.Shards` made with a WordPiece tokenizer.
         max_seq_length, short_seq_prob, masked_lm_prob, max_predictions_per_seq, whole_word_mask,
-            pack_documents, tokenizer: as for :class:`~lmforge.data.bert.BertPretrainingSampler` (which
+            pack_documents, tokenizer: as for :class:`~lmforge.families.bert.data.BertPretrainingSampler` (which
             builds and masks the rows, next-sentence prediction off).
     """
 

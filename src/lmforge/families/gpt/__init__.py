@@ -1,0 +1,1 @@
+"""The gpt family."""

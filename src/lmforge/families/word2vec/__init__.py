@@ -1,0 +1,1 @@
+"""The word2vec family."""
