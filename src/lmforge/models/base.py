@@ -21,8 +21,8 @@ from torch import nn
 from ..config import from_dict, load_json, save_json
 from ..errors import CheckpointError, LmforgeError
 from ..families.registry import FAMILIES
-from ..storage.checks import check_finite, check_recorded_tokenizer, check_tokenizer_fits
-from ..storage.files import load_safetensors, save_safetensors
+from ..storage.checks import check_dtypes, check_recorded_tokenizer, check_tokenizer_fits, read_weights
+from ..storage.writing import save_weights
 from ..tokenization import Tokenizer
 from . import sentence, vectors
 from .windows import Window, plan_windows
@@ -245,7 +245,8 @@ class PretrainedModel(nn.Module):
         out = Path(out_dir)
         out.mkdir(parents=True, exist_ok=True)
         state = {k: v for k, v in self.state_dict().items() if k not in set(self.tied_weight_keys())}
-        save_safetensors(state, out / "model.safetensors", metadata={"format": "pt", "model_type": self.model_type})
+        meta = {"format": "pt", "model_type": self.model_type}
+        save_weights(state, out / "model.safetensors", "model", metadata=meta)
         save_json(self.config, out / "config.json", model_type=self.model_type)
         tok = tokenizer if tokenizer is not None else self.tokenizer
         if tok is not None:
@@ -253,8 +254,13 @@ class PretrainedModel(nn.Module):
         if self.sentence_pipeline is not None:
             sentence.write_pipeline(self.sentence_pipeline, out)
 
-    def load_weights(self, state: dict[str, torch.Tensor], strict: bool = True) -> None:
-        """Load a state dict, treating tied keys as optional; mismatches are a CheckpointError."""
+    def load_weights(self, state: dict[str, torch.Tensor], strict: bool = True,
+                     where: str | Path = "the weights") -> None:
+        """Load a state dict, treating tied keys as optional; mismatches are a CheckpointError.
+
+        Args:
+            where: how the messages name the weights (their file).
+        """
         tied = set(self.tied_weight_keys())
         own = self.state_dict()
         missing = [k for k in own if k not in state and k not in tied]
@@ -271,14 +277,7 @@ class PretrainedModel(nn.Module):
             raise CheckpointError(
                 f"weight '{k}' has shape {tuple(state[k].shape)} but the config expects {tuple(own[k].shape)}"
             )
-        kinds = [k for k, v in state.items() if k in own and own[k].is_floating_point() != v.is_floating_point()]
-        if kinds:
-            k = kinds[0]
-            raise CheckpointError(
-                f"weight '{k}' is {str(state[k].dtype).removeprefix('torch.')} but the model holds "
-                f"{str(own[k].dtype).removeprefix('torch.')} there: the weights file was rewritten; put the saved "
-                f"model.safetensors back"
-            )
+        check_dtypes(state, own, where)
         self.load_state_dict(state, strict=False)
 
     @classmethod
@@ -298,9 +297,8 @@ class PretrainedModel(nn.Module):
         config = cls.config_from_folder(p)
         model = cls(config)
 
-        state = load_safetensors(p / "model.safetensors")
-        check_finite(state, p / "model.safetensors")
-        model.load_weights(state)
+        weights = p / "model.safetensors"
+        model.load_weights(read_weights(weights), where=weights)
         model.eval()
         model.sentence_pipeline = sentence.read_pipeline(p)
         if load_tokenizer and (p / "tokenizer.json").is_file():

@@ -24,6 +24,7 @@ import torch
 
 from ..errors import LmforgeError
 from ..families.word2vec.model import word_index
+from ..utils import check_unicode
 from .vectors import Progress, progress_updates, read_texts, resolve_layer
 
 logger = logging.getLogger(__name__)
@@ -58,7 +59,7 @@ def neighbors(
     Returns:
         ``[(word, cosine), ...]``, at most ``top_k`` of them.
     """
-    word = word.strip()
+    word = check_unicode(word, "the word").strip()  # a command-line byte that is not UTF-8 (surrogateescape)
     if not word:
         raise LmforgeError("the word is empty; give the word whose neighbours you want")
     if top_k < 1:

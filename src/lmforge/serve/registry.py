@@ -110,7 +110,8 @@ def family_operations(family: str) -> tuple[str, ...]:
 
 
 #: the files whose replacement means the served folder is another model now (metrics.jsonl grows all the time)
-STAMPED_FILES = ("config.json", "model.safetensors", "head.safetensors", "tokenizer.json", "vocab.txt")
+STAMPED_FILES = ("config.json", "model.safetensors", "head.safetensors", "body.safetensors", "tokenizer.json",
+                 "vocab.txt")
 
 
 def folder_stamp(path: Path) -> tuple | None:

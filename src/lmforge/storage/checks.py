@@ -8,10 +8,11 @@ from pathlib import Path
 import torch
 
 from ..config import load_json
-from ..errors import LmforgeError
+from ..errors import CheckpointError, LmforgeError
 from ..tokenization import Tokenizer
 from .cards import read_card_meta
-from .files import load_safetensors
+from .files import file_sha256, load_safetensors
+from .folders import MARKER, recorded_weights
 
 
 def nonfinite_tensor(tensors: dict) -> str | None:
@@ -43,6 +44,30 @@ def check_finite(tensors: dict, where: str | Path) -> None:
         raise LmforgeError(
             f"{where} holds non-finite weights ({name} has NaN or infinity): the training diverged; resume "
             f"from an earlier checkpoint with a lower learning rate, or retrain"
+        )
+
+
+def check_dtypes(state: dict, own: dict, where: str | Path) -> None:
+    """Refuse a stored tensor whose dtype the model's own tensor of that name cannot take without loss.
+
+    ``load_state_dict`` casts silently: float weights rewritten as int64 would load as whole numbers, float64
+    would be rounded.  Accepted: the same dtype, or one the model's dtype holds exactly (float16 or bfloat16 into
+    float32, int32 into int64); a float never goes into an integer tensor or the other way round.
+
+    Args:
+        state: the stored tensors (name -> tensor); names the model lacks are someone else's concern.
+        own: the model's ``state_dict()``.
+    """
+    for name, t in state.items():
+        held = own.get(name)
+        if held is None or t.dtype == held.dtype:
+            continue
+        if t.is_floating_point() == held.is_floating_point() and torch.promote_types(t.dtype, held.dtype) == held.dtype:
+            continue
+        stored, wants = str(t.dtype).removeprefix("torch."), str(held.dtype).removeprefix("torch.")
+        raise CheckpointError(
+            f"weight '{name}' in {where} is {stored} but the model holds {wants} there, which cannot take {stored} "
+            f"without loss: the weights file was rewritten; put back the model.safetensors lmforge saved"
         )
 
 
@@ -107,6 +132,38 @@ def check_recorded_tokenizer(folder: str | Path, tokenizer) -> None:
         )
 
 
+def check_recorded_weights(path: str | Path) -> None:
+    """Refuse a weights file other than the one lmforge wrote there, by the sha256 its folder's marker records.
+
+    A file of the same shapes and dtypes copied in from another model, or rewritten by another tool, loads
+    without complaint otherwise and gives another model's answers.  The file is hashed once, streamed.  A file
+    the marker does not record (a folder written before lmforge recorded hashes, or by another tool) is not
+    checked.
+    """
+    p = Path(path)
+    recorded = recorded_weights(p.parent).get(p.name)
+    if not recorded or not p.is_file():
+        return
+    try:
+        found = file_sha256(p)
+    except OSError:
+        return  # unreadable: the load that follows says so
+    if found not in recorded:
+        raise CheckpointError(
+            f"{p} is not the file lmforge wrote there (sha256 {found[:12]}, recorded {recorded[0][:12]}): its "
+            f"weights were replaced or rewritten; put back the original or re-run the command that wrote "
+            f"{p.parent} (if you replaced it on purpose, delete {p.parent / MARKER} to stop this check)"
+        )
+
+
+def read_weights(path: str | Path) -> dict:
+    """The tensors of a weights file lmforge wrote: checked against its recorded hash, then for NaN and infinity."""
+    check_recorded_weights(path)
+    state = load_safetensors(path)
+    check_finite(state, path)
+    return state
+
+
 def check_model_folder(path: str | Path) -> None:
     """Refuse a model folder whose weights are not finite or whose tokenizer does not fit its config.
 
@@ -117,7 +174,7 @@ def check_model_folder(path: str | Path) -> None:
     weights = p / "model.safetensors"
     if not (p / "config.json").is_file() or not weights.is_file():
         return
-    check_finite(load_safetensors(weights), weights)
+    read_weights(weights)
     if (p / "tokenizer.json").is_file():
         from ..families import FAMILIES  # uphill: the registry's family for the tokenizer kind
 

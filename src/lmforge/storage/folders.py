@@ -281,6 +281,41 @@ def write_marker(path: str | Path, kind: str) -> None:
         raise LmforgeError(os_error_line(e, path=p)) from None
 
 
+#: the marker's field recording the sha256 of each weights file lmforge wrote in the folder (name -> hash)
+WEIGHTS_FIELD = "sha256"
+
+
+def recorded_weights(folder: str | Path) -> dict[str, list[str]]:
+    """The hashes the marker of ``folder`` accepts for each weights file it records (name -> hashes).
+
+    One hash, or two while a file is being replaced in place (the old and the new: a kill between the rename
+    of the file and the update of the record leaves either).  A file with no entry is not checked."""
+    found = _read_json(Path(folder) / MARKER).get(WEIGHTS_FIELD)
+    if not isinstance(found, dict):
+        return {}
+    out = {}
+    for name, value in found.items():
+        hashes = [value] if isinstance(value, str) else value if isinstance(value, list) else []
+        out[name] = [h for h in hashes if isinstance(h, str)]
+    return out
+
+
+def record_weights(folder: str | Path, name: str, hashes: list[str] | None, kind: str) -> None:
+    """Record (``hashes``) or forget (None) the sha256 of the weights file ``folder/name`` in the folder's marker,
+    which is created as a folder of ``kind`` if it has none.  The marker is replaced atomically."""
+    from .. import __version__  # the package root imports the models, which import this module
+
+    p = Path(folder)
+    data = _read_json(p / MARKER) or {"kind": kind, "lmforge": __version__}
+    table = data.get(WEIGHTS_FIELD) if isinstance(data.get(WEIGHTS_FIELD), dict) else {}
+    if hashes:
+        table[name] = hashes[0] if len(hashes) == 1 else hashes
+    else:
+        table.pop(name, None)
+    data[WEIGHTS_FIELD] = table
+    atomic_write_text(p / MARKER, json.dumps(data) + "\n")
+
+
 def probe_writable(folder: str | Path) -> None:
     """Create (parents included) and write a scratch file in ``folder``, or raise a one-line LmforgeError."""
     p = Path(folder)

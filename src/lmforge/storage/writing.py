@@ -30,7 +30,7 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 from ..errors import LmforgeError
-from .files import TOGETHER, moved_aside, swap_into_place
+from .files import TOGETHER, _fsync_dir, file_sha256, moved_aside, save_safetensors, swap_into_place
 from .folders import (
     LOCK,
     MARKER,
@@ -42,6 +42,8 @@ from .folders import (
     folder_kind,
     os_error_line,
     probe_writable,
+    record_weights,
+    recorded_weights,
     user_files,
     write_marker,
 )
@@ -302,3 +304,38 @@ def staged_folder(path: str | Path, kind: str) -> Iterator[Path]:
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
+
+
+def save_weights(tensors: dict, path: str | Path, kind: str, metadata: dict[str, str] | None = None) -> str:
+    """Write a safetensors file atomically and record its sha256 in the folder's marker; return the hash.
+
+    A load compares the file with the record (:func:`lmforge.storage.checks.check_recorded_weights`), so weights
+    copied in from another model, or rewritten by another tool, are found.  The file's bytes are what
+    :func:`lmforge.storage.files.save_safetensors` writes (a hash cannot live inside the file it hashes).  The
+    record is updated in two steps around the file's rename, so a kill at any instant leaves a file the record
+    accepts: the new hash joins the old before the rename, the old one goes after it.  A file that had no record
+    (written before lmforge recorded hashes) has none until the new one is in place.
+
+    Args:
+        kind: the folder kind its marker gets when the folder has none yet (``"model"``, ``"run"``).
+    """
+    p = Path(path)
+    p.parent.mkdir(parents=True, exist_ok=True)
+    fd, name = tempfile.mkstemp(prefix=f".{p.name}.", suffix=".tmp", dir=p.parent)  # a leftover the next run removes
+    os.close(fd)
+    staged = Path(name)
+    try:
+        save_safetensors(tensors, staged, metadata)
+        digest = file_sha256(staged)
+        old = recorded_weights(p.parent).get(p.name) if p.exists() else []
+        record_weights(p.parent, p.name, [digest, *old] if old or not p.exists() else None, kind)
+        os.replace(staged, p)
+        _fsync_dir(p.parent)
+    except BaseException as e:
+        with contextlib.suppress(OSError):
+            staged.unlink()
+        if isinstance(e, OSError) and e.filename in (None, str(staged)):  # name the file the user knows
+            raise OSError(e.errno, e.strerror, str(p)) from None
+        raise
+    record_weights(p.parent, p.name, [digest], kind)
+    return digest

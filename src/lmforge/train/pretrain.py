@@ -27,7 +27,7 @@ from ..errors import CheckpointError, ConfigError, DataError, LmforgeError
 from ..families import FAMILIES, get_family
 from ..families.pretraining import PretrainHooks, pretrain_hooks
 from ..storage.cards import update_card
-from ..storage.files import load_safetensors
+from ..storage.checks import read_weights
 from ..tokenization import Tokenizer
 from ..utils import seed_everything
 from .checkpoint import STATE_DIR, find_state_dir
@@ -291,7 +291,7 @@ def _train(family, module, configs: tuple, train_config: TrainConfig, shards, to
         seed_everything(train_config.seed)
         model, sampler = module.pretraining_setup(model_config, shards, tokenizer, recipe)
         if init_dir is not None:
-            model.load_weights(load_safetensors(init_dir / "model.safetensors"))
+            model.load_weights(read_weights(init_dir / "model.safetensors"), where=init_dir / "model.safetensors")
             (logger.info if env.is_main else logger.debug)("starting from the weights of %s", init_dir)
         _log_start(family, model, train_config, env)
         trainer = Trainer(model, sampler, train_config, out, tokenizer=tokenizer, progress=progress)
@@ -378,7 +378,7 @@ def evaluate_lm(
     if recipe is not None and recipe_fields:
         recipe = apply_overrides(recipe, dict(recipe_fields))
     model, sampler = module.pretraining_setup(model_config, shards, shards.tokenizer(), recipe)
-    model.load_weights(load_safetensors(p / "model.safetensors"))
+    model.load_weights(read_weights(p / "model.safetensors"), where=p / "model.safetensors")
     config = TrainConfig(batch_size=batch_size, eval_batches=batches, seed=seed, device=device)
     trainer = Trainer(model, sampler, config, p, progress=False, plot=False)
     finished = False

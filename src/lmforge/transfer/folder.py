@@ -24,8 +24,9 @@ from ..devices import check_device, check_precision
 from ..errors import CheckpointError, LmforgeError
 from ..families import load
 from ..storage.cards import update_card
-from ..storage.checks import nonfinite_number, nonfinite_tensor
-from ..storage.files import atomic_write_text, file_sha256, load_safetensors, save_safetensors
+from ..storage.checks import check_dtypes, check_recorded_weights, nonfinite_number, nonfinite_tensor
+from ..storage.files import atomic_write_text, file_sha256, load_safetensors
+from ..storage.writing import save_weights
 from ..train.precision import describe, warn_if_emulated
 from .config import TransferConfig, check_supported, saved_config
 from .run import TransferRun
@@ -70,7 +71,7 @@ def save_run(run: TransferRun, out_dir: str | Path, metrics: dict, records: list
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     for name, tensors in files.items():
-        save_safetensors(tensors, out / name)
+        save_weights(tensors, out / name, "run")
     extra = {
         "model_dir": str(Path(run.model_dir).resolve()) if run.model_dir else None,
         "family": run.family,
@@ -91,7 +92,9 @@ def save_run(run: TransferRun, out_dir: str | Path, metrics: dict, records: list
 
 
 def _finite(path: Path) -> dict[str, torch.Tensor]:
-    """The tensors of a run's weights file; a run saved with NaN or infinity (by an older lmforge) is refused."""
+    """The tensors of a run's weights file, checked against the hash its folder records; a run saved with NaN or
+    infinity (by an older lmforge) is refused."""
+    check_recorded_weights(path)
     tensors = load_safetensors(path)
     name = nonfinite_tensor(tensors)
     if name is not None:
@@ -131,8 +134,9 @@ def load_run(run_dir: str | Path, device: str | None = None, precision: str | No
     run = TransferRun(body, cfg, data["labels"], model_dir)  # (GPT: adds its task tokens to the body first)
     warn_if_emulated(run.cfg.precision, run.device)
     if cfg.mode == "finetune":
-        body.load_weights(_finite(p / "body.safetensors"))
+        body.load_weights(_finite(p / "body.safetensors"), where=p / "body.safetensors")
     elif (p / "task_tokens.safetensors").is_file():
+        check_recorded_weights(p / "task_tokens.safetensors")
         rows = load_safetensors(p / "task_tokens.safetensors")["task_rows"]
         with torch.no_grad():
             body.wte.weight[list(run.task_token_ids)] = rows
@@ -142,6 +146,7 @@ def load_run(run_dir: str | Path, device: str | None = None, precision: str | No
     run.extract_ids = list(ids)
     run.build(ids)
     head_state = _finite(p / "head.safetensors")
+    check_dtypes(head_state, run.model.head.state_dict(), p / "head.safetensors")
     try:
         run.model.head.load_state_dict(head_state)
     except RuntimeError as e:
