@@ -374,7 +374,10 @@ def test_readers_refuse_non_finite_weights(gpt_copy, bpe_shards, task_files, tmp
     state = load_safetensors(gpt_copy / "model.safetensors")
     name = sorted(state)[0]
     state[name][0] = float("nan")
-    save_file(state, str(gpt_copy / "model.safetensors"))
+    save_file(state, str(gpt_copy / "model.safetensors"))  # (as an lmforge that recorded no weights hash saved it)
+    marker = json.loads((gpt_copy / MARKER).read_text())
+    del marker["sha256"]
+    (gpt_copy / MARKER).write_text(json.dumps(marker))
     train, test = task_files
     refused(cli("generate", gpt_copy, "--prompt", "In the"), "non-finite", name)
     refused(cli("embed", gpt_copy, "a python bit him", "python code", "--word", "python"), "non-finite")

@@ -16,7 +16,7 @@ import httpx
 import pytest
 import torch
 from safetensors.torch import load_file, save_file
-from test_reliability_cli import cli, refused
+from test_reliability_cli import cli, ok, refused
 from test_serve_openai import build_folders, uvicorn_thread
 from test_sweep_inputs import BAD_BYTE
 from test_transfer_families import tiny_bert
@@ -108,10 +108,14 @@ def test_a_server_keeps_its_model_when_the_weights_are_swapped(folders, tmp_path
         shutil.copyfile(folders["bert-1"] / "model.safetensors", served / "model.safetensors")
         answer = httpx.post(base + "/v1/embed", json=body)
         models = httpx.get(base + "/v1/models").json()["data"]
+        with pytest.raises(LmforgeError, match=NOT_WRITTEN):  # `lmforge serve` on such a folder: one line, exit 2
+            create_app([served])
+        (served / MARKER).unlink()  # the way out the message names: the new weights are served
+        other = httpx.post(base + "/v1/embed", json=body).json()
+        after = httpx.get(base + "/v1/models").json()["data"]
     assert answer.status_code == 200 and answer.json() == want  # the model in memory, as loaded
     assert NOT_WRITTEN in models[0]["stale"]
-    with pytest.raises(LmforgeError, match=NOT_WRITTEN):  # `lmforge serve` on such a folder: one line, exit 2
-        create_app([served])
+    assert after[0]["stale"] is None and after[0]["reloads"] == 1 and other != want
 
 
 def test_a_run_with_another_head_is_refused(model_folders, tmp_path):
@@ -119,6 +123,16 @@ def test_a_run_with_another_head_is_refused(model_folders, tmp_path):
     assert "head.safetensors" in recorded_weights(run)
     rewrite(run / "head.safetensors", lambda k, v: torch.flip(v, dims=[0]) if v.is_floating_point() else v)
     refused(cli("predict", run, "--text", "a python"), NOT_WRITTEN, "head.safetensors")
+
+
+def test_an_export_whose_weights_were_replaced_is_not_imported(folders, tmp_path):
+    exports = {name: tmp_path / f"export-{name}" for name in ("bert", "bert-1")}
+    for name, out in exports.items():
+        ok(cli("export-hf", folders[name], "--out", out))
+        assert recorded_weights(out)["model.safetensors"] == [file_sha256(out / "model.safetensors")]
+    shutil.copyfile(exports["bert-1"] / "model.safetensors", exports["bert"] / "model.safetensors")
+    refused(cli("import-hf", exports["bert"], "--out", tmp_path / "m"), NOT_WRITTEN, "export-bert")
+    assert not (tmp_path / "m").exists()
 
 
 # -- dtypes the model cannot take ---------------------------------------------------------------------------------
@@ -129,7 +143,7 @@ def test_a_float_weight_stored_as_another_dtype_is_refused(folders, tmp_path, dt
     name = "bert.embeddings.word_embeddings.weight"
     rewrite(folder / "model.safetensors", lambda k, v: (v * 100).to(dtype) if k == name else v)
     stored = str(dtype).removeprefix("torch.")
-    with pytest.raises(CheckpointError, match=f"'{name}'.* is {stored} but the model holds float32"):
+    with pytest.raises(CheckpointError, match=f"'{name}' is {stored} but the model holds float32"):
         lmforge.load(folder)
     refused(cli("fill-mask", folder, "the [MASK] ."), name, stored, "float32")
 
@@ -183,6 +197,34 @@ def test_a_kill_around_the_rename_leaves_weights_the_record_accepts(folders, tmp
     assert not list(folder.glob(".model.safetensors.*.tmp"))  # the staged file went with the kill
     other.save_pretrained(folder)  # the next save leaves one hash
     assert recorded_weights(folder)["model.safetensors"] == [file_sha256(folder / "model.safetensors")]
+
+
+def test_a_reader_never_refuses_weights_a_writer_is_replacing(folders, tmp_path):
+    """A server reloading a folder a pretraining re-saves: the record it reads is the one before or after."""
+    import threading
+
+    folder = copy(folders["bert"], tmp_path / "bert")
+    models = [lmforge.load(folders["bert"]), lmforge.load(folders["bert-1"])]
+    done, errors = threading.Event(), []
+
+    def writer():
+        try:
+            for i in range(40):
+                models[i % 2].save_pretrained(folder)
+        finally:
+            done.set()
+
+    thread = threading.Thread(target=writer)
+    thread.start()
+    loads = 0
+    while not done.is_set():
+        try:
+            lmforge.load(folder)
+            loads += 1
+        except CheckpointError as e:
+            errors.append(str(e))
+    thread.join()
+    assert not errors and loads > 0, errors[:1]
 
 
 # -- item 3: a word that is not UTF-8 ----------------------------------------------------------------------------

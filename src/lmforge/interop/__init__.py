@@ -15,6 +15,7 @@ from ..errors import CheckpointError
 from ..families import FAMILIES, load
 from ..models.sentence import lmforge_pipeline, read_sentence_transformers, write_sentence_transformers
 from ..storage.cards import update_card
+from ..storage.checks import check_recorded_weights
 from .hub_cache import resolve_hf_dir
 from .runs import export_run, is_run_folder
 
@@ -50,6 +51,7 @@ def import_hf(hf_dir: str | Path, out_dir: str | Path | None = None):
     lmforge model; save it as a model folder if ``out_dir``.  A sentence-transformers folder's pipeline
     (:mod:`lmforge.models.sentence`) is kept as the model's ``sentence_pipeline``."""
     p = resolve_hf_dir(hf_dir)
+    check_recorded_weights(p / "model.safetensors")  # an lmforge export whose weights were replaced since
     data = load_json(p / "config.json")
     hf_type = data.get("model_type")
     if hf_type not in HF_TYPES:

@@ -22,6 +22,7 @@ from ..config import load_json
 from ..errors import CheckpointError
 from ..families import load
 from ..families.registry import get_family
+from ..storage.folders import MARKER
 from ..train.precision import autocast, inference_precision, resolve_device
 from ..transfer import load_run
 
@@ -109,9 +110,10 @@ def family_operations(family: str) -> tuple[str, ...]:
     return ("embed",) + (("fill-mask",) if fam.fills_mask else ()) + (("generate",) if fam.generates else ())
 
 
-#: the files whose replacement means the served folder is another model now (metrics.jsonl grows all the time)
+#: the files whose replacement means the served folder is another model now (metrics.jsonl grows all the time);
+#: the marker records the weights' sha256 (deleting it lets weights replaced on purpose load)
 STAMPED_FILES = ("config.json", "model.safetensors", "head.safetensors", "body.safetensors", "tokenizer.json",
-                 "vocab.txt")
+                 "vocab.txt", MARKER)
 
 
 def folder_stamp(path: Path) -> tuple | None:

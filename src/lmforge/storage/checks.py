@@ -66,8 +66,8 @@ def check_dtypes(state: dict, own: dict, where: str | Path) -> None:
             continue
         stored, wants = str(t.dtype).removeprefix("torch."), str(held.dtype).removeprefix("torch.")
         raise CheckpointError(
-            f"weight '{name}' in {where} is {stored} but the model holds {wants} there, which cannot take {stored} "
-            f"without loss: the weights file was rewritten; put back the model.safetensors lmforge saved"
+            f"weight '{name}' is {stored} but the model holds {wants} there, which cannot take {stored} without "
+            f"loss: {where} was rewritten; put back the file lmforge saved"
         )
 
 
@@ -148,7 +148,9 @@ def check_recorded_weights(path: str | Path) -> None:
         found = file_sha256(p)
     except OSError:
         return  # unreadable: the load that follows says so
-    if found not in recorded:
+    # a writer replacing the file meanwhile (a pretraining's checkpoint) updates the record before and after its
+    # rename: whichever file was hashed, the record read before or the one read after names it
+    if found not in recorded and found not in recorded_weights(p.parent).get(p.name, []):
         raise CheckpointError(
             f"{p} is not the file lmforge wrote there (sha256 {found[:12]}, recorded {recorded[0][:12]}): its "
             f"weights were replaced or rewritten; put back the original or re-run the command that wrote "

@@ -299,11 +299,22 @@ def staged_folder(path: str | Path, kind: str) -> Iterator[Path]:
         raise LmforgeError(os_error_line(e, path=p.parent)) from None
     try:
         yield tmp
+        record_unrecorded_weights(tmp, kind)
         write_marker(tmp, kind)
         swap_into_place(tmp, p, keep=user_files(p))
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
+
+
+def record_unrecorded_weights(folder: str | Path, kind: str) -> None:
+    """Record the sha256 of each ``*.safetensors`` file in ``folder`` that its marker does not record yet (those
+    another writer put there: an HF export's weights), as part of a folder written whole (:func:`staged_folder`)."""
+    p = Path(folder)
+    known = recorded_weights(p)
+    for f in sorted(p.glob("*.safetensors")):
+        if f.name not in known and f.is_file() and not f.is_symlink():
+            record_weights(p, f.name, [file_sha256(f)], kind)
 
 
 def save_weights(tensors: dict, path: str | Path, kind: str, metadata: dict[str, str] | None = None) -> str:
