@@ -9,6 +9,7 @@ why the folder on disk is not it.  A folder written before the record (no hash) 
 from __future__ import annotations
 
 import json
+import os
 import shutil
 from pathlib import Path
 
@@ -225,6 +226,27 @@ def test_a_reader_never_refuses_weights_a_writer_is_replacing(folders, tmp_path)
             errors.append(str(e))
     thread.join()
     assert not errors and loads > 0, errors[:1]
+
+
+def test_a_reader_completing_a_tokenizer_save_the_writer_completes_too(tmp_path, monkeypatch):
+    """Found by the sweep: a reader (``Tokenizer.load``) finishing a committed save while the writer moves the same
+    files failed with "cut short and cannot be completed (No such file or directory)"."""
+    from lmforge.storage.files import TOGETHER, finish_together
+
+    (tmp_path / TOGETHER).mkdir()
+    for name in ("a.json", "b.json", ".remove.json"):
+        (tmp_path / TOGETHER / name).write_text("[]" if name == ".remove.json" else name)
+    real = os.replace
+
+    def writer_first(src, dst):  # the writer moves a.json between the reader's listing and its own move
+        if Path(src).name == "a.json" and Path(src).exists():
+            real(src, dst)
+        real(src, dst)
+
+    monkeypatch.setattr(os, "replace", writer_first)
+    assert finish_together(tmp_path)
+    monkeypatch.undo()
+    assert sorted(os.listdir(tmp_path)) == ["a.json", "b.json"] and (tmp_path / "b.json").read_text() == "b.json"
 
 
 # -- item 3: a word that is not UTF-8 ----------------------------------------------------------------------------

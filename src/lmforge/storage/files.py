@@ -115,9 +115,16 @@ def finish_together(folder: str | Path) -> bool:
         remove = json.loads((stage / _REMOVE).read_text(encoding="utf-8"))
     except (OSError, ValueError):
         remove = []
-    for name in sorted(os.listdir(stage)):
+    try:
+        names = sorted(os.listdir(stage))
+    except FileNotFoundError:  # the writer (or another reader) completed it meanwhile
+        return False
+    for name in names:
         if name != _REMOVE:
-            os.replace(stage / name, p / name)
+            try:
+                os.replace(stage / name, p / name)
+            except FileNotFoundError:  # moved by the writer, or another reader, completing the same change
+                continue
     for name in remove:
         with contextlib.suppress(FileNotFoundError):
             (p / name).unlink()
