@@ -410,7 +410,12 @@ def test_cli_pretrain_resume_and_evaluate_lm(electra_dir, wordpiece_shards, tmp_
     assert model.config.generator_shape == (32, 1, 128)  # tiny: 128 wide, generator 1/4
     val = [json.loads(x) for x in (electra_dir / "metrics.jsonl").read_text().splitlines()]
     last = [e for e in val if e["split"] == "val"][-1]
-    assert {"mlm_loss", "mlm_acc", "rtd_loss", "rtd_acc", "replaced"} <= set(last["metrics"])
+    assert {"mlm_loss", "mlm_acc", "rtd_loss", "rtd_acc", "replaced", "token_cos", "rtd_auc"} <= set(last["metrics"])
+    assert 0.0 <= last["metrics"]["rtd_auc"] <= 1.0 and -1.0 <= last["metrics"]["token_cos"] <= 1.0
+    card = (electra_dir / "README.md").read_text()  # the diagnostics, with how to read them
+    assert "## Pretraining diagnostics" in card and "coin toss" in card
+    for key in ("token_cos", "rtd_auc"):
+        assert f"| `{key}` | {last['metrics'][key]:.3f} |" in card
     # the samples come from the rows' own generators: a resumed run repeats the uninterrupted one (in bf16) ...
     def pretrain(out, *argv):
         return main(["-q", "pretrain", "electra", "--data", str(wordpiece_shards), "--out", str(out),
