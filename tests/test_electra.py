@@ -520,3 +520,17 @@ def test_serve_fills_masks_with_the_generator_and_embeds_with_the_discriminator(
         (want,) = model.embed([SNAKE])
         assert r["results"][0]["tokens"] == want.tokens
         np.testing.assert_allclose(np.array(r["results"][0]["vectors"]), want.layers.numpy(), atol=1e-5)
+
+
+def test_discriminator_bias_init_sets_the_starting_log_odds_and_nothing_else():
+    kw = dict(vocab_size=V, embedding_size=16, hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
+              intermediate_size=64, max_position_embeddings=32)
+    torch.manual_seed(0)
+    plain = ElectraForPreTraining(ElectraConfig(**kw)).state_dict()
+    torch.manual_seed(0)
+    biased = ElectraForPreTraining(ElectraConfig(**kw, discriminator_bias_init=-2.0)).state_dict()
+    key = "discriminator_predictions.dense_prediction.bias"
+    assert plain[key].item() == 0.0 and biased[key].item() == -2.0
+    assert all(torch.equal(plain[k], biased[k]) for k in plain if k != key)  # no other weight, no extra draw
+    with pytest.raises(ConfigError, match="discriminator_bias_init"):
+        ElectraConfig(**kw, discriminator_bias_init=float("nan"))

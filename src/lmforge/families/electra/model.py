@@ -46,6 +46,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import math
 from typing import ClassVar
 
 import torch
@@ -96,6 +97,9 @@ class ElectraConfig:
     # the replaced-token-detection recipe
     generator_size_divisor: int = 4
     discriminator_weight: float = 50.0
+    #: the discriminator's output bias at initialisation, the log-odds of "replaced" before any step: 0 = even
+    #: odds (the paper's code); the log-odds of the replaced share (about -2 for 12 %) starts at the prior
+    discriminator_bias_init: float = 0.0
 
     def __post_init__(self) -> None:
         for name in ("vocab_size", "embedding_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
@@ -118,6 +122,9 @@ class ElectraConfig:
                 raise ConfigError(f"ElectraConfig: {name} must be in [0, 1), got {getattr(self, name)}")
         if self.discriminator_weight <= 0 or self.layer_norm_eps <= 0 or self.initializer_range <= 0:
             raise ConfigError("ElectraConfig: discriminator_weight, layer_norm_eps and initializer_range must be > 0")
+        if not math.isfinite(self.discriminator_bias_init):
+            raise ConfigError("ElectraConfig: discriminator_bias_init must be a finite log-odds (e.g. -2), "
+                              f"got {self.discriminator_bias_init}")
         if not 0 <= self.pad_token_id < self.vocab_size:
             raise ConfigError(
                 f"ElectraConfig: pad_token_id {self.pad_token_id} is outside the vocabulary (size {self.vocab_size})"
@@ -320,6 +327,8 @@ class ElectraForPreTraining(ClsSepReading, PretrainedModel):
         self.discriminator_predictions = ElectraDiscriminatorPredictions(config.hidden_size, config.hidden_act)
         self.generator = ElectraGenerator(config, embeddings)
         self.apply(lambda m: init_weights(m, config.initializer_range))
+        if config.discriminator_bias_init:  # draws nothing: the run's random numbers are the same either way
+            nn.init.constant_(self.discriminator_predictions.dense_prediction.bias, config.discriminator_bias_init)
 
     # -- forward --------------------------------------------------------------------------------
     def forward(
