@@ -48,6 +48,30 @@ def reinit_body(body: nn.Module, seed: int) -> None:
     )
 
 
+def body_positions(body: nn.Module) -> int | None:
+    """The most positions one input of ``body`` may take, special tokens included (None: any length)."""
+    window = getattr(body, "embed_window", lambda: None)()
+    if window is None:
+        return None
+    before, after = body.embed_specials()
+    return int(window) + len(before) + len(after)
+
+
+@torch.no_grad()
+def start_pooler_at_identity(body: nn.Module) -> None:
+    """Set the tanh pooler of a BERT that no loss trained it on (pretrained without next-sentence prediction) to
+    ``tanh([CLS])``: dense = identity, bias 0.
+
+    Fine-tuning reads the pooler by default (``BertForSequenceClassification`` reads it, so the run exports).
+    A pooler at its random initialisation shrinks ``[CLS]`` to a small random projection, through which a
+    fine-tuned head learns far slower than from ``[CLS]`` itself; at the identity it starts from ``[CLS]``
+    (squashed by tanh) and trains from there.  A run folder keeps the trained pooler in ``body.safetensors``.
+    """
+    dense = body.bert.pooler.dense
+    dense.weight.copy_(torch.eye(dense.weight.shape[0], dtype=dense.weight.dtype, device=dense.weight.device))
+    dense.bias.zero_()
+
+
 class RunNetwork:
     """The run's network: the head joined to the body, what of it trains and how (see the module docstring)."""
 

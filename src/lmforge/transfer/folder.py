@@ -75,7 +75,7 @@ def save_run(run: TransferRun, out_dir: str | Path, metrics: dict, records: list
         "layer_mix": run.layer == "mix",
         "pool": run.fmt.pool,
         "choices": run.choices,
-        "weights_sha256": run.weights_hash() if run.model_dir else None,
+        "weights_sha256": run.vectors.weights_hash() if run.model_dir else None,
     }
     save_json({"transfer": to_dict(run.cfg), **extra}, out / "config.json")
     atomic_write_text(out / "metrics.json", json.dumps(metrics, indent=2, ensure_ascii=False, allow_nan=False) + "\n")

@@ -92,7 +92,7 @@ class Mode:
 
     def predict_vectors(self, run, data, encs, use_cache: bool, store):
         """The stored vectors a prediction of ``run`` reads, narrowed to the head's layers (None: the body runs)."""
-        return run.head_store(store) if store is not None else None
+        return run.vectors.head_store(store) if store is not None else None
 
     def trained_tensors(self, run) -> dict:
         """file name -> the tensors of the run folder besides the head (what training changed in the body)."""
@@ -171,7 +171,7 @@ class Features(Mode):
         return store if store is not None else run.features(train)
 
     def predict_vectors(self, run, data, encs, use_cache: bool, store):
-        return run.head_store(store if store is not None else run.features(data, encs, use_cache))
+        return run.vectors.head_store(store if store is not None else run.features(data, encs, use_cache))
 
     def check_onnx(self) -> None:
         raise LmforgeError("a features-mode run's head reads stored vectors; --backend onnx needs a frozen or "

@@ -40,7 +40,7 @@ from ..train.precision import resolve_device, resolve_precision
 from ..utils import seed_everything
 from . import onnx_run
 from .batching import RowStore, TransferModel, collate
-from .building import RunNetwork, reinit_body
+from .building import RunNetwork, body_positions, reinit_body, start_pooler_at_identity
 from .config import TransferConfig, check_supported
 from .encoding import Encoding, InputFormat, summary_trained
 from .fit import fit_trials, snapshot, train_trial
@@ -106,30 +106,6 @@ def _choices(out: dict, val_d: TaskData | None, n_train: int, refit_epochs: int 
     if len(out["trials"]) > 1:
         choices["lr_trials"] = out["trials"]
     return choices
-
-
-def body_positions(body: nn.Module) -> int | None:
-    """The most positions one input of ``body`` may take, special tokens included (None: any length)."""
-    window = getattr(body, "embed_window", lambda: None)()
-    if window is None:
-        return None
-    before, after = body.embed_specials()
-    return int(window) + len(before) + len(after)
-
-
-@torch.no_grad()
-def start_pooler_at_identity(body: nn.Module) -> None:
-    """Set the tanh pooler of a BERT that no loss trained it on (pretrained without next-sentence prediction) to
-    ``tanh([CLS])``: dense = identity, bias 0.
-
-    Fine-tuning reads the pooler by default (``BertForSequenceClassification`` reads it, so the run exports).
-    A pooler at its random initialisation shrinks ``[CLS]`` to a small random projection, through which a
-    fine-tuned head learns far slower than from ``[CLS]`` itself; at the identity it starts from ``[CLS]``
-    (squashed by tanh) and trains from there.  A run folder keeps the trained pooler in ``body.safetensors``.
-    """
-    dense = body.bert.pooler.dense
-    dense.weight.copy_(torch.eye(dense.weight.shape[0], dtype=dense.weight.dtype, device=dense.weight.device))
-    dense.bias.zero_()
 
 
 def _shared(name: str) -> property:
@@ -229,20 +205,9 @@ class TransferRun:
         """Create the head (seeded) and join it to the body (:meth:`RunNetwork.build`)."""
         return self.net.build(layer_ids)
 
-    def default_layer_ids(self, stored: bool = False) -> list[int]:
-        return self.net.default_layer_ids(stored)
-
-    @property
-    def body_trains(self) -> bool:
-        return self.net.body_trains
-
     @property
     def trains_task_rows(self) -> bool:
         return self.net.trains_task_rows
-
-    @property
-    def body_needs_grad(self) -> bool:
-        return self.net.body_needs_grad
 
     @property
     def body_stays_fixed(self) -> bool:
@@ -254,36 +219,15 @@ class TransferRun:
     def param_groups(self, lr: float) -> list[dict]:
         return self.net.param_groups(lr)
 
-    def train_mode(self) -> None:
-        self.net.train_mode()
-
-    def trainable_state(self) -> dict[str, torch.Tensor]:
-        return self.net.trainable_state()
-
-    def load_trainable_state(self, state: dict[str, torch.Tensor]) -> None:
-        self.net.load_trainable_state(state)
-
     def autocast(self):
         return self.net.autocast()
 
     def body_blocks(self, encs: list[Encoding], grad: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
         return self.net.body_blocks(encs, grad)
 
-    def lm_loss(self, encs: list[Encoding]) -> torch.Tensor:
-        return self.net.lm_loss(encs)
-
-    def extract(self, encs: list[Encoding]) -> tuple[torch.Tensor, torch.Tensor]:
-        return self.vectors.extract(encs)
-
     def features(self, data: TaskData, encs: list[Encoding] | None = None, use_cache: bool = True) -> RowStore:
         """The stored vectors of ``data`` (:meth:`RunVectors.features`: from the cache, or one body pass)."""
         return self.vectors.features(data, encs, use_cache)
-
-    def weights_hash(self) -> str:
-        return self.vectors.weights_hash()
-
-    def head_store(self, store: RowStore) -> RowStore:
-        return self.vectors.head_store(store)
 
     # -- training -------------------------------------------------------------------------------------
     def fit(
@@ -375,7 +319,7 @@ class TransferRun:
         self.model.load_state_dict(start)
         refit_epochs = max(out["best_epoch"], out["least_loss_epoch"])
         again = train_trial(self, self._fit_plan(train, full, metric), out["lr"], progress, refit_epochs)
-        self.load_trainable_state(again.pop("state"))
+        self.net.load_trainable_state(again.pop("state"))
         out["steps"] += again["steps"]
         out["train_loss"], out["aux_lm_loss"] = again["train_loss"], again["aux_lm_loss"]
         out["history"] = out["history"] + [dict(r, refit=True) for r in again["history"]]
@@ -396,10 +340,10 @@ class TransferRun:
         encs = self.encode(data)
         # standardised vectors, as in features mode
         if standardize and self.mode.standardizes_body_pass and encs and store is None:
-            mean, std = RowStore(*self.extract(encs)).stats()
+            mean, std = RowStore(*self.vectors.extract(encs)).stats()
             self.model.head.set_standardization(*self.vectors.head_stats(mean, std))
         if store is not None:
-            store = self.head_store(store)
+            store = self.vectors.head_store(store)
             if standardize and store.vectors.shape[0]:
                 mean, std = store.stats()
                 self.model.head.set_standardization(mean.to(self.device), std.to(self.device))
