@@ -223,6 +223,19 @@ def test_neighbors_on_onnx_give_torch_words_and_cosines(family, wordpiece_tokeni
         assert [s for _, s in found] == pytest.approx([s for _, s in want], abs=1e-4)
 
 
+def test_a_body_without_a_runnable_graph_is_refused_in_one_line_and_auto_takes_torch(wordpiece_tokenizer):
+    from test_transfer_families import tiny_elmo
+
+    from lmforge.models.neighbors import neighbors
+
+    body = tiny_elmo(wordpiece_tokenizer).eval()
+    body.tokenizer = wordpiece_tokenizer
+    corpus = _neighbor_corpus()[:8]
+    with pytest.raises(LmforgeError, match="does not run on ONNX Runtime.*--backend torch"):
+        neighbors(body, "the", 5, corpus, backend="onnx")
+    assert neighbors(body, "the", 5, corpus, backend="auto") == neighbors(body, "the", 5, corpus)
+
+
 def test_neighbors_cli_takes_the_backend(bert_folder, tmp_path, capsys):
     corpus = tmp_path / "corpus.txt"
     corpus.write_text("\n".join(_neighbor_corpus()) + "\n", encoding="utf-8")

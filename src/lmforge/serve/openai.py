@@ -14,7 +14,10 @@ written against vLLM or llama.cpp's server call.
   as OpenAI's embeddings are (clients written for them compare by dot product or by Euclidean distance,
   which rank as cosine only for unit vectors).  lmforge's ``normalize``, ``pool`` and ``layer`` change
   that (``extra_body`` in the ``openai`` client), so ``lmforge encode``'s own defaults are one request away;
-  ``backend`` (``torch``, ``onnx``, ``auto``) and ``quantize`` (``none``, ``int8``) are ``lmforge encode``'s.
+  ``backend`` (``torch``, ``onnx``, ``auto``) and ``quantize`` (``none``, ``int8``) are ``lmforge encode``'s
+  (left out: the server's ``--backend`` where a sentence pipeline reads the texts).  The texts of requests that
+  arrive together with the same options are encoded in one call (:func:`encode_items`), so they share padded
+  forward passes.
 - ``GET /v1/models`` and ``/v1/models/NAME``: OpenAI's list shape; lmforge's details (kind, family,
   parameters, supports, path, reloads ...) are extra keys of each model.
 
