@@ -109,7 +109,8 @@ def test_bench_json_becomes_a_record_naming_its_machine_and_load(mr, tmp_path):
     paths = [_bench_json(tmp_path, "a.json", peers), _bench_json(tmp_path, "b.json", demo)]
     record = mr.bench_record(paths, "encode-peers-test", "Quiet machine.")
     assert record["machine"] == {"cpu": "Some CPU (2 cores, AVX-512, AMX)", "threads": "1 and 2"}
-    assert record["headline"]["figure"].startswith("fastest exact mode 1.25-1.50x")
+    assert record["headline"]["figure"] == ("fastest exact mode / sentence-transformers: all-MiniLM-L6-v2 "
+                                            "1.50-1.50x, /tmp/demo/models/bert 1.25-1.25x (target 1.3x)")
     assert [r[:3] for r in record["table"]["rows"]] == [["all-MiniLM-L6-v2", "1", "100.0"],
                                                        ["/tmp/demo/models/bert", "2", "120.0"]]
     assert record["table"]["rows"][0][-3:] == ["1.50x", "3.00x", "0.9700"]
