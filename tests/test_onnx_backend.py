@@ -286,3 +286,14 @@ def test_serve_backend_runs_predict_and_embeddings_on_onnx_where_it_applies(bert
         want_mean = lmforge.load(bert_folder).encode(texts, normalize=True)
         assert r.status_code == 200 and np.array_equal(
             np.asarray([d["embedding"] for d in r.json()["data"]], dtype=np.float32), want_mean)
+
+
+def test_serve_refuses_int8_on_torch_before_loading(bert_folder, capsys):
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    assert main(["serve", str(bert_folder), "--port", str(port), "--quantize", "int8"]) == 2
+    err = capsys.readouterr().err
+    assert "int8 runs on ONNX Runtime" in err and "--backend onnx" in err and "Traceback" not in err

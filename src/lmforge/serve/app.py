@@ -33,7 +33,7 @@ from fastapi.responses import HTMLResponse, Response
 
 from .. import __version__
 from ..data.tasks import TaskData, example_from_fields
-from ..errors import DataError, LmforgeError
+from ..errors import DataError, LmforgeError, MissingExtraError
 from ..evaluate import find_word, layer_names, span_vectors
 from ..evaluate.polysemy import word_similarities
 from ..generation import check_generation_args
@@ -109,6 +109,8 @@ class Server:
             e.obj.set_backend(self.backend, self.quantize)
             if self.backend == "onnx" or self.quantize != "none":
                 run_graph(e.obj, self.quantize)
+        except MissingExtraError:  # asked for ONNX Runtime without it: say so before serving anything
+            raise
         except LmforgeError as ex:
             e.obj.set_backend("torch")
             logger.warning("'%s' predicts on torch: %s", e.name, ex)
