@@ -20,8 +20,7 @@ from typing import Any
 
 from ..config import load_json
 from ..errors import CheckpointError
-from ..families import load
-from ..families.registry import get_family
+from ..families import get_family, load
 from ..train.precision import autocast, inference_precision, resolve_device
 from ..transfer import load_run
 

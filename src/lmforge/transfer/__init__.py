@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from ..data.tasks import TASKS, TaskData, load_task
 from .batching import RowStore
-from .config import MODES, SUPPORTED, TransferConfig, check_supported
+from .config import MODES, TransferConfig, check_supported
 from .curve import learning_curve
 from .estimator import Transfer
 from .folder import load_body, load_run, run_transfer
@@ -30,7 +30,6 @@ __all__ = [
     "TaskSpec",
     "check_supported",
     "load_body",
-    "SUPPORTED",
     "TASKS",
     "TaskData",
     "Transfer",

@@ -30,8 +30,8 @@ from torch import nn
 
 from ..data.tasks import TaskData
 from ..errors import LmforgeError
+from ..families import get_family
 from ..families.gpt import inputs as gpt_inputs
-from ..families.registry import get_family
 from ..models import onnx_backend
 from ..train.precision import resolve_device, resolve_precision
 from ..utils import seed_everything
