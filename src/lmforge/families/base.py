@@ -28,7 +28,7 @@ class InputRules:
 
     Attributes:
         layout: how the pieces are assembled: ``"cls_sep"`` (BERT's ``[CLS] A [SEP] B [SEP]`` with segments),
-            ``"gpt"`` (GPT-1's start, delimiter and extract tokens) or ``"plain"`` (the word pieces alone).
+            ``"task_tokens"`` (GPT-1's start, delimiter and extract tokens) or ``"plain"`` (the word pieces alone).
         n_special: special tokens the layout adds around a pair.
         pools: the sentence read-outs (``--pool``) it has a position for, beyond ``mean`` and ``tokens``.
         needs_ids: the tokenizer ids the layout needs (``cls_id``...).

@@ -176,7 +176,7 @@ class InputFormat:
         if self.pool == "last" and self.pool not in rules.pools:
             raise LmforgeError(f"--pool last reads GPT's extract token; for {family} use mean")
         self.gpt = gpt
-        self._assemble_format = {"cls_sep": self._assemble_cls_sep, "gpt": self._assemble_gpt}.get(
+        self._assemble_format = {"cls_sep": self._assemble_cls_sep, "task_tokens": self._assemble_gpt}.get(
             rules.layout, self._assemble_plain)
         if self._assemble_format == self._assemble_gpt and gpt is None:
             raise LmforgeError("GPT inputs need lmforge.families.gpt.inputs, which is not available")

@@ -19,7 +19,7 @@ class GptFamily(Family):
     generates = True
     transfer_modes = ("frozen", "features", "finetune")
     # GPT-1's start, delimiter and extract tokens; a sentence is read at the extract token
-    input_rules = InputRules("gpt", 3, ("last",), default_pool="last")
+    input_rules = InputRules("task_tokens", 3, ("last",), default_pool="last")
     task_tokens = True
     aux_lm = True
     hf_pool = "last"
