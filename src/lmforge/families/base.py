@@ -155,6 +155,12 @@ class Family:
         """Train a family that the Trainer does not drive, in one pass, into ``out_dir``."""
         raise LmforgeError(f"{self.name} is pretrained by the Trainer; use its pretraining_setup")
 
+    # -- transfer ---------------------------------------------------------------------------------------------
+    def task_format(self, body) -> Any:
+        """The object that adds the family's task tokens to ``body``'s inputs (``start_id``, ``delim_id``,
+        ``extract_id``, as GPT-1's input transformations), for a family with :attr:`task_tokens`."""
+        raise LmforgeError(f"the {self.name} family adds no task tokens to its inputs")
+
     # -- HF interop and run export ----------------------------------------------------------------------------
     def hf_interop(self) -> ModuleType | None:
         """The module mapping the family to and from ``transformers`` (``export_hf(model, out_dir)``,

@@ -260,7 +260,7 @@ def plan_budget(
     """The number of steps (and with ``search_shape`` the shape) of a ``family`` run on ``shards`` within ``budget``.
 
     Args:
-        family: a key of :data:`lmforge.models.FAMILIES`.
+        family: a key of :data:`lmforge.families.FAMILIES`.
         shards: an open :class:`lmforge.data.shards.Shards` or its folder.
         budget: ``"15m"``, ``"1h"``, ``"90s"`` (wall-clock, probed) or ``"20Mtok"`` (tokens, no probe).
         model: the preset name or config object to train (default: the family's default preset); with

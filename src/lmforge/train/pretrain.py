@@ -239,7 +239,7 @@ def pretrain(
     """Pretrain a ``family`` model on the shards in ``data_dir`` and write the model folder ``out_dir``.
 
     Args:
-        family: a key of :data:`lmforge.models.FAMILIES` (``bert``, ``gpt``, ``elmo``, ``electra``, ``word2vec``).
+        family: a key of :data:`lmforge.families.FAMILIES` (``bert``, ``gpt``, ``elmo``, ``electra``, ``word2vec``).
         data_dir: shards written by ``lmforge prepare``.
         out_dir: the model folder to write (config.json, model.safetensors, tokenizer, training_state/,
             train_config.json, metrics.jsonl, training_curves.png).

@@ -4,7 +4,7 @@ Each family reads its input in its own way:
 
 - **BERT**: ``[CLS] A [SEP]`` or ``[CLS] A [SEP] B [SEP]`` with segment ids 0/1; a sentence (pair)
   is read at ``[CLS]``; QA is ``[CLS] question [SEP] context [SEP]``.
-- **GPT**: the GPT-1 input transformations of ``lmforge/transfer/gpt_inputs.py`` (start, delimiter
+- **GPT**: the GPT-1 input transformations of ``lmforge/families/gpt/inputs.py`` (start, delimiter
   and extract tokens); a sentence (pair) is read at the extract token, the last one.
 - **ELMo / word2vec** ("plain"): the tokens of ``A`` then ``B`` with no special tokens; a sentence is
   the mean of its token vectors, a pair is read as ``[a, b, |a - b|, a * b]`` of the two means.
@@ -134,11 +134,11 @@ class InputFormat:
     """Builds :class:`Encoding` s for one family from its tokenizer.
 
     Args:
-        family: ``"bert"``, ``"gpt"``, ``"elmo"`` or ``"word2vec"`` (model_type).
+        family: the body's family name (its ``model_type``).
         tokenizer: the body's attached tokenizer (``encode_with_offsets``, special ids).
         max_len: the most positions an encoding may have, specials included.
         pool: ``"cls"``, ``"pooler"``, ``"last"``, ``"mean"`` or ``"tokens"`` (every token, for a BiLSTM head).
-        gpt: for GPT, the input transformation object of ``gpt_inputs`` (adds start/delim/extract).
+        gpt: for GPT, the input transformation object of its family's ``task_format`` (adds start/delim/extract).
         doc_stride: QA: tokens between the starts of consecutive context windows (None: half the
             context room, so windows overlap by half; 0: one window, the rest of the context is cut;
             larger than the room: the room, so no context token is skipped).

@@ -31,7 +31,6 @@ from torch import nn
 from ..data.tasks import TaskData
 from ..errors import LmforgeError
 from ..families import get_family
-from ..families.gpt import inputs as gpt_inputs
 from ..models import onnx_backend
 from ..train.precision import resolve_device, resolve_precision
 from ..utils import seed_everything
@@ -157,7 +156,7 @@ class TransferRun(RunModel, RunFeatures):
         gpt = None
         self.task_token_ids: tuple[int, ...] = ()
         if get_family(self.family).task_tokens:
-            gpt = gpt_inputs.transfer_format(body)
+            gpt = get_family(self.family).task_format(body)
             self.task_token_ids = (gpt.start_id, gpt.delim_id, gpt.extract_id)
         self.fmt = InputFormat(
             self.family,

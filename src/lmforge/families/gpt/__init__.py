@@ -51,6 +51,11 @@ class GptFamily(Family):
 
         return setup_gpt(config, shards, tokenizer)
 
+    def task_format(self, body):
+        from .inputs import transfer_format  # lazy: the input transformations import torch
+
+        return transfer_format(body)
+
     def hf_interop(self):
         from . import hf  # lazy: the weight map imports torch
 
