@@ -181,7 +181,7 @@ def test_the_toy_family_is_served(pretrained, tmp_path):
         r = client.post("/v1/embed", json={"model": "model", "texts": texts}).json()
         refused = client.post("/v1/fill-mask", json={"model": "model", "text": "the [MASK] ."})
     (entry,) = listed["data"]
-    assert entry["family"] == "prefixlm" and "embed" in entry["supports"]
+    assert entry["family"] == "prefixlm" and "embed" in entry["supports"] and entry["contextual"]
     assert not {"fill-mask", "generate"} & set(entry["supports"])  # what the family's facts allow
     want = load(model_dir).embed(texts)
     for got, tl in zip(r["results"], want):

@@ -60,6 +60,7 @@ class Family:
         generates: has ``generate`` (``lmforge generate``).
         fills_mask: has ``fill_mask`` (``lmforge fill-mask``).
         transfer_modes: the transfer modes its body supports (``frozen``, ``features``, ``finetune``).
+        contextual: a token's vectors depend on its context (False: one static vector per token, word2vec).
         unsupported_tasks: transfer tasks its body cannot serve (a static word vector cannot locate an answer span).
         inputs_like: the family whose input format transfer builds for this body (None = its own); ELECTRA's
             discriminator reads BERT's.
@@ -88,6 +89,7 @@ class Family:
     generates: bool = False
     fills_mask: bool = False
     transfer_modes: tuple[str, ...] = ()
+    contextual: bool = True
     unsupported_tasks: tuple[str, ...] = ()
     inputs_like: str | None = None
     input_rules: InputRules = PLAIN

@@ -94,6 +94,7 @@ class Entry:
             d["precision"] = self.computes_in
         if self.kind == "model":
             d["parameters"] = int(self.obj.num_parameters())
+            d["contextual"] = get_family(self.family).contextual  # the playground projects a contextual model
         if self.kind == "run":
             run = self.obj
             d["parameters"] = int(sum(q.numel() for q in run.model.parameters()))

@@ -15,6 +15,7 @@ class Word2VecFamily(Family):
     label = "word2vec"
     trainer = False  # gensim trains it in one pass
     transfer_modes = ("frozen", "features", "finetune")
+    contextual = False  # one vector per token, the same in every context
     unsupported_tasks = ("qa",)  # a static word vector cannot locate an answer span
     # a bag of word vectors trained from zero, or fine-tuned from pretrained ones (Kim 2014's "non-static"), learns
     # at an embedding-bag rate (fastText uses 0.1-1.0): (lr, epochs, warmup, layer_lr_decay, patience)
