@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from ..data.tasks import TASKS, TaskData, load_task
 from .batching import RowStore
-from .config import SUPPORTED, TransferConfig, check_supported
+from .config import TransferConfig, check_supported
 from .curve import learning_curve
 from .estimator import Transfer
 from .folder import load_body, load_run, run_transfer
@@ -36,7 +36,6 @@ __all__ = [
     "TaskSpec",
     "check_supported",
     "load_body",
-    "SUPPORTED",
     "TASKS",
     "TaskData",
     "Transfer",

@@ -30,19 +30,15 @@ import logging
 from ..config import from_dict
 from ..devices import PRECISIONS, check_device
 from ..errors import CheckpointError, ConfigError, LmforgeError
-from ..families.registry import FAMILIES
+from ..families import FAMILIES
 from ..train.precision import upgrade_legacy_keys
-from .encoding import DEFAULT_POOL, FORMATS, PLAIN, POOLS, TRUNCATIONS, input_format
+from .encoding import POOLS, TRUNCATIONS, input_rules
 from .heads import CLASSIFIERS
 from .modes import DEFAULT_MODE, MODES, Mode, mode_of
 from .specs import SPECS
 
 logger = logging.getLogger(__name__)
 
-# family -> the modes its body supports (the family registry owns this fact)
-SUPPORTED: dict[str, tuple[str, ...]] = {name: fam.transfer_modes for name, fam in FAMILIES.items()}
-# Tasks a family cannot serve: a static word vector cannot locate an answer span.
-UNSUPPORTED_TASKS = {"word2vec": ("qa",)}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -58,12 +54,9 @@ class Recipe:
 
 
 # (lr, epochs, warmup, layer_lr_decay, patience) of a body fine-tuned from a random init; each mode's own recipe
-# is its object's (lmforge.transfer.modes)
+# is its object's (lmforge.transfer.modes), and where a family departs from these its Family.transfer_recipes says so
+# (word2vec: an embedding-bag rate)
 _SCRATCH = (1e-3, 40, 0.1, None, 5)
-# A bag of word vectors trained from zero learns at an embedding-bag rate (fastText uses 0.1-1.0).
-_SCRATCH_BY_FAMILY = {"word2vec": (1e-2, 20, 0.1, None, 5)}
-# Fine-tuning pretrained word vectors (Kim 2014's "non-static") moves them at the same embedding-bag rate.
-_FINETUNE_BY_FAMILY = {"word2vec": (1e-2, 20, 0.1, None, 5)}
 
 
 @dataclasses.dataclass
@@ -245,7 +238,8 @@ class TransferConfig:
             return "tokens"
         if self.pool is not None:
             return self.pool
-        no_summary = not FORMATS.get(input_format(family), PLAIN).pools  # ELMo, word2vec: no summary position
+        rules = input_rules(family)
+        no_summary = not rules.pools  # ELMo, word2vec: no summary position
         single = SPECS[self.task].single_text
         hf_pool = FAMILIES[family].hf_pool if family in FAMILIES else None
         if self.transfer_mode.trains_body and hf_pool and SPECS[self.task].hf_head and not no_summary:
@@ -254,7 +248,7 @@ class TransferConfig:
             return hf_pool
         if no_summary or (not self.transfer_mode.trains_body and single) or (single and not summary_trained):
             return "mean"
-        return DEFAULT_POOL[input_format(family)]
+        return rules.default_pool
 
     def resolved(self, family: str, hidden_size: int | None = None) -> Recipe:
         """The learning rate, epochs, warm-up, layer decay, patience and LM weight this run uses.
@@ -264,10 +258,11 @@ class TransferConfig:
         for a 384-wide MiniLM, 3e-4 for a 128-wide model: narrower bodies take larger steps.
         """
         mode = self.transfer_mode
+        own = FAMILIES[family].transfer_recipes if family in FAMILIES else {}
         if mode.trains_body and self.from_scratch:
-            base = _SCRATCH_BY_FAMILY.get(family, _SCRATCH)
-        elif mode.trains_body and family in _FINETUNE_BY_FAMILY:
-            base = _FINETUNE_BY_FAMILY[family]
+            base = own.get("scratch", _SCRATCH)
+        elif mode.trains_body and "finetune" in own:
+            base = own["finetune"]
             hidden_size = None  # the width rule is for transformer bodies
         else:
             base = mode.recipe
@@ -297,15 +292,16 @@ def _aux_lm(family: str | None) -> bool:
 
 def check_supported(family: str | None, cfg: TransferConfig) -> None:
     """Raise a one-line LmforgeError when ``family`` cannot run ``cfg``'s mode / task / options."""
-    if family not in SUPPORTED:
-        raise LmforgeError(f"unknown model family '{family}'; transfer supports {', '.join(SUPPORTED)}")
+    if family not in FAMILIES:
+        raise LmforgeError(f"unknown model family '{family}'; transfer supports {', '.join(FAMILIES)}")
+    modes = FAMILIES[family].transfer_modes
     mode = cfg.transfer_mode
-    if not mode.serves(SUPPORTED[family], cfg):
+    if not mode.serves(modes, cfg):
         raise LmforgeError(
-            f"{family} models support --mode {' / '.join(SUPPORTED[family])}, not {cfg.mode} "
+            f"{family} models support --mode {' / '.join(modes)}, not {cfg.mode} "
             f"(see docs/transfer.md for which family supports which mode)"
         )
-    if cfg.task in UNSUPPORTED_TASKS.get(family, ()):
+    if cfg.task in FAMILIES[family].unsupported_tasks:
         raise LmforgeError(f"{family} models cannot do --task {cfg.task}: static word vectors cannot locate a span")
     mode.check(cfg, _aux_lm(family))
     if cfg.both_orders and not SPECS[cfg.task].text_pair:

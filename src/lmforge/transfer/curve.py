@@ -31,11 +31,11 @@ from torch import nn
 
 from ..data.tasks import TaskData, check_labels, load_task
 from ..errors import LmforgeError
-from ..families.registry import get_family
+from ..families import FAMILIES, get_family
 from ..storage.files import atomic_path, atomic_write_text
 from ..train.precision import choose_precision, describe, resolve_device
 from .batching import RowStore
-from .config import SUPPORTED, TransferConfig, check_supported
+from .config import TransferConfig, check_supported
 from .folder import load_body
 from .modes import FINETUNE, MODES, Mode, mode_of
 from .run import TransferRun
@@ -247,10 +247,10 @@ class _Curve:
 
 def _curve_modes(family: str | None, modes: Sequence[str] | None) -> list[str]:
     """The modes of a curve (default: scratch and what the family supports), checked."""
-    if family not in SUPPORTED:
+    if family not in FAMILIES:
         raise LmforgeError(f"unknown model family '{family}'")
     if not modes:
-        modes = [SCRATCH, *[m for m in MODES if m in SUPPORTED[family]]]
+        modes = [SCRATCH, *[m for m in MODES if m in FAMILIES[family].transfer_modes]]
     modes = list(modes)
     bad = [m for m in modes if m not in CURVE_MODES and not m.startswith("scratch:")]
     if bad:

@@ -33,8 +33,7 @@ from torch import nn
 
 from ..data.tasks import TaskData
 from ..errors import LmforgeError
-from ..families.gpt import inputs as gpt_inputs
-from ..families.registry import get_family
+from ..families import get_family
 from ..models import onnx_backend
 from ..train.precision import resolve_device, resolve_precision
 from ..utils import seed_everything
@@ -171,7 +170,7 @@ class TransferRun:
         gpt = None
         self.task_token_ids: tuple[int, ...] = ()
         if get_family(self.family).task_tokens:
-            gpt = gpt_inputs.transfer_format(body)
+            gpt = get_family(self.family).task_format(body)
             self.task_token_ids = (gpt.start_id, gpt.delim_id, gpt.extract_id)
         self.fmt = InputFormat(
             self.family,
