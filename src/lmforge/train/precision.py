@@ -305,17 +305,22 @@ def slow_bf16_note(device: torch.device) -> str:
 
 
 def inference_precision(precision: str, device: torch.device, model: nn.Module) -> str:
-    """The concrete precision a trained ``model`` runs in on ``device`` (``encode``, ``generate``, ``serve``).
+    """The concrete precision a trained ``model`` runs in on ``device`` (see :func:`for_inference`)."""
+    return for_inference(resolve_compute(device, precision), model).precision
 
-    ``fp16`` off a CUDA GPU is a one-line :class:`ConfigError`, as everywhere; ``auto`` follows
+
+def for_inference(compute: Compute, model: nn.Module) -> Compute:
+    """``compute`` settled for a trained ``model`` that only runs (``encode``, ``generate``, ``serve``).
+
+    ``fp16`` off a CUDA GPU was refused when ``compute`` was resolved, as everywhere; ``auto`` follows
     :func:`choose_precision` for the model and logs what it chose and why, as a training run does; ``bf16``
     on a device without native bf16 runs (PyTorch's own kernels) and says once that fp32 is faster there.
     """
-    choice = choose_precision(precision, device, model)
-    if precision == "auto":
-        logging.getLogger("lmforge").info("%s", describe(precision, choice.precision, device, choice.reason))
-    warn_if_emulated(choice.precision, device)
-    return choice.precision
+    settled = settle(compute, model)
+    if compute.requested == "auto":
+        logging.getLogger("lmforge").info("%s", describe("auto", settled.precision, settled.device, settled.reason))
+    warn_if_emulated(settled.precision, settled.device)
+    return settled
 
 
 def warn_if_emulated(precision: str, device: torch.device) -> None:

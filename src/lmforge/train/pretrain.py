@@ -40,7 +40,7 @@ from .result import PretrainResult
 from .trainer import Trainer
 
 if TYPE_CHECKING:
-    from .run_config import RunConfig
+    from .run_config import RunConfig  # for the annotation only: run_config imports this module
 
 logger = logging.getLogger(__name__)
 

@@ -29,10 +29,11 @@ import numpy as np
 from torch import nn
 
 from ..data.tasks import TaskData, check_labels, load_task
+from ..devices import Compute
 from ..errors import LmforgeError
 from ..families.registry import get_family
 from ..storage.files import atomic_path, atomic_write_text
-from ..train.precision import choose_precision, describe, resolve_device
+from ..train.precision import describe, resolve_compute, settle
 from .batching import RowStore
 from .config import SUPPORTED, TransferConfig, check_supported
 from .folder import load_body
@@ -113,6 +114,7 @@ def learning_curve(
     out_dir: str | Path | None = None,
     min_steps: int = 100,
     progress: Callable[[str], None] | None = None,
+    compute: Compute | None = None,
     **options,
 ) -> dict:
     """Score each mode at each training-set size over several seeds.
@@ -128,6 +130,8 @@ def learning_curve(
         out_dir: when given, writes ``curve.json``, ``curve.md`` (the table) and ``curve.png``.
         min_steps: the least number of optimizer steps of any run.
         progress: called with one line per finished run.
+        compute: the command's device and precision (:class:`lmforge.devices.Compute`), resolved once; default:
+            resolved from the ``device`` and ``precision`` options.
         **options: TransferConfig fields for every mode (batch_size, max_len, ...); unset (None) ones take
             each mode's own default.
     Returns:
@@ -142,6 +146,7 @@ def learning_curve(
     check_labels(pool, test_d)
     curve = _Curve(body, model_dir, task, family, pool, test_d, modes, min_steps,
                    {k: v for k, v in options.items() if v is not None})  # unset: the mode's (or baseline's) default
+    curve.compute = compute
     usable = _usable_sizes(sizes, len(pool))
     precision = curve.prepare(usable[0], seeds[0])
     runs = []
@@ -166,6 +171,7 @@ class _Curve:
         self.metric = main_metric(pool)
         self.shaped: dict[str, nn.Module] = {}  # scratch:PRESET -> its randomly initialised body
         self.stores: dict[str, RowStore] = {}  # features: the vectors of the pool and of the test set
+        self.compute: Compute | None = None  # the device and precision, resolved once by prepare()
         self.frozen_test: RowStore | None = None  # frozen (a body that stays fixed): the test set's vectors
 
     def config(self, mode: str, n: int, seed: int) -> TransferConfig:
@@ -181,17 +187,20 @@ class _Curve:
             check_supported(self.family, self.config(mode, n, seed))
         self.shaped = {m: preset_body(self.body, m.split(":", 1)[1]) for m in self.modes if m.startswith("scratch:")}
         first = self.config(self.modes[0], n, seed)
-        device = resolve_device(first.device)
-        choice = choose_precision(first.precision, device, self.body)
-        logger.info("%s", describe(first.precision, choice.precision, device, choice.reason))
+        if self.compute is None:  # once for the curve; a pending auto settles on each body
+            self.compute = resolve_compute(first.device, first.precision)
+        chosen = settle(self.compute, self.body)
+        logger.info("%s", describe(first.precision, chosen.precision, chosen.device, chosen.reason))
         if "features" in self.modes:  # the body runs once over the whole pool and the test set; subsets select rows
-            frun = TransferRun(self.body, self.config("features", n, seed), self.pool.labels, self.model_dir)
+            frun = TransferRun(self.body, self.config("features", n, seed), self.pool.labels, self.model_dir,
+                               self.compute)
             self.stores = {"pool": frun.features(self.pool), "test": frun.features(self.test)}
         if "frozen" in self.modes:  # every frozen run scores the same test set with the same fixed body: run it once
-            frozen = TransferRun(self.body, self.config("frozen", n, seed), self.pool.labels, self.model_dir)
+            frozen = TransferRun(self.body, self.config("frozen", n, seed), self.pool.labels, self.model_dir,
+                                 self.compute)
             if frozen.body_stays_fixed:
                 self.frozen_test = frozen.features(self.test, use_cache=False)
-        return choice.precision
+        return chosen.precision
 
     def draw(self, n: int, seed: int) -> tuple[list[int], TaskData]:
         """The indices and the examples of the training set of size ``n`` drawn with ``seed`` (shared by every mode)."""
@@ -209,7 +218,7 @@ class _Curve:
         for mode in self.modes:
             # frozen GPT trains its task-token rows, so every trained mode gets its own copy
             b = self.body if mode == "features" else _copy_body(self.shaped.get(mode, self.body))
-            run = TransferRun(b, self.config(mode, n, seed), self.pool.labels, self.model_dir)
+            run = TransferRun(b, self.config(mode, n, seed), self.pool.labels, self.model_dir, self.compute)
             part = (None, None)
             if mode == "features":
                 part = (self.stores["pool"].subset(idx), self.stores["test"])
