@@ -181,10 +181,7 @@ def choose_precision(
     Raises:
         ConfigError: an unknown name, or ``fp16`` on a CPU (no gradient scaler there; use bf16).
     """
-    check_precision(precision)
-    if precision == "fp16" and device.type != "cuda":
-        raise ConfigError("--precision fp16 needs a CUDA GPU; on a CPU use --precision bf16 (fast where the CPU "
-                          "computes bf16 natively) or fp32")
+    _check_on(precision, device)
     if precision != "auto":
         return PrecisionChoice(precision)
     where = "this CPU" if device.type == "cpu" else f"{device}"
@@ -214,6 +211,14 @@ def choose_precision(
     speedup = seconds["fp32"] / seconds["bf16"] if seconds.get("fp32") and seconds.get("bf16") else None
     measured = f"measured on {where}: bf16 {speedup:.2f}x fp32's speed" if speedup else f"measured on {where}"
     return PrecisionChoice(entry["choice"], f"{measured} for this model", speedup)
+
+
+def _check_on(precision: str, device: torch.device) -> None:
+    """A one-line ConfigError for an unknown precision, or fp16 off a CUDA GPU (no gradient scaler there)."""
+    check_precision(precision)
+    if precision == "fp16" and device.type != "cuda":
+        raise ConfigError("--precision fp16 needs a CUDA GPU; on a CPU use --precision bf16 (fast where the CPU "
+                          "computes bf16 natively) or fp32")
 
 
 def resolve_precision(
@@ -273,9 +278,10 @@ def _with_choice(compute: Compute, choice: PrecisionChoice) -> Compute:
 def fixed_precision(compute: Compute, precision: str) -> Compute:
     """``compute``'s device computing in a concrete ``precision`` a plan recorded, as if asked for (a replay
     repeats the arithmetic without choosing again)."""
-    if compute.requested == precision and not compute.pending:
-        return compute
-    return resolve_compute(compute.device, precision)  # fp16 off a GPU is refused here too
+    if precision == "auto":  # a plan edited by hand: chosen afresh on the run's model
+        return resolve_compute(compute.device, precision)
+    _check_on(precision, compute.device)
+    return Compute(compute.device, precision, precision)
 
 
 def choice_of(compute: Compute) -> PrecisionChoice:
