@@ -8,6 +8,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from ..cpu_quota import hold_threads
 from ..devices import Compute
 from ..errors import LmforgeError
 from ..train.config import parse_duration
@@ -133,6 +134,9 @@ def run_demo(
     folder.mkdir(parents=True, exist_ok=True)
     compute = resolve_compute(device, precision)  # once for the whole demo; a pending auto settles on each model
     resolved = _resolved_precision(compute)
+    held = hold_threads()  # one thread count for the whole run, the one report.md names: the figures repeat
+    if held:
+        logger.info("%s; the demo keeps this count to its end", held)
     ctx = DemoContext(folder, plan, progress or no_progress, show_bars, device=device, precision=resolved,
                       precision_asked=precision, machine=machine_line(resolved), left_out=left_out, compute=compute)
     logger.info("the demo computes on %s", ctx.machine)
