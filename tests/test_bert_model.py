@@ -13,12 +13,10 @@ from lmforge.config import from_dict
 from lmforge.errors import ConfigError, DataError
 from lmforge.families.bert.data import MaskedLMRecipe
 from lmforge.families.bert.model import BertConfig, BertForPreTraining
-from lmforge.families.pretraining import setup_bert
-from lmforge.families.recipes import DEFAULT_PRESET as DEFAULTS
-from lmforge.families.recipes import PRESETS as ALL_PRESETS
+from lmforge.families.bert.presets import DEFAULT_PRESET, PRESETS
+from lmforge.families.bert.pretraining import setup_bert
 
 V = 101
-DEFAULT_PRESET, PRESETS = DEFAULTS["bert"], ALL_PRESETS["bert"]
 
 
 def tiny_config(**kw) -> BertConfig:

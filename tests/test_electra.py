@@ -16,9 +16,7 @@ from lmforge.cli import main
 from lmforge.errors import CheckpointError, ConfigError
 from lmforge.families.bert.data import MaskedLMRecipe
 from lmforge.families.electra.model import ElectraConfig, ElectraForPreTraining, sample_tokens
-from lmforge.families.recipes import PRESETS as ALL_PRESETS
-
-PRESETS = ALL_PRESETS["electra"]
+from lmforge.families.electra.presets import PRESETS
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
@@ -113,7 +111,7 @@ def _binomial_ok(hits: float, n: int, p: float, sds: float = 4.0) -> bool:
 
 def test_masking_and_replacement_statistics(wordpiece_shards, wordpiece_tokenizer):
     from lmforge.data.shards import Shards
-    from lmforge.families.pretraining import setup_electra
+    from lmforge.families.electra.pretraining import setup_electra
 
     shards = Shards.open(wordpiece_shards)
     cfg = tiny(vocab_size=7)

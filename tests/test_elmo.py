@@ -11,12 +11,11 @@ import pytest
 import torch
 
 from lmforge.families.elmo.model import ElmoBiLM, ElmoConfig
-from lmforge.families.pretraining import setup_elmo
-from lmforge.families.recipes import PRESETS as ALL_PRESETS
+from lmforge.families.elmo.presets import PRESETS
+from lmforge.families.elmo.pretraining import setup_elmo
 from lmforge.models.base import TokenLayers
 from lmforge.nn.charcnn import BOW_CHAR, EOW_CHAR, PAD_CHAR, SPECIAL_CHAR, piece_bytes, spell_piece, vocab_char_ids
 
-PRESETS = ALL_PRESETS["elmo"]
 V = 97
 
 

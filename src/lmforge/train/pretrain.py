@@ -1,8 +1,8 @@
-"""The ``lmforge pretrain FAMILY`` driver: shards + family hooks + TrainConfig -> a model folder.
+"""The ``lmforge pretrain FAMILY`` driver: shards + the family + TrainConfig -> a model folder.
 
-Which families exist, and their config classes, presets and training defaults, come from the
-registry (:data:`lmforge.models.FAMILIES`); how each is built from shards (model and sampler), or
-trained by gensim (word2vec), from :mod:`lmforge.families.pretraining`.
+Everything family-specific comes from the family's :class:`lmforge.families.Family` object: its config
+class, presets and training defaults, and how it is built from shards (``pretraining_setup``: model and
+sampler) or trained in one pass (``run_pretraining``: word2vec's gensim).
 
 Order of work: every config problem is found before any data is read, the tokenizer is checked
 against the shards before any model is built, and ``train_config.json`` is written before the
@@ -27,7 +27,6 @@ from ..data.shards import Shards
 from ..devices import Compute
 from ..errors import CheckpointError, ConfigError, DataError, LmforgeError
 from ..families import FAMILIES, get_family
-from ..families.pretraining import PretrainHooks, pretrain_hooks
 from ..storage.cards import update_card
 from ..storage.files import load_safetensors
 from ..tokenization import Tokenizer
@@ -45,11 +44,6 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 TRAIN_CONFIG_FILE = "train_config.json"
-
-
-def family_module(family: str) -> PretrainHooks:
-    """The family's pretraining hooks (presets, defaults, setup or gensim run); unknown -> ConfigError."""
-    return pretrain_hooks(family)
 
 
 def preset_config(family: str, name: str | None = None, **fields: Any):
@@ -168,7 +162,8 @@ def check_init(init: str | Path, family: str, resume: bool, preset: str | None) 
             "--init starts a new run from a model folder and --resume continues the run in --out; give one of them"
         )
     if not get_family(family).trainer:
-        raise LmforgeError(f"--init continues the pretraining of bert, gpt or elmo; {family} trains in one pass")
+        trained = ", ".join(n for n, f in FAMILIES.items() if f.trainer)
+        raise LmforgeError(f"--init continues the pretraining of {trained}; {family} trains in one pass")
     if preset is not None:
         raise LmforgeError("--init takes the model config from its folder; drop --config (use --set for e.g. dropout)")
     p = Path(init)
@@ -250,7 +245,7 @@ def pretrain(
     """Pretrain a ``family`` model on the shards in ``data_dir`` and write the model folder ``out_dir``.
 
     Args:
-        family: a key of :data:`lmforge.models.FAMILIES` (``bert``, ``gpt``, ``elmo``, ``electra``, ``word2vec``).
+        family: a key of :data:`lmforge.families.FAMILIES` (``bert``, ``gpt``, ``elmo``, ``electra``, ``word2vec``).
         data_dir: shards written by ``lmforge prepare``.
         out_dir: the model folder to write (config.json, model.safetensors, tokenizer, training_state/,
             train_config.json, metrics.jsonl, training_curves.png).
@@ -272,7 +267,7 @@ def pretrain(
         A :class:`PretrainResult` with the final validation metrics.
     """
     out = Path(out_dir)
-    family_module(family)  # an unknown family is the first error
+    get_family(family)  # an unknown family is the first error
     init_dir = None
     if init is not None:
         init_dir = check_init(init, family, resume, model if isinstance(model, str) else None)
@@ -300,7 +295,7 @@ def _run(family: str, data_dir, out: Path, configs: tuple, compute: Compute | No
          resume: bool, tokenizer_dir, progress: bool | None) -> PretrainResult:
     """Open and check the shards, then train (the Trainer) or run gensim (word2vec)."""
     model_config, train_config, recipe = configs
-    module = family_module(family)
+    module = get_family(family)
     shards, tokenizer = _open_checked(data_dir, tokenizer_dir, init_dir, out, resume)
     if train_config is None:
         seed_everything(getattr(model_config, "seed", 0))
@@ -394,8 +389,9 @@ def evaluate_lm(
         raise CheckpointError(f"{p} is not a model folder (it needs config.json and model.safetensors)")
     family = load_json(p / "config.json").get("model_type")
     if family not in FAMILIES:
-        raise CheckpointError(f"{p} holds a '{family}' model; evaluate lm reads bert, gpt or elmo folders")
-    module = family_module(family)
+        scored = ", ".join(n for n, f in FAMILIES.items() if f.trainer)
+        raise CheckpointError(f"{p} holds a '{family}' model; evaluate lm reads {scored} folders")
+    module = get_family(family)
     if not get_family(family).trainer:
         raise LmforgeError(f"{family} has no language-model loss to score text with; use `lmforge evaluate wic`")
     if split not in ("val", "train"):

@@ -12,7 +12,7 @@ Understanding" (https://arxiv.org/abs/1810.04805).  The file reads top to bottom
   and the NSP head; loss = MLM + NSP.
 
 Module names follow HF's ``BertForPreTraining`` (``bert.embeddings.LayerNorm``, ``bert.pooler.dense``,
-``cls.predictions.transform.dense`` ...) so that ``lmforge/interop/bert.py`` maps weights with one
+``cls.predictions.transform.dense`` ...) so that ``lmforge/families/bert/hf.py`` maps weights with one
 small dict; only the inside of a layer uses lmforge's shared names (fused ``attn.qkv`` etc.).
 """
 

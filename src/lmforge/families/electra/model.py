@@ -39,7 +39,7 @@ The recipe, as the paper and its code (google-research/electra) set it; docs/ele
 Module names follow HF's ``ElectraForPreTraining`` (``electra.embeddings``, ``electra.embeddings_project``,
 ``discriminator_predictions.dense``) and, under ``generator.``, HF's ``ElectraForMaskedLM``
 (``generator.electra.encoder``, ``generator.generator_predictions``, ``generator.generator_lm_head``), so
-``lmforge/interop/electra.py`` maps weights with one small dict.
+``lmforge/families/electra/hf.py`` maps weights with one small dict.
 """
 
 from __future__ import annotations

@@ -50,7 +50,7 @@ class ElmoConfig:
 
     Attributes:
         vocab_size: V, the tokenizer's vocabulary (set from the tokenizer by
-            :func:`lmforge.families.pretraining.setup_elmo`).
+            :func:`lmforge.families.elmo.pretraining.setup_elmo`).
         token_encoder: ``"char"`` (char CNN + highway + projection, the original) or ``"word"``
             (a word-embedding table).
         projection_dim: P, width of the token vectors and of each LSTM layer's output per direction.

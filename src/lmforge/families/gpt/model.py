@@ -37,7 +37,8 @@ class GPTConfig:
     """GPT hyper-parameters (HF ``GPT2Config`` field names).
 
     Attributes:
-        vocab_size: number of token ids (set from the tokenizer by :func:`lmforge.families.pretraining.setup_gpt`).
+        vocab_size: number of token ids (set from the tokenizer by
+            :func:`lmforge.families.gpt.pretraining.setup_gpt`).
         n_positions: longest sequence the learned position embedding covers.
         n_embd: hidden size C.
         n_layer: number of Transformer blocks.
