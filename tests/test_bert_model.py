@@ -89,7 +89,7 @@ def test_shapes_and_loss_at_init():
     out = model(**batch)
     n_masked = int((batch["labels"] != -100).sum())
     assert out.logits.shape == (n_masked, V)
-    assert set(out.metrics) == {"mlm_loss", "mlm_acc", "nsp_loss", "nsp_acc"}
+    assert set(out.metrics) == {"mlm_loss", "mlm_acc", "nsp_loss", "nsp_acc", "token_cos"}  # eval: the diagnostic
     assert abs(out.metrics["mlm_loss"].item() - math.log(V)) < 0.1
     assert abs(out.metrics["nsp_loss"].item() - math.log(2)) < 0.1
     assert torch.allclose(out.loss, out.metrics["mlm_loss"] + out.metrics["nsp_loss"])

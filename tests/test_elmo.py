@@ -66,7 +66,7 @@ def test_shapes_and_hidden_states(encoder):
     ids = torch.randint(0, V, (3, 11))
     out = model(ids, labels=ids)
     assert out.logits.shape == (2, 3, 11, V)
-    assert set(out.metrics) == {"fwd_loss", "bwd_loss", "lm_loss"}
+    assert set(out.metrics) == {"fwd_loss", "bwd_loss", "lm_loss", "token_cos"}  # eval: the collapse diagnostic
     assert torch.allclose(out.loss, out.metrics["fwd_loss"] + out.metrics["bwd_loss"])
     hs = model.hidden_states(ids)
     assert len(hs) == 3 and all(h.shape == (3, 11, model.hidden_size) for h in hs)

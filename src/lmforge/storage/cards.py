@@ -31,6 +31,7 @@ from ..config import load_json
 from ..data.tasks import KINDS
 from ..tokenization import Tokenizer
 from ..tokenizer_pipelines import is_cjk
+from .card_diagnostics import diagnostics_section
 from .files import atomic_write_text
 
 logger = logging.getLogger(__name__)
@@ -316,6 +317,8 @@ def _training_sections(folder: Path) -> list[str]:
             + _table(list(final.items()), ("metric", "value"))
             + "\n"
         )
+        if diagnostics := diagnostics_section(final):
+            parts.append(diagnostics)
     return parts
 
 
