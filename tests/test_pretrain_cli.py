@@ -15,7 +15,6 @@ import torch
 from test_trainer import ToyConfig, ToyLM, ToySampler, events, make_trainer, toy_tokens  # noqa: F401
 
 from lmforge.cli import main
-from lmforge.commands._runconfig import model_from_choice
 from lmforge.config import apply_overrides
 from lmforge.errors import ConfigError, DataError
 from lmforge.families import register
@@ -23,6 +22,7 @@ from lmforge.families.gpt import GptFamily
 from lmforge.train import LRSchedule, TrainConfig, Trainer, parse_duration
 from lmforge.train.parameters import param_groups
 from lmforge.train.pretrain import default_train_config, pretrain, run_configs
+from lmforge.train.run_config import model_from_choice
 
 
 # -- a fake family over the real shards and the real CausalWindowSampler -----------------------------------

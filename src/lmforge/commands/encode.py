@@ -78,7 +78,7 @@ def register(sub) -> None:
 
 def run(args) -> int:
     from ..models import vectors  # imports torch: only when run
-    from ..train.precision import autocast, inference_precision, resolve_device  # imports torch too
+    from ..train.precision import autocast, for_inference, resolve_compute  # imports torch too
 
     out = Path(args.out)
     if out.suffix not in (".npy", ".parquet"):
@@ -89,13 +89,14 @@ def run(args) -> int:
     if args.batch_size < 1:
         raise LmforgeError(f"--batch-size must be >= 1, not {args.batch_size}")
     texts = vectors.read_texts(args.file, args.text_field, args.format, args.split)
-    device = resolve_device(args.device)
+    compute = resolve_compute(args.device, args.precision)
+    device = compute.device
     auto = auto_threads() if device.type == "cpu" else None
     line = auto.settle() if auto is not None else None  # one thread per free CPU: lmforge/cpu_quota.py
     if line:
         logging.getLogger(__name__).info("%s", line)
     model = load(args.model_dir).to(device)
-    precision = inference_precision(args.precision, device, model)
+    precision = for_inference(compute, model).precision
     forward, backend = vectors.choose_forward(model, texts, layer=args.layer, pool=args.pool, backend=args.backend,
                                               quantize=args.quantize, batch_size=args.batch_size)
     start = time.perf_counter()

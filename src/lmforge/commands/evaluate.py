@@ -16,6 +16,7 @@ from ..storage.checks import check_model_folder
 from ..storage.files import atomic_write_text
 from ..storage.folders import check_output_file
 from ..train.pretrain import evaluate_lm
+from ..train.run_config import split_sets
 from ..transfer import load_run
 from . import command_help
 from ._columns import add_column_args
@@ -29,7 +30,6 @@ from ._common import (
     pairs,
     show,
 )
-from ._runconfig import split_sets
 from .predict import add_backend_args
 
 

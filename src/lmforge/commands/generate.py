@@ -9,9 +9,9 @@ import time
 from ..errors import LmforgeError
 from ..families import FAMILIES, get_family, load
 from ..generation import check_generation_args, generate_text
-from ..train.precision import autocast, inference_precision
+from ..train.precision import autocast, for_inference, resolve_compute
 from . import command_help
-from ._common import add_device_arg, add_inference_precision_arg, add_json_arg, fmt, on_device, show
+from ._common import add_device_arg, add_inference_precision_arg, add_json_arg, fmt, show
 
 #: the most tokens one `lmforge generate` adds (more is capped, with a message)
 MAX_NEW_TOKENS = 4096
@@ -55,8 +55,9 @@ def run(args) -> int:
         raise LmforgeError(f"{args.model_dir} holds a '{model.model_type}' model; generate needs a {makers}")
     if model.tokenizer is None:
         raise LmforgeError(f"{args.model_dir} has no tokenizer files; generate needs tokenizer.json beside the model")
-    device = next(on_device(model, args.device).parameters()).device
-    precision = inference_precision(args.precision, device, model)
+    compute = resolve_compute(args.device, args.precision)  # once: where and in which precision the model runs
+    device = compute.device
+    precision = for_inference(compute, model.to(device)).precision
     stream = None if args.json else sys.stdout  # --json: one record at the end, nothing streamed
     if stream is not None:
         stream.write(args.prompt)

@@ -11,18 +11,17 @@ import os
 import textwrap
 from pathlib import Path
 
-from ..config import FIELD_SYNONYMS, apply_overrides
+from ..config import FIELD_SYNONYMS
 from ..errors import DataError, LmforgeError
-from ..families import FAMILIES, get_family
+from ..families import FAMILIES
 from ..storage.folders import folder_kind
 from ..storage.writing import output_folder, recover_folder, staged_folder
 from ..train.budget import run_plan
 from ..train.checkpoint import restore_model_config
-from ..train.config import TrainConfig, parse_duration
-from ..train.precision import resolve_device, resolve_precision
-from ..train.pretrain import check_init, default_train_config, pretrain
+from ..train.config import TrainConfig
+from ..train.pretrain import train_run
+from ..train.run_config import plan_run, resolve_run
 from . import command_help
-from ._budget import check_budget_args, plan_for_cli
 from ._common import (
     add_compute_args,
     add_json_arg,
@@ -34,7 +33,7 @@ from ._common import (
     say,
     show,
 )
-from ._runconfig import model_config, model_from_choice, recipe_of, run_file_train, split_sets, train_config
+from ._runconfig import run_request
 
 FAMILY_CHOICES = tuple(FAMILIES)
 
@@ -158,19 +157,6 @@ def check_val_split(data_dir: str) -> None:
         )
 
 
-def check_configs(args, overrides: list[str]) -> None:
-    """Find config problems (unknown keys, bad values, presets) before the output folder is touched."""
-    model_over, train_over, recipe_over = split_sets(overrides, args.family)
-    if not args.resume and args.init is None:
-        apply_overrides(model_from_choice(args.family, args.config), model_over)
-        recipe_of(args, recipe_over)
-    if args.device is not None or args.precision is not None:  # no CUDA here, fp16 on a CPU: before --out
-        resolve_precision(args.precision or "auto", resolve_device(args.device or "auto"))
-    if get_family(args.family).trainer:
-        apply_overrides(apply_overrides(default_train_config(args.family), run_file_train(args.family, args.config)),
-                        train_over)
-
-
 def _replacing(args) -> bool:
     """Whether this run replaces a folder at --out (``--overwrite`` over something there): then the new model
     is trained beside it and swapped in when complete, which one process does alone."""
@@ -205,35 +191,22 @@ def _replacement(out: Path, replacing: bool):
 
 
 def run(args) -> int:
-    overrides = list(args.overrides)
-    refuse_flag_keys(overrides)
-    if args.max_time is not None:
-        parse_duration(args.max_time)
-    if args.resume and args.overwrite:
-        raise LmforgeError("--resume continues the run in --out and --overwrite starts afresh; give one of them")
-    if args.init is not None:
-        check_init(args.init, args.family, args.resume, args.config)
-    check_configs(args, overrides)
+    refuse_flag_keys(args.overrides)
+    run_config = resolve_run(run_request(args))  # every setting, checked before --out is touched
     check_val_split(args.data)
-    planned = args.budget is not None or args.plan is not None
-    if planned or args.search_shape:
-        check_budget_args(args)  # clashing options, a bad budget or plan file: before --out is touched
     replacing = _replacing(args)
-    # an existing model is continued (--resume) or refused by pretrain itself, which names --resume too
+    # an existing model is continued (--resume) or refused by the run itself, which names --resume too
     with output_folder(args.out, "model", args.overwrite, inputs=[args.data, args.init, args.tokenizer],
                        existing="continue", beside=replacing) as out:
         with _replacement(out, replacing) as target:
             if args.resume:
                 restore_model_config(out)
-            if planned:
-                plan = plan_for_cli(args)
+            if run_config.budget is not None or run_config.plan is not None:
+                plan = plan_run(run_config, args.data)
                 say(args, plan.describe())
-                result = run_plan(plan, args.data, target, tokenizer_dir=args.tokenizer)
+                result = run_plan(plan, args.data, target, tokenizer_dir=args.tokenizer, compute=run_config.compute)
             else:
-                model_over, train_over, recipe_over = split_sets(overrides, args.family)
-                result = pretrain(args.family, args.data, target, model_config(args, model_over),
-                                  train_config(args, train_over), recipe_of(args, recipe_over), resume=args.resume,
-                                  tokenizer_dir=args.tokenizer, init=args.init)
+                result = train_run(run_config, args.data, target, tokenizer_dir=args.tokenizer)
     if replacing:
         result = dataclasses.replace(result, out_dir=Path(args.out))
     if os.environ.get("RANK", "0") != "0":

@@ -10,6 +10,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from ..devices import Compute
 from ..errors import LmforgeError
 from ..storage.files import atomic_write_text
 from .plan import DemoPlan
@@ -42,6 +43,7 @@ class DemoContext:
         machine: one line naming where this run computes (CPU model and flags, threads, torch, the code's
             commit or version, the precision); every step built in this run records it.
         left_out: one line per missing optional package: what this run leaves out and how to add it.
+        compute: ``device`` and ``precision_asked`` resolved once for the run (default: resolved on first use).
         results: each finished (or reused) step's ``info``, by step name.
         started: ``time.monotonic()`` at the start of the run.
     """
@@ -55,6 +57,7 @@ class DemoContext:
     precision_asked: str = "auto"
     machine: str = ""
     left_out: list[str] = dataclasses.field(default_factory=list)
+    compute: Compute | None = None
     results: dict[str, dict] = dataclasses.field(default_factory=dict)
     started: float = dataclasses.field(default_factory=time.monotonic)
 

@@ -9,9 +9,10 @@ from collections.abc import Callable
 from pathlib import Path
 
 from ..cpu_quota import hold_threads
+from ..devices import Compute
 from ..errors import LmforgeError
 from ..train.config import parse_duration
-from ..train.precision import resolve_device, resolve_precision
+from ..train.precision import resolve_compute
 from .context import REPORT_FILE, DemoContext, ProgressFactory, Step, jsonable, no_progress
 from .packages import missing_packages, plan_without
 from .plan import DEFAULT_OUT, DEMO_PRECISION, DOMAIN, FULL, QUICK_OUT, DemoPlan, make_plan
@@ -131,12 +132,13 @@ def run_demo(
     if folder.exists() and not folder.is_dir():
         raise LmforgeError(f"--out {folder} is a file; give a folder for the demo")
     folder.mkdir(parents=True, exist_ok=True)
-    resolved = _resolved_precision(device, precision)
+    compute = resolve_compute(device, precision)  # once for the whole demo; a pending auto settles on each model
+    resolved = _resolved_precision(compute)
     held = hold_threads()  # one thread count for the whole run, the one report.md names: the figures repeat
     if held:
         logger.info("%s; the demo keeps this count to its end", held)
     ctx = DemoContext(folder, plan, progress or no_progress, show_bars, device=device, precision=resolved,
-                      precision_asked=precision, machine=machine_line(resolved), left_out=left_out)
+                      precision_asked=precision, machine=machine_line(resolved), left_out=left_out, compute=compute)
     logger.info("the demo computes on %s", ctx.machine)
     steps = plan_steps(plan) if steps is None else steps
     reports = []
@@ -152,12 +154,11 @@ def run_demo(
                       highlights(ctx.results, plan), left_out)
 
 
-def _resolved_precision(device: str, precision: str) -> str:
+def _resolved_precision(compute: Compute) -> str:
     """The precision the training steps record: ``--precision`` resolved for the device."""
-    resolved = resolve_precision(precision, resolve_device(device))
-    if precision == "auto" and resolved == "bf16" and resolve_device(device).type == "cpu":
-        return "precision auto (fp32 or bf16 for each model, as measured)"  # train/precision.py decides per model
-    return resolved
+    if compute.pending:  # auto on a CPU with native bf16: train/precision.py decides per model
+        return "precision auto (fp32 or bf16 for each model, as measured)"
+    return compute.precision
 
 
 def _run_step(ctx: DemoContext, step: Step, force: bool) -> StepReport:

@@ -21,6 +21,7 @@ import torch
 from ..config import from_dict, save_json
 from ..data.corpus import builtin_corpus_path
 from ..data.shards import Shards, prepare, uncompressed_size
+from ..devices import Compute
 from ..errors import LmforgeError
 from ..evaluate import find_word, load_reference, word_rows
 from ..evaluate.polysemy import polysemy_table
@@ -28,7 +29,7 @@ from ..evaluate.wic import wic_table
 from ..families import FAMILIES, load
 from ..storage.files import atomic_write_text, file_sha256
 from ..tokenization import Tokenizer
-from ..train.precision import resolve_device
+from ..train.precision import resolve_compute
 from ..train.pretrain import default_train_config, pretrain, recipe_in
 from ..transfer import learning_curve, run_transfer
 from ..transfer.benchmarks import load_benchmark, write_domain_text
@@ -252,7 +253,8 @@ def pretrain_model(ctx: DemoContext, key: str) -> dict:
     compute = {k: v for k, v in (("device", ctx.device), ("precision", ctx.precision_asked)) if v is not None}
     train = default_train_config(fp.family, **{**fp.train, **compute}) if FAMILIES[fp.family].trainer else None
     recipe = recipe_in(fp.family, fp.config)
-    res = pretrain(fp.family, ctx.path(f"shards-{fp.tokenizer}"), out, model, train, recipe, progress=ctx.show_bars)
+    res = pretrain(fp.family, ctx.path(f"shards-{fp.tokenizer}"), out, model, train, recipe, progress=ctx.show_bars,
+                   compute=run_compute(ctx) if train is not None else None)
     seconds = time.monotonic() - t0
     params = sum(p.numel() for p in load(out).parameters())  # the folder must open as a model
     curves = out / "training_curves.png"
@@ -356,7 +358,14 @@ def word_pieces(tokenizer, sentence: str, word: str) -> list[str]:
 
 def compute_inputs(ctx: DemoContext) -> dict:
     """Where and in which precision a training step computes (part of its inputs: another choice rebuilds it)."""
-    return {"device": resolve_device(ctx.device).type, "precision": ctx.precision}
+    return {"device": run_compute(ctx).device.type, "precision": ctx.precision}
+
+
+def run_compute(ctx: DemoContext) -> Compute:
+    """The run's device and precision, resolved once (:func:`lmforge.demo.run.run_demo` resolves them first)."""
+    if ctx.compute is None:
+        ctx.compute = resolve_compute(ctx.device, ctx.precision_asked)
+    return ctx.compute
 
 
 def transfer_options(ctx: DemoContext) -> dict:
@@ -391,7 +400,8 @@ def transfer_step() -> Step:
             for row, fam, mode, o in runs:
                 model_dir = ctx.path(ctx.results[f"pretrain-{fam}"]["path"])
                 run_dir = ctx.path("transfer", f"{fam}-{row.split(' ')[0]}")
-                m = run_transfer(model_dir, "classify", train, test, mode=mode, out_dir=run_dir, **o)
+                m = run_transfer(model_dir, "classify", train, test, mode=mode, out_dir=run_dir,
+                                 compute=run_compute(ctx), **o)
                 rows.append({"name": row, "family": fam, "mode": mode, "from_scratch": bool(o.get("from_scratch")),
                              "score": m[metric], "macro_f1": m.get("macro_f1"), "epochs": m.get("epochs"),
                              "lr": m.get("lr"), "train_seconds": m["train_seconds"], "run_dir": ctx.rel(run_dir)})
@@ -433,7 +443,8 @@ def curve_step(plan: DemoPlan) -> Step:
 
             result = learning_curve(ctx.path(ctx.results[f"pretrain-{p.domain.key}"]["path"]), pool.task, pool, test,
                                     sizes=list(p.curve_sizes), seeds=list(p.curve_seeds), modes=list(CURVE_MODES),
-                                    out_dir=ctx.path("curve"), progress=line, **kwargs, **transfer_options(ctx))
+                                    out_dir=ctx.path("curve"), progress=line, compute=run_compute(ctx), **kwargs,
+                                    **transfer_options(ctx))
         return {"sizes": result["sizes"], "modes": result["modes"], "metric": result["metric"],
                 "n_test": result["n_test"], "seeds": result["seeds"], "bench": CURVE.bench, "task": pool.task,
                 "summary": {m: {str(n): s for n, s in v.items()} for m, v in result["summary"].items()},

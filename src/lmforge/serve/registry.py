@@ -22,7 +22,7 @@ from ..config import load_json
 from ..errors import CheckpointError
 from ..families import get_family, load
 from ..storage.folders import MARKER
-from ..train.precision import autocast, inference_precision, resolve_device
+from ..train.precision import autocast, for_inference, resolve_compute
 from ..transfer import load_run
 
 logger = logging.getLogger(__name__)
@@ -165,9 +165,9 @@ def _open(p: Path, name: str, device: str | None, precision: str | None) -> Entr
         data = load_json(cfg_path)
         if "model_type" in data:
             model = load(p)
-            if device is not None:
-                model.to(resolve_device(device))
-            computes_in = inference_precision(precision or "fp32", next(model.parameters()).device, model)
+            compute = resolve_compute(device if device is not None else next(model.parameters()).device,
+                                      precision or "fp32")
+            computes_in = for_inference(compute, model.to(compute.device)).precision
             ops = family_operations(model.model_type) if model.tokenizer is not None else ()
             if model.tokenizer is None:
                 logger.warning("%s has no tokenizer files: it serves no text operation", p)

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import json
 import logging
 import re
@@ -30,6 +31,7 @@ import torch
 from .. import __version__
 from ..config import from_dict, save_json, to_dict
 from ..cpu_quota import auto_threads
+from ..devices import Compute
 from ..errors import ConfigError, LmforgeError
 from ..families import get_family
 from ..nn.cpu_share import advise_threads
@@ -52,7 +54,7 @@ from .budget_probe import (
 from .checkpoint import find_state_dir
 from .config import TrainConfig, format_duration, parse_duration
 from .plan_check import check_plan_settings, plan_fields, plan_train_config
-from .precision import choose_precision, resolve_device
+from .precision import fixed_precision, resolve_compute
 from .pretrain import default_train_config, open_shards, pretrain, recipe_in
 
 __all__ = ["Budget", "BudgetPlan", "Candidate", "ProbeResult", "parse_budget", "plan_budget", "run_plan",
@@ -256,6 +258,7 @@ def plan_budget(
     name: str | None = None,
     search_shape: bool = False,
     probe: Probe | None = None,
+    compute: Compute | None = None,
 ) -> BudgetPlan:
     """The number of steps (and with ``search_shape`` the shape) of a ``family`` run on ``shards`` within ``budget``.
 
@@ -272,6 +275,7 @@ def plan_budget(
         name: how the plan names a config object given as ``model`` (a run file's name).
         search_shape: choose the shape among the presets too (:mod:`lmforge.train.budget_search`).
         probe: the throughput probe (default :func:`measure_throughput`); tests inject a fake one.
+        compute: the run's device and precision, resolved once (default: resolved from ``train``).
     Raises:
         ConfigError: a bad budget, or one too small for a single optimizer step (epoch for word2vec).
     """
@@ -279,13 +283,13 @@ def plan_budget(
     shards = open_shards(shards) if isinstance(shards, (str, Path)) else shards
     trainer_family = get_family(family).trainer
     train = (train or default_train_config(family)) if trainer_family else TrainConfig()
-    if trainer_family:  # fp16 on a CPU, a GPU torch does not see: refused before any probe
-        choose_precision(train.precision, resolve_device(train.device))
+    # fp16 on a CPU, a GPU torch does not see: refused before any probe
+    compute = compute or resolve_compute(train.device, train.precision if trainer_family else "fp32")
     busy = None  # other processes holding cores slow the probe, and a time budget then plans fewer steps
-    if probe is None and b.kind == "time" and resolve_device(train.device).type == "cpu":
+    if probe is None and b.kind == "time" and compute.device.type == "cpu":
         auto = auto_threads()  # the command's count, for the CPUs free now (lmforge/cpu_quota.py); else advice
         busy = auto.settle() if auto is not None else advise_threads(torch.get_num_threads())
-    probe = probe or measure_throughput
+    probe = probe or functools.partial(measure_throughput, compute=compute)
     unique = int(shards.counts("train")["tokens"])
     if unique < 1:
         raise ConfigError(f"the shards in {shards.path} have no training tokens; prepare a larger corpus")
@@ -306,17 +310,18 @@ def plan_budget(
         cand, rec = budget_search.choose(family, feasible, b.kind == "time", unique, max_epochs(family), warnings)
     else:
         cand, rec = feasible[0]
-    train, chosen = _plan_precision(family, cand, rec, train, shards)
+    train, chosen = _plan_precision(family, cand, rec, train, shards, compute)
     return _assemble(family, b, cand, rec, records, warnings, train, unique, shards, chosen)
 
 
-def _plan_precision(family: str, cand: Candidate, rec: dict, train: TrainConfig, shards) -> tuple[TrainConfig, str]:
+def _plan_precision(family: str, cand: Candidate, rec: dict, train: TrainConfig, shards,
+                    compute: Compute) -> tuple[TrainConfig, str]:
     """``(train with the concrete precision, how it was chosen)`` for the chosen shape: the precision its probe
     trained in, else (a token budget, a probe that does not say) chosen here as the Trainer chooses it.  The plan
     records the concrete precision, so the run and a replay compute as the probe did."""
     if not get_family(family).trainer:
         return train, ""
-    choice = rec.get("precision_choice") or shape_precision(family, cand, train, shards)
+    choice = rec.get("precision_choice") or shape_precision(family, cand, train, shards, compute=compute)
     rec["precision"] = choice.precision
     return dataclasses.replace(train, precision=choice.precision), choice.summary(train.precision)
 
@@ -451,11 +456,12 @@ def holds_model(out: Path) -> bool:
 
 
 def run_plan(plan: BudgetPlan, data_dir: str | Path, out_dir: str | Path, tokenizer_dir: str | Path | None = None,
-             progress: bool | None = None):
+             progress: bool | None = None, compute: Compute | None = None):
     """Train ``plan`` on the shards in ``data_dir`` into ``out_dir`` (which gets a copy as ``plan.json``).
 
     The run is a fixed number of steps (epochs for word2vec), with the plan's model config and
     training settings exactly, so a replay of the same plan on the same data gives the same weights.
+    ``compute``: the command's device (default: the plan's), computing in the precision the plan recorded.
     Returns:
         The :class:`lmforge.train.pretrain.PretrainResult`.
     """
@@ -467,8 +473,11 @@ def run_plan(plan: BudgetPlan, data_dir: str | Path, out_dir: str | Path, tokeni
     out.mkdir(parents=True, exist_ok=True)
     plan.save(out / PLAN_FILE)
     try:
-        return pretrain(plan.family, data_dir, out, plan.model_config(), plan.train_config(), plan.recipe_config(),
-                        tokenizer_dir=tokenizer_dir, progress=progress)
+        train = plan.train_config()
+        if compute is not None and train is not None:
+            compute = fixed_precision(compute, train.precision)
+        return pretrain(plan.family, data_dir, out, plan.model_config(), train, plan.recipe_config(),
+                        tokenizer_dir=tokenizer_dir, progress=progress, compute=compute)
     except LmforgeError:
         if fresh and not holds_model(out):  # refused before the first checkpoint: no plan left behind
             with contextlib.suppress(OSError):

@@ -26,12 +26,13 @@ import torch
 from torch import nn
 
 from ..config import apply_overrides, from_dict, to_dict
+from ..devices import Compute
 from ..families import get_family
 from ..storage.writing import pid_alive
-from . import compute
+from . import compute as steps
 from .config import TrainConfig
 from .parameters import param_groups
-from .precision import PrecisionChoice, autocast, choose_precision, needs_model, resolve_device
+from .precision import PrecisionChoice, autocast, choice_of, resolve_compute, settle
 from .pretrain import preset_config
 from .rows import count_tokens, row_rngs
 
@@ -200,11 +201,13 @@ def make_candidates(family: str, shards, train: TrainConfig, model=None, model_f
 # -- the probe -----------------------------------------------------------------------------------------------
 
 
-def measure_throughput(family: str, cand: Candidate, train: TrainConfig, shards, max_seconds: float) -> ProbeResult:
+def measure_throughput(family: str, cand: Candidate, train: TrainConfig, shards, max_seconds: float,
+                       compute: Compute | None = None) -> ProbeResult:
     """Time a few optimizer steps of ``cand`` on this machine (after one warm-up step).
 
     The probe trains a throw-away copy of the model with the Trainer's AdamW (fused where torch has the kernel)
     on the run's own batches (in the run's precision); it does not change the RNG streams of the run that follows.
+    ``compute`` is the run's device and precision (default: resolved from ``train``).
     """
     t0 = time.perf_counter()
     module = _module(family)
@@ -212,14 +215,15 @@ def measure_throughput(family: str, cand: Candidate, train: TrainConfig, shards,
     if not _is_trainer_family(module):
         return _probe_word2vec(module, cand, shards, tokenizer, max_seconds, t0)
     cfg = from_dict(get_family(family).config_class, cand.model, ignore=("model_type",))
-    device = resolve_device(train.device)
+    compute = compute or resolve_compute(train.device, train.precision)
+    device = compute.device
     with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
         model, sampler = module.pretraining_setup(cfg, shards, tokenizer, cand.recipe_config(family))
         model.to(device).train()
-        choice = shape_precision(family, cand, train, shards, (model, sampler))
+        choice = shape_precision(family, cand, train, shards, (model, sampler), compute)
         precision = choice.precision
         groups, _ = param_groups(model, train.weight_decay)
-        opt = compute.make_optimizer(groups, train.lr, (train.beta1, train.beta2), train.eps, device)  # the run's
+        opt = steps.make_optimizer(groups, train.lr, (train.beta1, train.beta2), train.eps, device)  # the run's
         lo, hi = PROBE_STEPS
         timed_steps, tokens, t_start = 0, 0, 0.0
         for step in range(hi + 1):
@@ -254,24 +258,27 @@ def measure_throughput(family: str, cand: Candidate, train: TrainConfig, shards,
 
 
 def shape_precision(family: str, cand: Candidate, train: TrainConfig, shards,
-                    built: tuple[nn.Module, Any] | None = None) -> PrecisionChoice:
+                    built: tuple[nn.Module, Any] | None = None, compute: Compute | None = None) -> PrecisionChoice:
     """``train.precision`` for the run of ``cand``, chosen as the Trainer chooses it when that run starts.
 
-    The same call (:func:`lmforge.train.precision.choose_precision`) on a model of the shape, with the step the
-    Trainer times (:func:`lmforge.train.compute.precision_probe` on the run's first training micro-batch) and the
-    same token count, so a narrow shape gets fp32 by the width rule and a wide one the measurement cached for
-    its shape, whoever asks first.  The RNG streams of the run are left as they were.
+    The same call (:func:`lmforge.train.precision.settle` of the run's pending ``auto``) on a model of the shape,
+    with the step the Trainer times (:func:`lmforge.train.compute.precision_probe` on the run's first training
+    micro-batch) and the same token count, so a narrow shape gets fp32 by the width rule and a wide one the
+    measurement cached for its shape, whoever asks first. The RNG streams of the run are left as they were.
 
     Args:
         built: the shape's ``(model, sampler)``, the model on the run's device, when the caller has them (the
             probe); else they are built here, and only where the choice depends on the model.
+        compute: the run's device and precision (default: resolved from ``train``); where it is already final
+            (the device decides, or a precision asked for) that is the answer.
     Raises:
         ConfigError: an unknown precision, or fp16 on a CPU.
     """
-    device = resolve_device(train.device)
+    compute = compute or resolve_compute(train.device, train.precision)
+    device = compute.device
     module = _module(family)
-    if not _is_trainer_family(module) or not needs_model(train.precision, device):
-        return choose_precision(train.precision, device)
+    if not _is_trainer_family(module) or not compute.pending:
+        return choice_of(compute)
     with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
         if built is None:
             cfg = from_dict(get_family(family).config_class, cand.model, ignore=("model_type",))
@@ -281,11 +288,10 @@ def shape_precision(family: str, cand: Candidate, train: TrainConfig, shards,
         tokens = count_tokens(sampler.batch(_first_rows(train), "train"))
 
         def batch() -> dict[str, Any]:
-            return compute.to_device(sampler.batch(_first_rows(train), "train"), device)
+            return steps.to_device(sampler.batch(_first_rows(train), "train"), device)
 
-        with compute.probing(model, device):
-            return choose_precision(train.precision, device, model, compute.precision_probe(model, batch, device),
-                                    tokens)
+        with steps.probing(model, device):
+            return choice_of(settle(compute, model, steps.precision_probe(model, batch, device), tokens))
 
 
 class _HeadShards:

@@ -62,18 +62,19 @@ def _pick_device(device: str, local_rank: int, distributed: bool) -> torch.devic
     return torch.device("cpu")
 
 
-def init_distributed(device: str = "auto") -> DistEnv:
+def init_distributed(device: str | torch.device = "auto") -> DistEnv:
     """Read torchrun's environment, join the process group when there is more than one process.
 
     Args:
-        device: ``auto``, ``cpu``, ``cuda`` or ``cuda:N`` (``cuda`` under torchrun = ``cuda:LOCAL_RANK``).
+        device: the resolved ``torch.device`` (a :class:`lmforge.devices.Compute`'s), or a name: ``auto``,
+            ``cpu``, ``cuda`` or ``cuda:N`` (``cuda`` under torchrun = ``cuda:LOCAL_RANK``).
     Returns:
         The :class:`DistEnv` of this process.
     """
     world_size = int(os.environ.get("WORLD_SIZE", "1"))
     rank = int(os.environ.get("RANK", "0"))
     local_rank = int(os.environ.get("LOCAL_RANK", str(rank)))
-    dev = _pick_device(device, local_rank, world_size > 1)
+    dev = device if isinstance(device, torch.device) else _pick_device(device, local_rank, world_size > 1)
     owns = False
     if world_size > 1:
         if dev.type == "cuda":

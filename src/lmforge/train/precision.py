@@ -17,11 +17,13 @@ Every training command (pretrain, finetune, benchmark curve, demo) takes the sam
   version, threads and model shape), and bf16 only where it is at least :data:`BF16_MARGIN` times faster.
   Without a step to time (a transfer run), a measurement cached for the same shape, else bf16.
 
-:func:`choose_precision` returns the choice with its reason; :func:`resolve_precision` just the name.
-Every caller that has a model passes it: the Trainer (its model and first micro-batch), the budget planner (the
-shape it probes, built and batched as the run will be: :func:`lmforge.train.budget_probe.shape_precision`),
-transfer runs and ``benchmark curve`` (their body).  The run saves and reports the concrete choice, so a saved
-config or plan repeats the same arithmetic.
+:func:`resolve_compute` turns the two names into one :class:`lmforge.devices.Compute`, once per command; where
+``auto`` waits for the model it is finished by :func:`settle` where the model first exists, and every part reads the
+object from then on. :func:`choose_precision` returns the choice with its reason; :func:`resolve_precision` just the
+name. Every caller that has a model passes it: the Trainer (its model and first micro-batch), the budget planner
+(the shape it probes, built and batched as the run will be: :func:`lmforge.train.budget_probe.shape_precision`),
+transfer runs and ``benchmark curve`` (their body). The run saves and reports the concrete choice, so a saved config
+or plan repeats the same arithmetic.
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ import contextlib
 import dataclasses
 import functools
 import logging
+import os
 import statistics
 from collections.abc import Callable
 from pathlib import Path
@@ -37,7 +40,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from ..devices import check_device, check_precision
+from ..devices import Compute, check_device, check_precision
 from ..errors import ConfigError
 from ..nn import autotune, cpu_features
 
@@ -52,7 +55,8 @@ BF16_MARGIN = 1.1
 
 
 def resolve_device(name: str) -> torch.device:
-    """The torch device of a ``--device`` value (``auto``: CUDA when available, else the CPU).
+    """The torch device of a ``--device`` value (``auto``: CUDA when available, else the CPU; ``cuda`` under
+    torchrun: ``cuda:LOCAL_RANK``, each process its own GPU).
 
     Raises:
         ConfigError: a malformed name, or a CUDA device that torch does not see.
@@ -63,11 +67,18 @@ def resolve_device(name: str) -> torch.device:
     if name.startswith("cuda"):
         if not torch.cuda.is_available():
             raise ConfigError(f"--device {name}: torch sees no CUDA GPU here; use --device cpu (or auto)")
-        index = int(name.split(":")[1]) if ":" in name else torch.cuda.current_device()
+        index = int(name.split(":")[1]) if ":" in name else _default_cuda_index()
         if index >= torch.cuda.device_count():
             raise ConfigError(f"--device {name}: only {torch.cuda.device_count()} CUDA GPU(s) here (cuda:0 ...)")
         return torch.device("cuda", index)
     return torch.device(name)
+
+
+def _default_cuda_index() -> int:
+    """The GPU of plain ``cuda``: under torchrun this process's LOCAL_RANK, else torch's current device."""
+    if int(os.environ.get("WORLD_SIZE", "1")) > 1:
+        return int(os.environ.get("LOCAL_RANK", os.environ.get("RANK", "0")))
+    return torch.cuda.current_device()
 
 
 @functools.lru_cache(maxsize=4)
@@ -170,10 +181,7 @@ def choose_precision(
     Raises:
         ConfigError: an unknown name, or ``fp16`` on a CPU (no gradient scaler there; use bf16).
     """
-    check_precision(precision)
-    if precision == "fp16" and device.type != "cuda":
-        raise ConfigError("--precision fp16 needs a CUDA GPU; on a CPU use --precision bf16 (fast where the CPU "
-                          "computes bf16 natively) or fp32")
+    _check_on(precision, device)
     if precision != "auto":
         return PrecisionChoice(precision)
     where = "this CPU" if device.type == "cpu" else f"{device}"
@@ -205,6 +213,14 @@ def choose_precision(
     return PrecisionChoice(entry["choice"], f"{measured} for this model", speedup)
 
 
+def _check_on(precision: str, device: torch.device) -> None:
+    """A one-line ConfigError for an unknown precision, or fp16 off a CUDA GPU (no gradient scaler there)."""
+    check_precision(precision)
+    if precision == "fp16" and device.type != "cuda":
+        raise ConfigError("--precision fp16 needs a CUDA GPU; on a CPU use --precision bf16 (fast where the CPU "
+                          "computes bf16 natively) or fp32")
+
+
 def resolve_precision(
     precision: str,
     device: torch.device,
@@ -218,6 +234,59 @@ def resolve_precision(
         ConfigError: an unknown name, or ``fp16`` on a CPU (no gradient scaler there; use bf16).
     """
     return choose_precision(precision, device, model, step, tokens).precision
+
+
+def resolve_compute(
+    device: str | torch.device,
+    precision: str,
+    model: nn.Module | None = None,
+    step: Callable[[str], Callable[[], object]] | None = None,
+    tokens: int | None = None,
+) -> Compute:
+    """``--device`` and ``--precision`` as one :class:`Compute`, resolved once for a command.
+
+    Without a model, ``auto`` on a CPU with native bf16 (where the model decides, :func:`needs_model`) stays
+    ``pending``: :func:`settle` finishes it where the model first exists.  Every other choice is final here.
+
+    Raises:
+        ConfigError: a malformed or unseen device, an unknown precision, or ``fp16`` off a CUDA GPU.
+    """
+    where = device if isinstance(device, torch.device) else resolve_device(device)
+    check_precision(precision)
+    if model is None and needs_model(precision, where):
+        return Compute(where, precision, "auto", pending=True)
+    return _with_choice(Compute(where, precision, precision), choose_precision(precision, where, model, step, tokens))
+
+
+def settle(
+    compute: Compute,
+    model: nn.Module,
+    step: Callable[[str], Callable[[], object]] | None = None,
+    tokens: int | None = None,
+) -> Compute:
+    """``compute`` with a pending ``auto`` chosen for ``model`` (see :func:`choose_precision`); else ``compute``."""
+    if not compute.pending:
+        return compute
+    return _with_choice(compute, choose_precision(compute.requested, compute.device, model, step, tokens))
+
+
+def _with_choice(compute: Compute, choice: PrecisionChoice) -> Compute:
+    return dataclasses.replace(compute, precision=choice.precision, reason=choice.reason, speedup=choice.speedup,
+                               pending=False)
+
+
+def fixed_precision(compute: Compute, precision: str) -> Compute:
+    """``compute``'s device computing in a concrete ``precision`` a plan recorded, as if asked for (a replay
+    repeats the arithmetic without choosing again)."""
+    if precision == "auto":  # a plan edited by hand: chosen afresh on the run's model
+        return resolve_compute(compute.device, precision)
+    _check_on(precision, compute.device)
+    return Compute(compute.device, precision, precision)
+
+
+def choice_of(compute: Compute) -> PrecisionChoice:
+    """The :class:`PrecisionChoice` a settled ``compute`` holds (what a budget plan records)."""
+    return PrecisionChoice(compute.precision, compute.reason, compute.speedup)
 
 
 def describe(requested: str, resolved: str, device: torch.device, reason: str = "") -> str:
@@ -242,17 +311,22 @@ def slow_bf16_note(device: torch.device) -> str:
 
 
 def inference_precision(precision: str, device: torch.device, model: nn.Module) -> str:
-    """The concrete precision a trained ``model`` runs in on ``device`` (``encode``, ``generate``, ``serve``).
+    """The concrete precision a trained ``model`` runs in on ``device`` (see :func:`for_inference`)."""
+    return for_inference(resolve_compute(device, precision), model).precision
 
-    ``fp16`` off a CUDA GPU is a one-line :class:`ConfigError`, as everywhere; ``auto`` follows
+
+def for_inference(compute: Compute, model: nn.Module) -> Compute:
+    """``compute`` settled for a trained ``model`` that only runs (``encode``, ``generate``, ``serve``).
+
+    ``fp16`` off a CUDA GPU was refused when ``compute`` was resolved, as everywhere; ``auto`` follows
     :func:`choose_precision` for the model and logs what it chose and why, as a training run does; ``bf16``
     on a device without native bf16 runs (PyTorch's own kernels) and says once that fp32 is faster there.
     """
-    choice = choose_precision(precision, device, model)
-    if precision == "auto":
-        logging.getLogger("lmforge").info("%s", describe(precision, choice.precision, device, choice.reason))
-    warn_if_emulated(choice.precision, device)
-    return choice.precision
+    settled = settle(compute, model)
+    if compute.requested == "auto":
+        logging.getLogger("lmforge").info("%s", describe("auto", settled.precision, settled.device, settled.reason))
+    warn_if_emulated(settled.precision, settled.device)
+    return settled
 
 
 def warn_if_emulated(precision: str, device: torch.device) -> None:

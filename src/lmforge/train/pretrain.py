@@ -9,9 +9,10 @@ against the shards before any model is built, and ``train_config.json`` is writt
 first step so that a killed run can be resumed with the same settings.
 
 The library takes config objects: ``pretrain("gpt", data, out, preset_config("gpt", "tiny"),
-default_train_config("gpt", max_steps=2000))``.  Strings (``--set k=v``, run files) are the CLI's
-(:mod:`lmforge.commands._runconfig`).  ``train_config.json`` holds the training fields flat and the model
-config under ``model`` (the data recipe under ``data``), so ``--config MODEL_DIR/train_config.json`` repeats a run.
+default_train_config("gpt", max_steps=2000))``. The command line's strings (``--set k=v``, run files, ``--init``,
+``--resume``) become one resolved run in :mod:`lmforge.train.run_config`, which :func:`train_run` trains as given.
+``train_config.json`` holds the training fields flat and the model config under ``model`` (the data recipe under
+``data``), so ``--config MODEL_DIR/train_config.json`` repeats a run.
 """
 
 from __future__ import annotations
@@ -19,10 +20,11 @@ from __future__ import annotations
 import dataclasses
 import logging
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..config import apply_overrides, from_dict, load_json, save_json, to_dict
 from ..data.shards import Shards
+from ..devices import Compute
 from ..errors import CheckpointError, ConfigError, DataError, LmforgeError
 from ..families import FAMILIES, get_family
 from ..storage.cards import update_card
@@ -32,9 +34,12 @@ from ..utils import seed_everything
 from .checkpoint import STATE_DIR, find_state_dir
 from .config import TrainConfig, format_duration
 from .distributed import cleanup, init_distributed
-from .precision import upgrade_legacy_keys
+from .precision import resolve_compute, upgrade_legacy_keys
 from .result import PretrainResult
 from .trainer import Trainer
+
+if TYPE_CHECKING:
+    from .run_config import RunConfig  # for the annotation only: run_config imports this module
 
 logger = logging.getLogger(__name__)
 
@@ -235,6 +240,7 @@ def pretrain(
     tokenizer_dir: str | Path | None = None,
     init: str | Path | None = None,
     progress: bool | None = None,
+    compute: Compute | None = None,
 ) -> PretrainResult:
     """Pretrain a ``family`` model on the shards in ``data_dir`` and write the model folder ``out_dir``.
 
@@ -255,17 +261,41 @@ def pretrain(
             pretraining): its config and weights are the start, its tokenizer must have made the
             shards; the optimizer, schedule and step count start afresh (bert, gpt, elmo, electra).
         progress: show the progress bar (``None``: only on a terminal).
+        compute: the device and precision already resolved (:func:`lmforge.train.precision.resolve_compute`);
+            default: resolved from ``train``'s ``device`` and ``precision``.
     Returns:
         A :class:`PretrainResult` with the final validation metrics.
     """
     out = Path(out_dir)
-    module = get_family(family)
+    get_family(family)  # an unknown family is the first error
     init_dir = None
     if init is not None:
         init_dir = check_init(init, family, resume, model if isinstance(model, str) else None)
     model_config = _model_config(family, out, model, resume, init_dir)
     train_config = _train_config(family, out, train, resume)
     recipe = _recipe(family, out, recipe, resume, init_dir)
+    return _run(family, data_dir, out, (model_config, train_config, recipe), compute, init_dir=init_dir, resume=resume,
+                tokenizer_dir=tokenizer_dir, progress=progress)
+
+
+def train_run(run: RunConfig, data_dir: str | Path, out_dir: str | Path, *, tokenizer_dir: str | Path | None = None,
+              progress: bool | None = None) -> PretrainResult:
+    """Train the resolved ``run`` (:func:`lmforge.train.run_config.resolve_run`) on the shards in ``data_dir`` into
+    ``out_dir``, as :func:`pretrain` does; its settings are used as given, none resolved again."""
+    out = Path(out_dir)
+    if run.resume:
+        check_resumable(out, run.family)
+    else:
+        check_fresh_out(out, run.family)
+    return _run(run.family, data_dir, out, (run.model, run.train, run.recipe), run.compute, init_dir=run.init,
+                resume=run.resume, tokenizer_dir=tokenizer_dir, progress=progress)
+
+
+def _run(family: str, data_dir, out: Path, configs: tuple, compute: Compute | None, *, init_dir: Path | None,
+         resume: bool, tokenizer_dir, progress: bool | None) -> PretrainResult:
+    """Open and check the shards, then train (the Trainer) or run gensim (word2vec)."""
+    model_config, train_config, recipe = configs
+    module = get_family(family)
     shards, tokenizer = _open_checked(data_dir, tokenizer_dir, init_dir, out, resume)
     if train_config is None:
         seed_everything(getattr(model_config, "seed", 0))
@@ -273,14 +303,15 @@ def pretrain(
         update_card(out, shards=data_dir)
         return result
     return _train(family, module, (model_config, recipe), train_config, shards, tokenizer, out, data_dir,
-                  init_dir=init_dir, resume=resume, progress=progress)
+                  init_dir=init_dir, resume=resume, progress=progress, compute=compute)
 
 
 def _train(family, module, configs: tuple, train_config: TrainConfig, shards, tokenizer, out: Path, data_dir,
-           *, init_dir: Path | None, resume: bool, progress: bool | None) -> PretrainResult:
+           *, init_dir: Path | None, resume: bool, progress: bool | None, compute: Compute | None) -> PretrainResult:
     """Build the model, train it with the Trainer and write the folder (a Trainer family)."""
     model_config, recipe = configs
-    env = init_distributed(train_config.device)
+    compute = compute or resolve_compute(train_config.device, train_config.precision)
+    env = init_distributed(compute.device)
     finished = False
     try:
         seed_everything(train_config.seed)
@@ -289,8 +320,8 @@ def _train(family, module, configs: tuple, train_config: TrainConfig, shards, to
             model.load_weights(read_weights(init_dir / "model.safetensors"), where=init_dir / "model.safetensors")
             (logger.info if env.is_main else logger.debug)("starting from the weights of %s", init_dir)
         _log_start(family, model, train_config, env)
-        trainer = Trainer(model, sampler, train_config, out, tokenizer=tokenizer, progress=progress)
-        train_config = trainer.config  # the precision resolved for the device
+        trainer = Trainer(model, sampler, train_config, out, tokenizer=tokenizer, progress=progress, compute=compute)
+        train_config = trainer.config  # the precision settled for the model
         if env.is_main:
             out.mkdir(parents=True, exist_ok=True)
             save_run_config(out, train_config, getattr(model, "config", model_config), family, recipe)

@@ -35,13 +35,15 @@ from tqdm.auto import tqdm
 from tqdm.contrib.logging import logging_redirect_tqdm
 
 from ..cpu_quota import AutoThreads, auto_threads
+from ..devices import Compute
 from ..errors import LmforgeError
 from ..nn.cpu_share import advise_threads
 from ..storage.files import save_safetensors
 from ..utils import check_memory
 from . import checkpoint as ckpt
-from . import compute, run_state
+from . import compute as steps
 from . import precision as prec
+from . import run_state
 from .config import TrainConfig, format_duration
 from .distributed import (
     DistEnv,
@@ -112,8 +114,10 @@ class Trainer:
     Under ``torchrun`` the trainer joins the process group itself (gloo on CPU, NCCL on GPU), wraps
     the model in DDP, and only rank 0 writes files, logs and shows progress.
 
-    ``config.precision`` ``auto`` is resolved here for the device (:mod:`lmforge.train.precision`) and
-    logged; ``self.config`` holds the resolved choice, so the saved training state repeats it.
+    ``compute`` is the command's device and precision (:class:`lmforge.devices.Compute`); without it they are
+    resolved here from ``config.device`` and ``config.precision``.  A pending ``auto`` is settled here for the
+    model (:func:`lmforge.train.precision.settle`) and logged; ``self.config`` holds the concrete choice, so the
+    saved training state repeats it.
     """
 
     def __init__(
@@ -125,29 +129,31 @@ class Trainer:
         tokenizer: Any = None,
         progress: bool | None = None,
         plot: bool = True,
+        compute: Compute | None = None,
     ):
         self.plot = plot
         self.sampler = sampler
         self.out_dir = Path(out_dir)
         self.tokenizer = tokenizer
         self.progress = progress
-        self.env: DistEnv = init_distributed(config.device)
+        compute = compute or prec.resolve_compute(config.device, config.precision)
+        self.env: DistEnv = init_distributed(compute.device)
         self.device = self.env.device
         check_batch_fits(model, sampler, config.batch_size, self.device)
         self.model = model.to(self.device)
         self.threads = self._settle_threads()  # before the precision probe, which times steps at this count
         self.config = config
-        choice = self._choose_precision(config.precision)
-        self.precision_line = prec.describe(config.precision, choice.precision, self.device, choice.reason)
-        self.config = config = dataclasses.replace(config, precision=choice.precision)
+        self.compute = compute = self._settle(compute)
+        self.precision_line = prec.describe(compute.requested, compute.precision, self.device, compute.reason)
+        self.config = config = dataclasses.replace(config, precision=compute.precision)
         self._log(logging.INFO, "%s", self.precision_line)
-        self.scaler = prec.grad_scaler(self.device, choice.precision)  # fp16 on CUDA only
+        self.scaler = prec.grad_scaler(self.device, compute.precision)  # fp16 on CUDA only
         self.ddp_model = self._wrap_model()
         groups, self.param_names = param_groups(self.model, config.weight_decay)
         if not self.param_names:
             raise LmforgeError("the model has no trainable parameters")
         betas = (config.beta1, config.beta2)
-        self.optimizer = compute.make_optimizer(groups, config.lr, betas, config.eps, self.device)
+        self.optimizer = steps.make_optimizer(groups, config.lr, betas, config.eps, self.device)
         self._prefetched: tuple[int, list[tuple[dict[str, Any], int]]] | None = None  # (step, its micro-batches)
         self.scheduler = make_scheduler(self.optimizer, config)
         self.step = 0
@@ -171,7 +177,7 @@ class Trainer:
         return prec.autocast(self.device, self.config.precision)
 
     def _to_device(self, batch: dict[str, Any]) -> dict[str, Any]:
-        return compute.to_device(batch, self.device)
+        return steps.to_device(batch, self.device)
 
     def _rngs(self, split: str, outer: int, first: int) -> list[np.random.Generator]:
         """One generator per row of this process: ``[seed, 0|1, step|eval_batch, global_row]``."""
@@ -189,25 +195,25 @@ class Trainer:
             self._log(logging.INFO if auto is not None else logging.WARNING, "%s", line)
         return auto
 
-    def _choose_precision(self, requested: str) -> prec.PrecisionChoice:
-        """``--precision`` for this model on this device; ``auto`` may time a few steps of both (rank 0's
-        choice holds for every rank)."""
+    def _settle(self, compute: Compute) -> Compute:
+        """``compute`` with a pending ``auto`` chosen for this model: a few timed steps of both precisions on the
+        first micro-batch (rank 0's choice holds for every rank)."""
+        if not compute.pending:
+            return compute
         first_rows = first_row(0, self.config.batch_size, self.env)
 
         def batch() -> dict[str, Any]:
             return self._to_device(self.sampler.batch(self._rngs("train", 0, first_rows), "train"))
 
-        tokens = None
-        if requested == "auto" and self.device.type == "cpu" and prec.native_bf16(self.device):
-            tokens = count_tokens(self.sampler.batch(self._rngs("train", 0, first_rows), "train"))
-        with compute.probing(self.model, self.device):
-            step = compute.precision_probe(self.model, batch, self.device)
-            choice = prec.choose_precision(requested, self.device, self.model, step, tokens)
-        if self.env.distributed and requested == "auto":
-            bf16 = broadcast_flag(choice.precision == "bf16", self.env)
-            if bf16 != (choice.precision == "bf16"):
-                choice = prec.PrecisionChoice("bf16" if bf16 else "fp32", "as measured by rank 0")
-        return choice
+        tokens = count_tokens(self.sampler.batch(self._rngs("train", 0, first_rows), "train"))
+        with steps.probing(self.model, self.device):
+            settled = prec.settle(compute, self.model, steps.precision_probe(self.model, batch, self.device), tokens)
+        if self.env.distributed:
+            bf16 = broadcast_flag(settled.precision == "bf16", self.env)
+            if bf16 != (settled.precision == "bf16"):
+                settled = dataclasses.replace(settled, precision="bf16" if bf16 else "fp32",
+                                              reason="as measured by rank 0", speedup=None)
+        return settled
 
     def _wrap_model(self) -> nn.Module:
         """The training forward: the loss alone, in DDP under torchrun, compiled with ``compile``."""
@@ -225,7 +231,7 @@ class Trainer:
                 ", ..." if len(unused) > 3 else "",
             )
         ddp_model = wrap_model(LossOnly(self.model), self.env, find_unused_parameters=any_rank(bool(unused), self.env))
-        return compute.compile_model(ddp_model) if self.config.compile else ddp_model
+        return steps.compile_model(ddp_model) if self.config.compile else ddp_model
 
     def _elapsed(self) -> float:
         return self.elapsed_before + (time.monotonic() - self._t_start)

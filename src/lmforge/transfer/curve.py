@@ -30,10 +30,11 @@ import numpy as np
 from torch import nn
 
 from ..data.tasks import TaskData, check_labels, load_task
+from ..devices import Compute
 from ..errors import LmforgeError
 from ..families import FAMILIES, get_family
 from ..storage.files import atomic_path, atomic_write_text
-from ..train.precision import choose_precision, describe, resolve_device
+from ..train.precision import describe, resolve_compute, settle
 from .batching import RowStore
 from .config import TransferConfig, check_supported
 from .folder import load_body
@@ -121,6 +122,7 @@ def learning_curve(
     out_dir: str | Path | None = None,
     min_steps: int = 100,
     progress: Callable[[str], None] | None = None,
+    compute: Compute | None = None,
     **options,
 ) -> dict:
     """Score each mode at each training-set size over several seeds.
@@ -136,6 +138,8 @@ def learning_curve(
         out_dir: when given, writes ``curve.json``, ``curve.md`` (the table) and ``curve.png``.
         min_steps: the least number of optimizer steps of any run.
         progress: called with one line per finished run.
+        compute: the command's device and precision (:class:`lmforge.devices.Compute`), resolved once; default:
+            resolved from the ``device`` and ``precision`` options.
         **options: TransferConfig fields for every mode (batch_size, max_len, ...); unset (None) ones take
             each mode's own default.
     Returns:
@@ -150,6 +154,7 @@ def learning_curve(
     check_labels(pool, test_d)
     curve = _Curve(body, model_dir, task, family, pool, test_d, modes, min_steps,
                    {k: v for k, v in options.items() if v is not None})  # unset: the mode's (or baseline's) default
+    curve.compute = compute
     usable = _usable_sizes(sizes, len(pool))
     precision = curve.prepare(usable[0], seeds[0])
     runs = []
@@ -175,6 +180,7 @@ class _Curve:
         self.shaped: dict[str, nn.Module] = {}  # scratch:PRESET -> its randomly initialised body
         # mode -> the vectors its runs share ("pool", "test"): features' of both, frozen's of the test set
         self.stores: dict[str, dict[str, RowStore]] = {}
+        self.compute: Compute | None = None  # the device and precision, resolved once by prepare()
 
     def config(self, mode: str, n: int, seed: int) -> TransferConfig:
         """The run config of ``mode`` on ``n`` examples drawn with ``seed``."""
@@ -189,14 +195,15 @@ class _Curve:
             check_supported(self.family, self.config(mode, n, seed))
         self.shaped = {m: preset_body(self.body, m.split(":", 1)[1]) for m in self.modes if m.startswith("scratch:")}
         first = self.config(self.modes[0], n, seed)
-        device = resolve_device(first.device)
-        choice = choose_precision(first.precision, device, self.body)
-        logger.info("%s", describe(first.precision, choice.precision, device, choice.reason))
+        if self.compute is None:  # once for the curve; a pending auto settles on each body
+            self.compute = resolve_compute(first.device, first.precision)
+        chosen = settle(self.compute, self.body)
+        logger.info("%s", describe(first.precision, chosen.precision, chosen.device, chosen.reason))
         for mode in self.modes:  # what the runs of a mode share: one body pass over the pool / the test set
             make_run = functools.partial(TransferRun, self.body, self.config(mode, n, seed), self.pool.labels,
-                                         self.model_dir)
+                                         self.model_dir, compute=self.compute)
             self.stores[mode] = transfer_mode(mode).shared_vectors(make_run, self.pool, self.test)
-        return choice.precision
+        return chosen.precision
 
     def draw(self, n: int, seed: int) -> tuple[list[int], TaskData]:
         """The indices and the examples of the training set of size ``n`` drawn with ``seed`` (shared by every mode)."""
@@ -214,7 +221,7 @@ class _Curve:
         for mode in self.modes:
             # frozen GPT trains its task-token rows, so every mode that may change the body gets its own copy
             b = _copy_body(self.shaped.get(mode, self.body)) if transfer_mode(mode).changes_body else self.body
-            run = TransferRun(b, self.config(mode, n, seed), self.pool.labels, self.model_dir)
+            run = TransferRun(b, self.config(mode, n, seed), self.pool.labels, self.model_dir, self.compute)
             shared = self.stores.get(mode, {})  # frozen: its own pass over its training draw, the shared test vectors
             part = (shared["pool"].subset(idx) if "pool" in shared else None, shared.get("test"))
             rec = _run_record(run, sub, self.test, part, self.metric, mode, n, seed)

@@ -20,7 +20,7 @@ from torch import nn
 
 from ..config import load_json, save_json, to_dict
 from ..data.tasks import TaskData, check_labels, load_task
-from ..devices import check_device, check_precision
+from ..devices import Compute, check_device, check_precision
 from ..errors import CheckpointError, LmforgeError
 from ..families import load
 from ..storage.cards import update_card
@@ -190,6 +190,7 @@ def run_transfer(
     mode: str = DEFAULT_MODE,
     out_dir: str | Path | None = None,
     progress: Callable[[str], None] | None = None,
+    compute: Compute | None = None,
     **options,
 ) -> dict:
     """Carry a pretrained body over to a labelled task and measure it.
@@ -201,6 +202,8 @@ def run_transfer(
         mode: ``frozen``, ``features`` or ``finetune``.
         out_dir: when given, the run folder (metrics.json, predictions.jsonl, config.json, weights).
         progress: called with a line per epoch.
+        compute: the command's device and precision (:class:`lmforge.devices.Compute`), resolved once; default:
+            resolved from the ``device`` and ``precision`` options.
         **options: any other :class:`TransferConfig` field (epochs, lr, lr_grid, freeze_layers, ...).
     Returns:
         The metrics dict (also written to ``out_dir/metrics.json``): the task's metrics on ``test``,
@@ -218,7 +221,7 @@ def run_transfer(
     train_d = as_data(train, task)
     test_d = as_data(test, task)
     check_labels(train_d, test_d)
-    run = TransferRun(body, cfg, train_d.labels, model_dir)
+    run = TransferRun(body, cfg, train_d.labels, model_dir, compute)
     logger.info("%s", describe(cfg.precision, run.cfg.precision, run.device))  # the choice, saved in config.json
     facts = run.fit(train_d, progress)
     metrics, records = run.evaluate(test_d)

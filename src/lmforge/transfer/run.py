@@ -32,10 +32,11 @@ import torch
 from torch import nn
 
 from ..data.tasks import TaskData
+from ..devices import Compute
 from ..errors import LmforgeError
 from ..families import get_family
 from ..models import onnx_backend
-from ..train.precision import resolve_device, resolve_precision
+from ..train.precision import resolve_compute, settle
 from ..utils import seed_everything
 from . import onnx_run
 from .batching import RowStore, TransferModel, collate
@@ -147,7 +148,8 @@ class TransferRun:
     extract_ids = _shared("extract_ids")
     model = _shared("model")
 
-    def __init__(self, body: nn.Module, cfg: TransferConfig, labels: list[str], model_dir: str | None = None):
+    def __init__(self, body: nn.Module, cfg: TransferConfig, labels: list[str], model_dir: str | None = None,
+                 compute: Compute | None = None):
         self.state = RunState()
         self.family = getattr(body, "model_type", None)
         check_supported(self.family, cfg)
@@ -159,14 +161,16 @@ class TransferRun:
         self.label_index = {lab: i for i, lab in enumerate(self.labels)}
         self.model_dir = model_dir
         self.body = body
-        self.device = resolve_device(cfg.device)
+        # the command's device and precision (default: resolved from cfg); a pending ``auto`` is settled on the body
+        compute = settle(compute or resolve_compute(cfg.device, cfg.precision), body)
+        self.device = compute.device
         positions = body_positions(body)
         if positions is not None and cfg.max_len > positions:  # the default 128 on a model of 32 positions, say
             logger.warning("max_len %d is more than the %s model's %d positions: inputs are cut at %d", cfg.max_len,
                            self.family, positions, positions)
             cfg = dataclasses.replace(cfg, max_len=positions)
         # ``auto`` becomes the precision this device computes best; the run folder records the choice
-        self.cfg = cfg = dataclasses.replace(cfg, precision=resolve_precision(cfg.precision, self.device, body))
+        self.cfg = cfg = dataclasses.replace(cfg, precision=compute.precision)
         gpt = None
         self.task_token_ids: tuple[int, ...] = ()
         if get_family(self.family).task_tokens:
