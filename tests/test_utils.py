@@ -39,7 +39,7 @@ def test_equal_weights_give_byte_equal_files_across_processes(tmp_path):
     import sys
 
     code = (
-        "import sys, torch; from lmforge.utils import save_safetensors; "
+        "import sys, torch; from lmforge.storage.files import save_safetensors; "
         "save_safetensors({'a': torch.arange(6.0), 'b': torch.ones(2, 3)}, sys.argv[1], "
         "metadata={'format': 'pt', 'model_type': 'bert', 'source': 'x', 'examples': '3'})"
     )

@@ -16,11 +16,10 @@ import difflib
 import logging
 from pathlib import Path
 
-from ..config import _field_types, apply_overrides, from_dict, load_config_file, parse_overrides, synonyms_in
+from ..config import apply_overrides, field_types, from_dict, load_config_file, parse_overrides, synonyms_in
 from ..errors import ConfigError
 from ..families import FAMILIES, get_family
 from ..train.config import TrainConfig, parse_duration
-from ..train.precision import upgrade_legacy_keys
 from ..train.pretrain import (
     check_resumable,
     default_train_config,
@@ -73,9 +72,9 @@ def read_run_file(family: str, path: str | Path) -> tuple[str | None, dict, dict
     preset = data.pop("preset", None)
     if preset is not None and preset not in fam.presets:
         raise ConfigError(f"{p}: unknown {family} preset '{preset}'; presets: {', '.join(fam.presets)}")
-    model_fields = set(_field_types(fam.config_class))
+    model_fields = set(field_types(fam.config_class))
     recipe_fields = _recipe_fields(family)
-    train_fields = set(_field_types(TrainConfig)) if fam.trainer else set()
+    train_fields = set(field_types(TrainConfig)) if fam.trainer else set()
     # a train_config.json written before the recipe had its own config keeps it under "model"
     recipe.update({k: model.pop(k) for k in list(model) if k in recipe_fields and k not in model_fields})
     for k, v in data.items():
@@ -89,12 +88,12 @@ def read_run_file(family: str, path: str | Path) -> tuple[str | None, dict, dict
             raise unknown_key(k, fam.config_class, sorted(train_fields | recipe_fields), file=str(p))
     if train and not fam.trainer:
         raise ConfigError(f"{p}: {family} trains in one gensim pass; its settings are model keys, not [train]")
-    return preset, model, upgrade_legacy_keys(train), recipe
+    return preset, model, train, recipe
 
 
 def _recipe_fields(family: str) -> set[str]:
     cls = get_family(family).recipe_class
-    return set(_field_types(cls)) if cls is not None else set()
+    return set(field_types(cls)) if cls is not None else set()
 
 
 def model_from_choice(family: str, choice: str | None):
@@ -128,7 +127,7 @@ def run_file_recipe(family: str, choice: str | None) -> dict:
 
 def unknown_key(key: str, model_cls: type, train_fields: list[str], file: str | None = None) -> ConfigError:
     """The error for a key of neither config: this family's name for it, a close key, or the valid keys."""
-    model_fields = list(_field_types(model_cls))
+    model_fields = list(field_types(model_cls))
     what = f"unknown config key '{key}' in {file}" if file else f"unknown --set key '{key}'"
     same = synonyms_in(model_cls, key)
     if same:
@@ -150,9 +149,9 @@ def split_sets(pairs: list[str] | None, family: str) -> tuple[dict[str, str], di
     fam = get_family(family)
     model_cls = fam.config_class
     over = parse_overrides(pairs)
-    model_fields = set(_field_types(model_cls))
+    model_fields = set(field_types(model_cls))
     recipe_fields = _recipe_fields(family)
-    train_fields = list(_field_types(TrainConfig)) if fam.trainer else []
+    train_fields = list(field_types(TrainConfig)) if fam.trainer else []
     model_over, train_over, recipe_over = {}, {}, {}
     for k, v in over.items():
         if k in model_fields:
@@ -161,7 +160,7 @@ def split_sets(pairs: list[str] | None, family: str) -> tuple[dict[str, str], di
             recipe_over[k] = v
         elif k in train_fields:
             train_over[k] = v
-        elif not fam.trainer and k in _field_types(TrainConfig):
+        elif not fam.trainer and k in field_types(TrainConfig):
             trained = ", ".join(n for n, f in FAMILIES.items() if f.trainer)
             raise ConfigError(f"'{k}' is a training key of the Trainer's families ({trained}); "
                               f"{model_cls.__name__} trains in one gensim pass and takes model keys only")

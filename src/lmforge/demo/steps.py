@@ -18,7 +18,7 @@ from typing import Any
 
 import torch
 
-from ..config import from_dict, save_json
+from ..config import from_dict
 from ..data.corpus import builtin_corpus_path
 from ..data.shards import Shards, prepare, uncompressed_size
 from ..errors import LmforgeError
@@ -26,7 +26,7 @@ from ..evaluate import find_word, load_reference, word_rows
 from ..evaluate.polysemy import polysemy_table
 from ..evaluate.wic import wic_table
 from ..families import FAMILIES, load
-from ..storage.files import atomic_write_text, file_sha256
+from ..storage.files import atomic_write_text, file_sha256, save_json
 from ..tokenization import Tokenizer
 from ..train.precision import resolve_device
 from ..train.pretrain import default_train_config, pretrain, recipe_in

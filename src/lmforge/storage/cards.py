@@ -28,8 +28,8 @@ from safetensors import safe_open
 
 from ..config import load_json
 from ..data.tasks import KINDS
+from ..text import is_cjk
 from ..tokenization import Tokenizer
-from ..tokenizer_pipelines import is_cjk
 from .files import atomic_write_text
 
 logger = logging.getLogger(__name__)

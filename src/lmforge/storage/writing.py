@@ -35,13 +35,13 @@ from .folders import (
     LOCK,
     MARKER,
     OVERWRITE_HINT,
-    _entries,
-    _names,
-    _read_json,
     check_output_dir,
+    first_names,
+    folder_entries,
     folder_kind,
     os_error_line,
     probe_writable,
+    read_json_object,
     user_files,
     write_marker,
 )
@@ -96,7 +96,7 @@ def acquire_lock(folder: str | Path, beside: bool = False) -> Path:
                     os.link(tmp, lock)
                     return lock
                 except FileExistsError:
-                    holder = _read_json(lock)
+                    holder = read_json_object(lock)
                     pid, host = holder.get("pid"), holder.get("host")
                     if not isinstance(pid, int) or not isinstance(host, str):
                         raise LmforgeError(
@@ -124,14 +124,14 @@ def acquire_lock(folder: str | Path, beside: bool = False) -> Path:
 
 def release_lock(lock: Path) -> None:
     """Remove ``lock`` if this process still holds it."""
-    if _read_json(lock).get("pid") == os.getpid():
+    if read_json_object(lock).get("pid") == os.getpid():
         with contextlib.suppress(OSError):
             lock.unlink()
 
 
 def _live_writer(path: Path) -> dict | None:
     """The lock record of a live lmforge process writing ``path`` (beside it), else None."""
-    holder = _read_json(lock_path(path, beside=True))
+    holder = read_json_object(lock_path(path, beside=True))
     pid = holder.get("pid")
     if isinstance(pid, int) and pid != os.getpid() and (holder.get("host") != socket.gethostname() or pid_alive(pid)):
         return holder
@@ -215,7 +215,7 @@ def remove_leftovers(folder: str | Path, beside: bool = False) -> list[Path]:
         except OSError:
             continue
     if gone:
-        logger.info("removed %d leftover(s) of an interrupted run: %s", len(gone), _names([g.name for g in gone]))
+        logger.info("removed %d leftover(s) of an interrupted run: %s", len(gone), first_names([g.name for g in gone]))
     return gone
 
 
@@ -271,7 +271,7 @@ def output_folder(
         raise
     finally:
         release_lock(lock)
-        if failed and created and not beside and not _entries(p):  # a failed command leaves no empty folder
+        if failed and created and not beside and not folder_entries(p):  # a failed command leaves no empty folder
             with contextlib.suppress(OSError):
                 (p / MARKER).unlink()
                 p.rmdir()

@@ -21,20 +21,19 @@ import logging
 from pathlib import Path
 from typing import Any
 
-from ..config import apply_overrides, from_dict, load_json, save_json, to_dict
+from ..config import apply_overrides, from_dict, load_json, to_dict
 from ..data.shards import Shards
 from ..errors import CheckpointError, ConfigError, DataError, LmforgeError
 from ..families import FAMILIES, get_family
 from ..families.pretraining import PretrainHooks, pretrain_hooks
+from ..families.result import PretrainResult
 from ..storage.cards import update_card
-from ..storage.files import load_safetensors
+from ..storage.files import load_safetensors, save_json
 from ..tokenization import Tokenizer
 from ..utils import seed_everything
 from .checkpoint import STATE_DIR, find_state_dir
 from .config import TrainConfig, format_duration
 from .distributed import cleanup, init_distributed
-from .precision import upgrade_legacy_keys
-from .result import PretrainResult
 from .trainer import Trainer
 
 logger = logging.getLogger(__name__)
@@ -73,7 +72,7 @@ def saved_train_config(out_dir: str | Path) -> TrainConfig | None:
     path = Path(out_dir) / TRAIN_CONFIG_FILE
     if not path.is_file():
         return None
-    saved = upgrade_legacy_keys(load_json(path))
+    saved = load_json(path)
     saved["max_time"] = None
     return from_dict(TrainConfig, saved, ignore=("model", "data"))
 

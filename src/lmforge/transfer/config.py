@@ -31,7 +31,6 @@ from ..config import from_dict
 from ..devices import PRECISIONS, check_device
 from ..errors import CheckpointError, ConfigError, LmforgeError
 from ..families.registry import FAMILIES
-from ..train.precision import upgrade_legacy_keys
 from .encoding import DEFAULT_POOL, FORMATS, PLAIN, POOLS, TRUNCATIONS, input_format
 from .heads import CLASSIFIERS
 from .specs import SPECS
@@ -352,7 +351,7 @@ def saved_config(data: dict, where: object) -> TransferConfig:
     Raises:
         CheckpointError: the run was trained with a setting lmforge no longer has (one line saying what to do).
     """
-    fields = upgrade_legacy_keys(dict(data["transfer"]))  # lmforge 0.1's bf16: true|false
+    fields = dict(data["transfer"])
     for key, what in _REMOVED.items():
         if fields.pop(key, None) is not None:
             raise CheckpointError(f"{where} was trained with {what}")

@@ -28,6 +28,7 @@ from torch import nn
 from ...errors import ConfigError, LmforgeError
 from ...models.base import ModelOutput, PretrainedModel, TokenLayers
 from ...storage.files import atomic_path
+from ...text import is_cjk
 from ...utils import SEED_MAX
 
 logger = logging.getLogger(__name__)
@@ -78,7 +79,6 @@ class Word2VecConfig:
 
 
 _WORD_CHAR = re.compile(r"\w")
-_CJK = re.compile(r"[\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff]")
 
 
 def word_index(text: str, offsets: list[tuple[int, int]]) -> list[int]:
@@ -99,8 +99,8 @@ def word_index(text: str, offsets: list[tuple[int, int]]) -> list[int]:
             and 0 < start < len(text)
             and _WORD_CHAR.match(text[start - 1]) is not None
             and _WORD_CHAR.match(text[start]) is not None
-            and not _CJK.match(text[start - 1])
-            and not _CJK.match(text[start])
+            and not is_cjk(text[start - 1])
+            and not is_cjk(text[start])
         )
         if not joined:
             word += 1
