@@ -248,10 +248,11 @@ def pretrain_model(ctx: DemoContext, key: str) -> dict:
     cfg_file.parent.mkdir(parents=True, exist_ok=True)
     save_json({"model_type": fp.family, **fp.config}, cfg_file)
     t0 = time.monotonic()
-    model = from_dict(FAMILIES[fp.family].config_class, fp.config, ignore=("model_type",))
+    recipe = recipe_in(fp.family, fp.config)
+    recipe_keys = {f.name for f in dataclasses.fields(recipe)} if recipe is not None else set()
+    model = from_dict(FAMILIES[fp.family].config_class, {k: v for k, v in fp.config.items() if k not in recipe_keys})
     compute = {k: v for k, v in (("device", ctx.device), ("precision", ctx.precision_asked)) if v is not None}
     train = default_train_config(fp.family, **{**fp.train, **compute}) if FAMILIES[fp.family].trainer else None
-    recipe = recipe_in(fp.family, fp.config)
     res = pretrain(fp.family, ctx.path(f"shards-{fp.tokenizer}"), out, model, train, recipe, progress=ctx.show_bars)
     seconds = time.monotonic() - t0
     params = sum(p.numel() for p in load(out).parameters())  # the folder must open as a model

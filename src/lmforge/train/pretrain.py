@@ -98,8 +98,8 @@ def recipe_in(family: str, fields: dict):
 
 
 def saved_recipe(family: str, folder: str | Path):
-    """The data recipe a run in ``folder`` trained with: ``data`` of its train_config.json, else the recipe keys
-    of a config.json written before the recipe had a config of its own, else the defaults (None: no recipe)."""
+    """The data recipe a run in ``folder`` trained with: ``data`` of its train_config.json, else the defaults
+    (None: no recipe)."""
     cls = get_family(family).recipe_class
     if cls is None:
         return None
@@ -107,8 +107,7 @@ def saved_recipe(family: str, folder: str | Path):
     saved = load_json(path) if path.is_file() else {}
     if isinstance(saved.get("data"), dict):
         return from_dict(cls, saved["data"])
-    config = Path(folder) / "config.json"
-    return recipe_in(family, load_json(config) if config.is_file() else {})
+    return cls()
 
 
 def saved_model_config(family: str, out_dir: str | Path):

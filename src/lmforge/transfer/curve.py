@@ -33,9 +33,9 @@ from ..errors import LmforgeError
 from ..families.registry import get_family
 from ..storage.files import atomic_path, atomic_write_text
 from ..train.precision import choose_precision, describe, resolve_device
-from .batching import RowStore
 from .config import SUPPORTED, TransferConfig, check_supported
 from .folder import load_body
+from .model import RowStore
 from .run import TransferRun
 from .specs import SPECS
 

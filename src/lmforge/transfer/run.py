@@ -36,11 +36,11 @@ from ..models import onnx_backend
 from ..train.precision import resolve_device, resolve_precision
 from ..utils import seed_everything
 from . import onnx_run
-from .batching import RowStore, TransferModel, collate
 from .building import RunModel, reinit_body
 from .config import TransferConfig, check_supported
 from .encoding import Encoding, InputFormat, summary_trained
 from .fit import fit_trials, snapshot, train_trial
+from .model import RowStore, TransferModel, collate
 from .specs import SPECS
 from .stored import RunFeatures
 

@@ -21,9 +21,9 @@ from ..data.tasks import TaskData
 from ..errors import LmforgeError
 from ..storage.files import file_sha256
 from . import features as FT
-from .batching import RowStore
 from .encoding import Encoding
 from .heads import TaskHead
+from .model import RowStore
 
 
 class RunFeatures:
