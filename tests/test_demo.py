@@ -265,7 +265,10 @@ def readme_install_dists() -> set[str]:
     """The distributions that the README's install lines bring: lmforge's core dependencies and, for each
     `pip install '.[extras]'` line of its Install section, those extras through pyproject.toml (extras that
     name other extras included)."""
-    import tomllib  # Python 3.11+, as the suite's venv
+    try:
+        import tomllib  # Python 3.11+
+    except ModuleNotFoundError:  # Python 3.10: the dev extra brings tomli, the same parser
+        import tomli as tomllib
 
     readme = (_ROOT / "README.md").read_text(encoding="utf-8")
     install = readme.split("\n## Install", 1)[1].split("\n## ", 1)[0]
