@@ -222,3 +222,13 @@ def test_no_modules_import_each_other_in_a_circle():
     of importing it; a circle under ``TYPE_CHECKING`` or inside a function counts as well."""
     circles = _circles(_module_graph())
     assert not circles, "modules importing each other in a circle:\n" + "\n".join(" <-> ".join(c) for c in circles)
+
+
+def test_the_layer_table_puts_the_corpus_below_the_tokenizer_below_the_shards():
+    """data/, tokenization and tokenizer_pipelines once shared a layer, so a loop among them passed: the tokenizer
+    trains on a corpus of data/, and data/shards.py reads a tokenizer, so shards sit above both."""
+    layer = {m: LAYERS[_part(f"lmforge.{m}")] for m in
+             ("data.sources", "tokenizer_pipelines", "tokenization", "data.shards", "storage.files", "storage.cards")}
+    assert layer["storage.files"] < layer["data.sources"] < layer["tokenizer_pipelines"] == layer["tokenization"]
+    assert layer["tokenization"] < layer["data.shards"] and layer["tokenization"] < layer["storage.cards"]
+    assert _part("lmforge.data.shards") == "data.shards" and _part("lmforge.data.samplers") == "data"

@@ -13,6 +13,7 @@ import re
 import shutil
 import tempfile
 import uuid
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -73,6 +74,14 @@ def atomic_write_bytes(path: str | Path, data: bytes) -> None:
 
 def atomic_write_text(path: str | Path, text: str) -> None:
     atomic_write_bytes(path, text.encode("utf-8"))
+
+
+def atomic_write_lines(path: str | Path, lines: Iterable[str]) -> None:
+    """Write ``lines`` (each without its newline) as UTF-8 text to ``path`` atomically, one at a time: a large
+    file is never held whole in memory."""
+    with atomic_path(path) as tmp, open(tmp, "w", encoding="utf-8") as f:
+        for line in lines:
+            f.write(line + "\n")
 
 
 # -- files that change together ------------------------------------------------------------------------

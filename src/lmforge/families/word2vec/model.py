@@ -17,6 +17,7 @@ thread scheduling changes the order of updates, so the vectors differ from run t
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import logging
 import re
 from pathlib import Path
@@ -27,7 +28,7 @@ from torch import nn
 
 from ...errors import ConfigError, LmforgeError
 from ...models.base import ModelOutput, PretrainedModel, TokenLayers
-from ...storage.files import atomic_path
+from ...storage.files import atomic_write_lines
 from ...text import is_cjk
 from ...utils import SEED_MAX
 
@@ -200,7 +201,5 @@ class Word2Vec(PretrainedModel):
         w = self.embeddings.weight.detach().float().cpu().numpy()
         if token_ids is None:
             token_ids = [i for i in range(w.shape[0]) if np.any(w[i])]
-        with atomic_path(path) as tmp, open(tmp, "w", encoding="utf-8") as f:
-            f.write(f"{len(token_ids)} {w.shape[1]}\n")
-            for i in token_ids:
-                f.write(self.tokenizer.id_to_token(i) + " " + " ".join(f"{x:.6g}" for x in w[i]) + "\n")
+        rows = (self.tokenizer.id_to_token(i) + " " + " ".join(f"{x:.6g}" for x in w[i]) for i in token_ids)
+        atomic_write_lines(path, itertools.chain([f"{len(token_ids)} {w.shape[1]}"], rows))
