@@ -115,14 +115,18 @@ def main(argv: list[str] | None = None) -> int:
     texts = domain_text(args.texts)
     random.Random(0).shuffle(texts)
     texts = texts[: args.n]
+    load_start = os.getloadavg()
     print(f"{describe_machine()}; sentence-transformers {sentence_transformers.__version__}; "
-          f"load average {os.getloadavg()[0]:.2f}; {len(texts)} texts of {args.texts}")
+          f"load average {load_start[0]:.2f}; {len(texts)} texts of {args.texts}")
     record = {"bench": "encode_peers", "settings": vars(args), "threads": {}, "provenance": provenance()}
     with tempfile.TemporaryDirectory() as tmp:
         st_dir, ours, pool = models(args.model, Path(tmp))
         for threads in args.threads:
             torch.set_num_threads(threads)
             record["threads"][threads] = one_thread_count(st_dir, ours, pool, texts, args, threads, Path(tmp))
+    load_end = os.getloadavg()
+    print(f"load average at the end {load_end[0]:.2f}")
+    record["load_average"] = {"start": load_start, "end": load_end}  # other work on the machine slows the runs
     if args.record:
         Path(args.record).write_text(json.dumps(record, indent=2) + "\n")
     return 0

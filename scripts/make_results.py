@@ -6,6 +6,8 @@
                                               # turn a learning curve's curve.json into a record
     python scripts/make_results.py --add-demo-time lmforge-demo-quick --id demo-time-quick-xeon
                                               # turn a demo run's demo_state.json into a record of its time
+    python scripts/make_results.py --add-bench a.json b.json --id ID [--notes TEXT]
+                                              # turn bench JSON (bench_encode_peers.py, bench_serve.py) into a record
 
 A record is one JSON file: what was measured (``title``, ``table``), the line it gives the results page
 (``headline``: ``what`` and ``figure``) and, for a README row, one figure (``headline.readme``), the page that
@@ -202,6 +204,111 @@ def curve_record(curve: dict, rid: str, title: str, what: str, reproduce: str) -
     }
 
 
+_FLAGS = {"avx512f": "AVX-512", "avx512_bf16": "AVX512-BF16", "amx_bf16": "AMX"}
+
+
+def _cpu(m: dict) -> str:
+    """The CPU as the records name it, e.g. ``Intel(R) Xeon(R) Processor (2 cores, AVX-512, AVX512-BF16, AMX)``."""
+    parts = [f"{m['cores']} cores"] if m.get("cores") else []
+    parts += [name for flag, name in _FLAGS.items() if flag in m.get("cpu_flags", [])]
+    return f"{m['cpu']} ({', '.join(parts)})" if parts else m["cpu"]
+
+
+def _load(bench: dict) -> str:
+    load = bench.get("load_average")
+    if not load:
+        return "load average not recorded"
+    return f"load average {load['start'][0]:.1f} at the start, {load['end'][0]:.1f} at the end"
+
+
+def _model_name(bench: dict) -> str:
+    model = bench["settings"].get("model")
+    return "all-MiniLM-L6-v2" if model in (None, "minilm") else str(model)
+
+
+def encode_peers_rows(bench: dict) -> list[list[str]]:
+    """One row per thread count of a bench/bench_encode_peers.py record."""
+    rows = []
+    for threads, r in bench["threads"].items():
+        tps, fid = r["texts_per_s"], r["fidelity"]
+        exact_st = max(v for k, v in tps.items() if k.startswith("st") and "int8" not in k)
+        int8 = tps.get("lmforge onnx int8")
+        rows.append([_model_name(bench), str(threads), f"{tps['st torch']:.1f}",
+                     *(f"{tps[k]:.1f}" for k in ("lmforge torch", "lmforge onnx", "lmforge auto")),
+                     f"{int8:.1f}" if int8 else "–", f"{r['exact_ratio']:.2f}x",
+                     f"{int8 / exact_st:.2f}x" if int8 else "–",
+                     f"{fid['lmforge onnx int8'][1]:.4f}" if int8 else "–"])
+    return rows
+
+
+def serve_embeddings_rows(bench: dict) -> list[list[str]]:
+    """One row per backend and concurrency of a ``bench/bench_serve.py --route embeddings`` record."""
+    return [[_model_name(bench), r["backend"], str(r["clients"]), f"{r['texts_per_s']:.1f}", f"{r['p50_ms']:.1f}",
+             f"{r['p99_ms']:.1f}", f"{r['p99_over_p50']:.2f}", f"{r['passes_per_request']:.2f}"]
+            for r in bench["rows"]]
+
+
+BENCH_KINDS = {
+    "encode_peers": {
+        "title": "lmforge encode against sentence-transformers on the same model and texts",
+        "what": "Sentence vectors per second, lmforge encode vs sentence-transformers (CPU; exact and int8)",
+        "reproduce": "../vectors.md",
+        "columns": ["model", "threads", "st torch texts/s", "lmforge torch", "lmforge onnx", "lmforge auto",
+                    "lmforge int8", "fastest exact / st (target 1.3x)", "int8 / st fastest exact",
+                    "int8 worst cosine"],
+        "rows": encode_peers_rows,
+    },
+    "serve_embeddings": {
+        "title": "/v1/embeddings of lmforge serve per backend at 1 and 8 concurrent clients",
+        "what": "/v1/embeddings texts/s and p50/p99 latency per backend at 1 and 8 clients (in-process)",
+        "reproduce": "../serve.md",
+        "columns": ["model", "backend", "clients", "texts/s", "p50 ms", "p99 ms", "p99 / p50 (target < 2 at 8)",
+                    "forward passes / request"],
+        "rows": serve_embeddings_rows,
+    },
+}
+
+
+def _headline(kind: str, benches: list[dict]) -> str:
+    if kind == "encode_peers":  # one range per model: a model's figures are not another's
+        ranges = []
+        for b in benches:
+            ratios = [r["exact_ratio"] for r in b["threads"].values()]
+            ranges.append(f"{_model_name(b)} {min(ratios):.2f}-{max(ratios):.2f}x")
+        return f"fastest exact mode / sentence-transformers: {', '.join(ranges)} (target 1.3x)"
+    tails = {r["backend"]: r["p99_over_p50"] for b in benches for r in b["rows"] if r["clients"] == 8}
+    return "p99 / p50 at 8 clients: " + ", ".join(f"{k} {v:.2f}" for k, v in tails.items()) + " (target under 2)"
+
+
+def bench_record(paths: list[Path], rid: str, notes: str = "") -> dict:
+    """A record from the JSON of bench/bench_encode_peers.py or ``bench/bench_serve.py --route embeddings`` runs
+    (one or more of the same bench, e.g. two models): their rows side by side, the machine, the load."""
+    benches = [json.loads(Path(p).read_text(encoding="utf-8")) for p in paths]
+    kinds = {b.get("bench") for b in benches}
+    if len(kinds) != 1 or not kinds <= set(BENCH_KINDS):
+        raise SystemExit(f"--add-bench takes records of one of {', '.join(BENCH_KINDS)}; got {sorted(map(str, kinds))}")
+    kind = kinds.pop()
+    spec = BENCH_KINDS[kind]
+    machines = {_cpu(b["provenance"]["machine"]) for b in benches}
+    if len(machines) != 1:
+        raise SystemExit(f"the bench records come from {len(machines)} machines; one record per machine")
+    threads = sorted({str(t) for b in benches for t in (b["threads"] if kind == "encode_peers"
+                                                          else [b["settings"]["threads"]])})
+    where = "; ".join(f"{_model_name(b)}: {_load(b)}, {Path(p).as_posix()}" for p, b in zip(paths, benches))
+    return {
+        "id": rid, "title": spec["title"],
+        "headline": {"what": spec["what"], "figure": _headline(kind, benches)},
+        "readme": False, "reproduce": spec["reproduce"],
+        "command": "\n".join(b["provenance"]["command"] for b in benches),
+        "commit": benches[0]["provenance"]["commit"],
+        "date": max(b["provenance"]["date"] for b in benches),
+        "machine": {"cpu": machines.pop(), "threads": " and ".join(threads)},
+        "source": "bench records (JSON)",
+        "notes": (notes + " " if notes else "") + f"Bench JSON and machine load: {where}.",
+        "table": {"columns": spec["columns"], "rows": [row for b in benches for row in spec["rows"](b)]},
+    }
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--check", action="store_true", help="exit 1 if a generated page is stale")
@@ -211,7 +318,16 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--headline-what")
     ap.add_argument("--reproduce", default="../transfer.md")
     ap.add_argument("--add-demo-time", metavar="DEMO_DIR", help="write a record of a demo run's time first")
+    ap.add_argument("--add-bench", metavar="BENCH_JSON", nargs="+",
+                    help="write a record made from bench JSON (bench_encode_peers.py, bench_serve.py) first")
+    ap.add_argument("--notes", default="", help="--add-bench: what the record's notes say before the load")
     args = ap.parse_args(argv)
+    if args.add_bench:
+        if not args.id:
+            ap.error("--add-bench needs --id")
+        record = bench_record([Path(p) for p in args.add_bench], args.id, args.notes)
+        (RECORDS / f"{args.id.replace('-', '_')}.json").write_text(json.dumps(record, indent=2) + "\n",
+                                                                    encoding="utf-8")
     if args.add_demo_time:
         if not args.id:
             ap.error("--add-demo-time needs --id")

@@ -106,3 +106,20 @@ def test_the_contention_bench_compares_lmforge_s_default_with_fixed_counts(tmp_p
         assert max(r["vs_best_fixed"] for r in fixed) == 1.0 and all(r["value"] > 0 for r in rows)
     assert len(rec["rows"]) == 3 * len(rows)  # the mid-run case times training only
     assert "lmforge's default, worst case" in out.stdout
+
+
+@pytest.mark.slow
+def test_serve_bench_batches_concurrent_embeddings_and_records_the_load(bert_dir, tmp_path):
+    record = tmp_path / "serve.json"
+    out = subprocess.run([sys.executable, str(ROOT / "bench" / "bench_serve.py"), "--model", str(bert_dir),
+                          "--requests", "16", "--rounds", "1", "--threads", "1", "--record", str(record)],
+                         capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]  # exit 1 when a backend's vectors disagree
+    rec = json.loads(record.read_text())
+    assert rec["bench"] == "serve_embeddings" and rec["provenance"]["machine"]["cpu"]
+    assert set(rec["load_average"]) == {"start", "end"} and "load average at the end" in out.stdout
+    assert rec["max_vector_diff"]["torch"] == 0 and rec["max_vector_diff"]["onnx"] <= 1e-4
+    rows = {(r["backend"], r["clients"]): r for r in rec["rows"]}
+    assert set(rows) == {(b, c) for b in ("torch", "onnx", "onnx int8") for c in (1, 8)}
+    assert all(rows[b, 1]["passes_per_request"] == 1 for b in ("torch", "onnx", "onnx int8"))
+    assert all(rows[b, 8]["passes_per_request"] < 1 for b in ("torch", "onnx", "onnx int8"))  # requests shared

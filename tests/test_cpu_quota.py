@@ -364,3 +364,26 @@ def test_a_spinning_process_is_seen_as_a_busy_core():
         stop.set()
         p.join()
     assert busy is not None and busy >= 0.5, busy
+
+
+def test_hold_threads_settles_once_and_stops_following_the_load(machine, monkeypatch):
+    """The demo holds one thread count (its figures repeat only at one count): settled on the CPUs free at its
+    start, not changed when the other process ends."""
+    auto = Q.AutoThreads(ceiling=2, every=1.0)
+    monkeypatch.setattr(Q, "_AUTO", auto)
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    before = torch.get_num_threads()
+    try:
+        machine.others, machine.own = 1.0, 1.0  # one of the two CPUs busy at the start
+        machine.advance(1.0)
+        line = Q.hold_threads()
+        assert "torch runs 1 thread" in line and torch.get_num_threads() == 1
+        machine.others = 0.0
+        machine.advance(4.0)
+        assert Q.auto_threads() is None  # what the Trainer asks for its re-checks: none from here on
+        assert torch.get_num_threads() == 1
+        assert Q.hold_threads() is None  # once held, a second call changes nothing
+        monkeypatch.setattr(Q, "_AUTO", None)
+        assert Q.hold_threads() is None  # the user's OMP_NUM_THREADS (or one thread): nothing to hold
+    finally:
+        torch.set_num_threads(before)

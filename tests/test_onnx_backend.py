@@ -193,3 +193,107 @@ def test_export_onnx_writes_a_graph_onnxruntime_runs(what, bert_folder, model_fo
         got = ort.InferenceSession(str(out)).run(None, {"input_ids": ids, "attention_mask": mask})[0]
         assert np.array_equal(got, want)
     assert main(["export-onnx", str(source), "--out", str(tmp_path / "g.txt")]) == 2
+
+
+# -- neighbors and serve -----------------------------------------------------------------------------------------
+def _neighbor_corpus() -> list[str]:
+    """Tweets, and one text three windows long (64 positions): embed reads it in overlapping windows."""
+    return [*TEXTS[:20], " ".join(TEXTS[20:40])]
+
+
+@pytest.mark.parametrize("family", ["bert", "gpt"])
+def test_neighbors_on_onnx_give_torch_words_and_cosines(family, wordpiece_tokenizer, bpe_tokenizer):
+    from lmforge.models.neighbors import corpus_word_vectors, neighbors
+
+    maker, tok = {"bert": (tiny_bert, wordpiece_tokenizer), "gpt": (tiny_gpt, bpe_tokenizer)}[family]
+    body = maker(tok).eval()
+    body.tokenizer = tok
+    corpus = _neighbor_corpus()
+    assert len(tok.encode(corpus[-1])) > 2 * 64
+    words, exact, counts = corpus_word_vectors(body, corpus, batch_size=8)
+    got_words, got, got_counts = corpus_word_vectors(body, corpus, batch_size=8,
+                                                     forward=onnx_backend.onnx_forward(body))
+    assert got_words == words and got_counts == counts
+    assert np.abs(got - exact).max() <= 1e-4
+    query = words[int(np.argmax(counts))]  # the corpus's most frequent word
+    want = neighbors(body, query, 8, corpus)
+    for backend in ("onnx", "auto"):
+        found = neighbors(body, query, 8, corpus, backend=backend)
+        assert [w for w, _ in found] == [w for w, _ in want]
+        assert [s for _, s in found] == pytest.approx([s for _, s in want], abs=1e-4)
+
+
+def test_a_body_without_a_runnable_graph_is_refused_in_one_line_and_auto_takes_torch(wordpiece_tokenizer):
+    from test_transfer_families import tiny_elmo
+
+    from lmforge.models.neighbors import neighbors
+
+    body = tiny_elmo(wordpiece_tokenizer).eval()
+    body.tokenizer = wordpiece_tokenizer
+    corpus = _neighbor_corpus()[:8]
+    with pytest.raises(LmforgeError, match="does not run on ONNX Runtime.*--backend torch"):
+        neighbors(body, "the", 5, corpus, backend="onnx")
+    assert neighbors(body, "the", 5, corpus, backend="auto") == neighbors(body, "the", 5, corpus)
+
+
+def test_neighbors_cli_takes_the_backend(bert_folder, tmp_path, capsys):
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text("\n".join(_neighbor_corpus()) + "\n", encoding="utf-8")
+    answers = {}
+    for backend in ("torch", "onnx"):
+        assert main(["neighbors", str(bert_folder), "the", "--corpus", str(corpus), "--top-k", "5", "--backend",
+                     backend, "--json"]) == 0
+        answers[backend] = json.loads(capsys.readouterr().out)
+    assert answers["onnx"]["backend"] == "onnx"
+    assert [n["word"] for n in answers["onnx"]["neighbors"]] == [n["word"] for n in answers["torch"]["neighbors"]]
+    # the graph holds the top layer alone: another layer is refused in one line, naming the way out
+    assert main(["neighbors", str(bert_folder), "the", "--corpus", str(corpus), "--layer", "0", "--backend",
+                 "onnx"]) == 2
+    err = capsys.readouterr().err
+    assert "top layer" in err and "--backend torch" in err and "Traceback" not in err
+
+
+def test_serve_backend_runs_predict_and_embeddings_on_onnx_where_it_applies(bert_folder, model_folders):
+    from fastapi.testclient import TestClient
+
+    from lmforge.data.tasks import TaskData, example_from_fields
+    from lmforge.serve import create_app
+    from lmforge.serve.registry import open_entries
+    from lmforge.transfer import load_run
+
+    run = load_run(model_folders["run"])
+    texts = TEXTS[:6]
+    want = run.predict(TaskData("classify", [example_from_fields("classify", t) for t in texts], run.labels),
+                       use_cache=False)
+    entries = open_entries([model_folders["run"], bert_folder])
+    with TestClient(create_app(entries, backend="onnx")) as client:
+        card = client.get("/v1/models/run").json()
+        assert card["backend"] == "onnx" and card["quantize"] == "none"
+        for t, w in zip(texts, want):
+            r = client.post("/v1/predict", json={"model": "run", "text": t})
+            assert r.status_code == 200, r.text
+            assert r.json()["prediction"]["label"] == w["label"]
+            assert r.json()["prediction"]["probs"] == pytest.approx(w["probs"], abs=1e-4)
+        assert entries["run"].obj._onnx is not None  # the answers came from ONNX Runtime
+        exact = lmforge.load(bert_folder).encode(texts, pool="mean+specials", normalize=True)
+        r = client.post("/v1/embeddings", json={"model": "bert", "input": texts, "pool": "mean+specials"})
+        assert r.status_code == 200, r.text
+        got = np.asarray([d["embedding"] for d in r.json()["data"]], dtype=np.float32)
+        assert np.abs(got - exact).max() <= 1e-4
+        assert onnx_backend._FORWARDS.get(entries["bert"].obj)  # the server's backend ran them
+        # lmforge's own pooling has no graph: the server's backend does not apply, torch answers
+        r = client.post("/v1/embeddings", json={"model": "bert", "input": texts})
+        want_mean = lmforge.load(bert_folder).encode(texts, normalize=True)
+        assert r.status_code == 200 and np.array_equal(
+            np.asarray([d["embedding"] for d in r.json()["data"]], dtype=np.float32), want_mean)
+
+
+def test_serve_refuses_int8_on_torch_before_loading(bert_folder, capsys):
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    assert main(["serve", str(bert_folder), "--port", str(port), "--quantize", "int8"]) == 2
+    err = capsys.readouterr().err
+    assert "int8 runs on ONNX Runtime" in err and "--backend onnx" in err and "Traceback" not in err

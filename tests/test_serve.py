@@ -418,6 +418,38 @@ def test_concurrent_requests_share_batches_and_get_their_own_answers(folders):
     assert b_pred.items == len(sentences) and b_pred.calls < len(sentences)
 
 
+def test_concurrent_embeddings_requests_share_forward_passes(folders):
+    import httpx
+
+    from lmforge.models.vectors import encode
+
+    app = create_app(_entries(folders, ["bert"]), ServeLimits(max_batch=16, batch_wait_ms=20))
+    rng = random.Random(0)
+    words = [w for s in POS + NEG for w in s.split()]
+    requests = [[" ".join(rng.choices(words, k=rng.randint(2, 12))) for _ in range(rng.randint(1, 3))]
+                for _ in range(12)]
+    options = [{}, {"normalize": False, "pool": "max"}]  # two option sets in flight: each encoded with its own
+
+    async def go():
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://test") as c:
+            return await asyncio.gather(*[
+                c.post("/v1/embeddings", json={"model": "bert", "input": texts, **options[i % 2]})
+                for i, texts in enumerate(requests)
+            ])
+
+    answers = asyncio.run(go())
+    bert = lmforge.load(folders["bert"])
+    for i, (texts, r) in enumerate(zip(requests, answers)):
+        assert r.status_code == 200, r.text
+        got = np.asarray([d["embedding"] for d in r.json()["data"]], dtype=np.float32)
+        want = encode(bert, texts, normalize=True) if i % 2 == 0 else encode(bert, texts, pool="max")
+        assert got.shape == want.shape and np.abs(got - want).max() <= 1e-5  # padded beside other texts
+        assert r.json()["usage"]["prompt_tokens"] == sum(len(bert.tokenizer.encode(t)) for t in texts)
+    batcher = app.state.server.batchers[("bert", "encode")]
+    assert batcher.items == sum(map(len, requests)) and batcher.calls < len(requests)
+
+
 def test_micro_batcher_isolates_a_failing_request():
     from lmforge.serve.batching import MicroBatcher
 

@@ -339,6 +339,18 @@ def choose_threads(environ: dict | None = None) -> str | None:
     return line
 
 
+def hold_threads() -> str | None:
+    """Settle lmforge's thread count once (the CPUs free now) and keep it for the rest of the process: for work
+    whose figures must repeat (floating-point sums depend on the thread count), such as the demo's.  Nothing when
+    the user's ``OMP_NUM_THREADS`` decides or there is one thread.  Returns the settle line to log, or None."""
+    global _AUTO
+    auto = auto_threads()
+    if auto is None:
+        return None
+    _AUTO = None  # no re-check from here on: auto_threads() answers None
+    return auto.settle()
+
+
 def ceiling_threads(quota: float | None = None) -> int:
     """The most threads lmforge runs: one per physical core, no more than the CPUs this process may run on
     (``taskset``, ``docker --cpuset-cpus``), or the count of a smaller ``quota`` (default: the quota that binds
@@ -357,5 +369,5 @@ def auto_threads() -> AutoThreads | None:
 
 __all__ = ["quota_cores", "torch_default_threads", "quota_threads", "cap_threads_to_quota", "user_chose_threads",
            "read_ticks", "others_between", "others_busy_cores", "free_threads", "AutoThreads", "choose_threads",
-           "ceiling_threads",
+           "hold_threads", "ceiling_threads",
            "auto_threads"]

@@ -14,6 +14,7 @@ EPILOG = """\
 examples:
   lmforge neighbors models/w2v python --top-k 5
   lmforge neighbors models/bert python --corpus corpus.txt --layer -1
+  lmforge neighbors models/bert python --corpus corpus.txt --backend onnx
 
 word2vec: the cosine between the word's vector and every vocabulary token's (gensim's most_similar).
 BERT, GPT, ELMo: every word of --corpus (one text per line) gets the mean of its vectors over its
@@ -39,6 +40,9 @@ def register(sub) -> None:
     p.add_argument("--min-count", type=int, default=1, metavar="N",
                    help="contextual models: only words seen at least N times in --corpus (default 1)")
     p.add_argument("--batch-size", type=int, default=32, metavar="N", help="corpus texts per forward pass")
+    p.add_argument("--backend", choices=["torch", "onnx", "auto"], default="torch",
+                   help="what runs a contextual model over --corpus: torch, ONNX Runtime (the onnx extra; the top "
+                        "layer), or auto: the faster on this machine, measured once per model (default torch)")
     add_device_arg(p)
     add_json_arg(p)
     p.set_defaults(func=run, reads=("model_dir", "--corpus"))
@@ -59,9 +63,9 @@ def run(args) -> int:
     if args.corpus is not None:
         corpus = read_texts(args.corpus, args.text_field, args.format, args.split, skip_blank=True)
     found = neighbors(model, args.word, args.top_k, corpus, layer=args.layer, min_count=args.min_count,
-                      batch_size=args.batch_size, progress=bar)
+                      batch_size=args.batch_size, progress=bar, backend=args.backend)
     record = {"model": str(args.model_dir), "model_type": model.model_type, "word": args.word,
-              "neighbors": [{"word": w, "cosine": score} for w, score in found]}
+              "backend": args.backend, "neighbors": [{"word": w, "cosine": score} for w, score in found]}
     width = max(len(w) for w, _ in found) if found else 0
     show(args, record, [f"{w:<{width}}  {score:.4f}" for w, score in found])
     return 0

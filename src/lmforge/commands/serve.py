@@ -23,7 +23,8 @@ endpoints (JSON; errors are one line with a 4xx/5xx status; OpenAPI docs at /doc
 OpenAI-compatible (for the openai client, LangChain, LlamaIndex ...; base URL http://HOST:PORT/v1):
   POST /v1/completions        {"model", "prompt", "max_tokens", "temperature", "top_p", "stop", "seed", "n",
                                "stream"}   (GPT models)
-  POST /v1/embeddings         {"model", "input", "encoding_format"}   (any model; unit-length mean vectors)
+  POST /v1/embeddings         {"model", "input", "encoding_format"}   (any model; unit-length mean vectors;
+                               concurrent requests share forward passes)
   GET  /v1/models             the loaded folders, in OpenAI's list shape
 
 examples:
@@ -31,6 +32,7 @@ examples:
   curl -s localhost:8000/v1/fill-mask -d '{"model": "bert", "text": "the python is a large [MASK] ."}'
   curl -s localhost:8000/v1/completions -d '{"model": "gpt", "prompt": "The python", "max_tokens": 20}'
   curl -s localhost:8000/v1/embeddings -d '{"model": "bert", "input": ["a large snake", "a language"]}'
+  lmforge serve runs/ft models/minilm --backend onnx   # predictions and sentence embeddings on ONNX Runtime
   LMFORGE_API_KEY=change-me lmforge serve models/bert --host 0.0.0.0 --allowed-host lab.example.org
 """
 
@@ -56,6 +58,14 @@ def register(sub) -> None:
         help="what every folder computes in: fp32, bf16, fp16 (CUDA only) or auto (bf16 where the device computes it "
              "natively and the model is wide enough to gain). Default: a model folder in fp32, a run in the "
              "precision it was fine-tuned in. /v1/models lists each folder's")
+    p.add_argument("--backend", choices=["torch", "onnx", "auto"], default="torch",
+                   help="what runs /v1/predict of the fine-tuned runs (frozen and finetune runs) and /v1/embeddings "
+                        "where a sentence pipeline reads the texts (a request's own backend wins): torch, ONNX "
+                        "Runtime (the onnx extra), or auto: the faster on this machine, measured once per model "
+                        "(default torch)")
+    p.add_argument("--quantize", choices=["none", "int8"], default="none",
+                   help="int8: ONNX Runtime's dynamic int8 for the same (with --backend onnx or auto), faster but "
+                        "approximate (default none: exact fp32)")
     access = p.add_argument_group("access")
     access.add_argument(
         "--api-key",
@@ -130,8 +140,10 @@ def run(args) -> int:
         max_batch=args.max_batch,
         batch_wait_ms=args.batch_wait_ms,
     )
+    if args.backend == "torch" and args.quantize != "none":
+        raise LmforgeError("int8 runs on ONNX Runtime: use --backend onnx (or auto) with --quantize int8")
     app = create_app(args.paths, limits, access_for(args.host, key, hosts, origins), device=args.device,
-                     precision=args.precision)
+                     precision=args.precision, backend=args.backend, quantize=args.quantize)
     if not loopback and key is None:
         logging.getLogger("lmforge").warning(
             "binding %s without an API key (--insecure): anyone who can reach this address can use it", args.host

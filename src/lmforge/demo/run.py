@@ -8,6 +8,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from ..cpu_quota import hold_threads
 from ..errors import LmforgeError
 from ..train.config import parse_duration
 from ..train.precision import resolve_device, resolve_precision
@@ -131,6 +132,9 @@ def run_demo(
         raise LmforgeError(f"--out {folder} is a file; give a folder for the demo")
     folder.mkdir(parents=True, exist_ok=True)
     resolved = _resolved_precision(device, precision)
+    held = hold_threads()  # one thread count for the whole run, the one report.md names: the figures repeat
+    if held:
+        logger.info("%s; the demo keeps this count to its end", held)
     ctx = DemoContext(folder, plan, progress or no_progress, show_bars, device=device, precision=resolved,
                       precision_asked=precision, machine=machine_line(resolved), left_out=left_out)
     logger.info("the demo computes on %s", ctx.machine)

@@ -158,7 +158,8 @@ class PretrainedModel(nn.Module):
         raise NotImplementedError
 
     @torch.no_grad()
-    def embed(self, texts: list[str], batch_size: int = 32) -> list[TokenLayers]:
+    def embed(self, texts: list[str], batch_size: int = 32,
+              forward: sentence.Forward | None = None) -> list[TokenLayers]:
         """Every layer's vector of every token of each text, in eval mode (uses ``self.tokenizer``).
 
         Each text is read as ``specials-before + tokens + specials-after``; a text longer than
@@ -168,10 +169,12 @@ class PretrainedModel(nn.Module):
         Args:
             texts: raw strings.
             batch_size: windows per forward pass (shortest first, so a batch holds windows of similar length).
+            forward: a top-layer forward pass (:data:`lmforge.models.sentence.Forward`, e.g. an ONNX Runtime
+                session) to run the windows on instead of the model; the layers are then the top one alone.
         Returns:
             One :class:`TokenLayers` per text: its tokens (no special tokens), their character offsets and
-            layers (L, n_tokens, C); ``cls`` holds the first window's vectors of the first special token
-            before the text, when the family puts one there.
+            layers (L, n_tokens, C) (L = 1 with ``forward``); ``cls`` holds the first window's vectors of the
+            first special token before the text, when the family puts one there.
         """
         if self.tokenizer is None:
             raise LmforgeError(f"this {self.model_type} model has no tokenizer attached; "
@@ -180,15 +183,17 @@ class PretrainedModel(nn.Module):
         rows = [(t, w) for t, (ids, _, _) in enumerate(encoded)
                 for w in plan_windows(len(ids), self.embed_window(), self.embed_causal)]
         rows.sort(key=lambda row: row[1].end - row[1].start)  # similar lengths share a batch: little padding
-        n_layers, width = len(self.layer_names()), self.hidden_size
-        out = [TokenLayers(list(tokens), [tuple(o) for o in offsets], torch.zeros(n_layers, len(ids), width),
-                           self.layer_names()) for ids, tokens, offsets in encoded]
+        names = self.layer_names() if forward is None else self.layer_names()[-1:]
+        width = self.hidden_size
+        out = [TokenLayers(list(tokens), [tuple(o) for o in offsets], torch.zeros(len(names), len(ids), width),
+                           list(names)) for ids, tokens, offsets in encoded]
         with self.evaluating():
             for start in range(0, len(rows), batch_size):
-                self._embed_rows(rows[start : start + batch_size], encoded, out)
+                self._embed_rows(rows[start : start + batch_size], encoded, out, forward)
         return out
 
-    def _embed_rows(self, rows: list[tuple[int, Window]], encoded: list, out: list[TokenLayers]) -> None:
+    def _embed_rows(self, rows: list[tuple[int, Window]], encoded: list, out: list[TokenLayers],
+                    forward: sentence.Forward | None = None) -> None:
         """Run one batch of windows and copy each window's owned tokens (and first-window [CLS]) into ``out``."""
         before, after = self.embed_specials()
         seqs = [before + list(encoded[t][0][w.start : w.end]) + after for t, w in rows]
@@ -202,8 +207,12 @@ class PretrainedModel(nn.Module):
         for b, r in enumerate(live):
             ids[b, : len(seqs[r])] = torch.tensor(seqs[r], dtype=torch.long)
             mask[b, : len(seqs[r])] = 1
-        device = next(self.parameters()).device
-        stacked = torch.stack(self.hidden_states(ids.to(device), mask.to(device)), dim=1).float().cpu()  # (B, L, T, C)
+        if forward is not None:  # the top layer alone, (B, 1, T, C)
+            stacked = torch.from_numpy(forward(ids.numpy(), mask.numpy())).float().unsqueeze(1)
+        else:
+            device = next(self.parameters()).device
+            states = self.hidden_states(ids.to(device), mask.to(device))
+            stacked = torch.stack(states, dim=1).float().cpu()  # (B, L, T, C)
         for b, r in enumerate(live):
             t, w = rows[r]
             lo = len(before) + w.own_start - w.start

@@ -24,6 +24,9 @@ import torch
 
 from ..errors import LmforgeError
 from ..families.word2vec.model import word_index
+from . import onnx_backend
+from .onnx_backend import BACKENDS
+from .sentence import Forward, padded
 from .vectors import Progress, progress_updates, read_texts, resolve_layer
 
 logger = logging.getLogger(__name__)
@@ -41,6 +44,7 @@ def neighbors(
     min_count: int = 1,
     batch_size: int = 32,
     progress: Progress = False,
+    backend: str = "torch",
 ) -> list[tuple[str, float]]:
     """The ``top_k`` words nearest to ``word`` by cosine similarity, best first (see the module docstring).
 
@@ -55,6 +59,9 @@ def neighbors(
         min_count: contextual families: candidate words must occur at least this often in the corpus.
         batch_size: texts per ``embed`` call over the corpus.
         progress: as for :func:`lmforge.models.vectors.encode` (counts corpus texts).
+        backend: contextual families: what runs the model over the corpus: ``torch``, ``onnx`` (ONNX Runtime, the
+            top layer's graph) or ``auto`` (the faster, measured once per model and machine); word2vec reads its
+            vectors and runs nothing.
     Returns:
         ``[(word, cosine), ...]``, at most ``top_k`` of them.
     """
@@ -65,6 +72,8 @@ def neighbors(
         raise LmforgeError(f"top_k must be >= 1, got {top_k}")
     if model.tokenizer is None:
         raise LmforgeError("the model has no tokenizer attached; load it with lmforge.load(MODEL_DIR)")
+    if backend not in BACKENDS:
+        raise LmforgeError(f"unknown backend '{backend}'; choose one of {', '.join(BACKENDS)}")
     if not model.contextual:
         if corpus is not None:
             logger.info("%s vectors do not depend on context: the corpus is not read", model.model_type)
@@ -73,7 +82,12 @@ def neighbors(
         raise LmforgeError(f"{model.model_type} vectors depend on the sentence: neighbours need a corpus whose "
                            "occurrences give each word its mean vector (--corpus FILE)")
     texts = _corpus_texts(corpus)
-    words, vectors, counts = corpus_word_vectors(model, texts, layer=layer, batch_size=batch_size, progress=progress)
+    forward = None
+    if backend != "torch":
+        forward = top_forward(model, texts, layer, backend, batch_size)
+        layer = None  # the forward gives the top layer alone
+    words, vectors, counts = corpus_word_vectors(model, texts, layer=layer, batch_size=batch_size, progress=progress,
+                                                 forward=forward)
     key = word.lower() if model.tokenizer.lowercase else word
     if key not in words:
         raise LmforgeError(f"'{word}' does not occur in the corpus ({len(texts)} texts, {len(words)} words); "
@@ -125,10 +139,28 @@ def _corpus_texts(corpus) -> list[str]:
     return texts
 
 
+def top_forward(model, texts: Sequence[str], layer: int | None, backend: str, batch_size: int) -> Forward | None:
+    """The top-layer forward ``backend`` names for ``model`` (:func:`lmforge.models.onnx_backend.select`; None =
+    torch); ``auto`` times both on a batch of ``texts`` as ``embed`` reads them.  The graph holds the top layer
+    only, so another ``layer`` is refused."""
+    n_layers = len(model.layer_names())
+    if resolve_layer(layer, n_layers) != n_layers - 1:
+        raise LmforgeError(f"--backend {backend} reads the top layer: leave --layer out (or give -1), or use "
+                           f"--backend torch for layer {layer}")
+    before, after = model.embed_specials()
+    window = model.embed_window()
+    rows = [before + ids[:window] + after for ids in model.tokenizer.encode_batch(list(texts[:batch_size]))]
+    pad = model.tokenizer.pad_id if model.tokenizer.pad_id is not None else 0
+    forward, _ = onnx_backend.select(model, backend, "none", padded([r or [pad] for r in rows], pad))
+    return forward
+
+
 def corpus_word_vectors(
-    model, texts: Sequence[str], *, layer: int | None = None, batch_size: int = 32, progress: Progress = False
+    model, texts: Sequence[str], *, layer: int | None = None, batch_size: int = 32, progress: Progress = False,
+    forward: Forward | None = None,
 ) -> tuple[list[str], np.ndarray, list[int]]:
-    """Each word of ``texts``: its mean vector over its occurrences at ``layer`` (see the module docstring).
+    """Each word of ``texts``: its mean vector over its occurrences at ``layer`` (see the module docstring), from
+    the model, or from ``forward`` (a top-layer forward pass, :func:`top_forward`: ``layer`` must then be None).
 
     Returns:
         ``(words, vectors (n_words, C) float32, counts)`` in order of first occurrence.
@@ -140,7 +172,7 @@ def corpus_word_vectors(
     with progress_updates(progress, len(texts)) as update:
         for start in range(0, len(texts), batch_size):
             chunk = list(texts[start : start + batch_size])
-            for text, tl in zip(chunk, model.embed(chunk)):
+            for text, tl in zip(chunk, model.embed(chunk) if forward is None else model.embed(chunk, forward=forward)):
                 vecs = tl.layers[resolve_layer(layer, tl.layers.shape[0])]  # (n, C)
                 for key, rows in _words(text, tl.offsets, lower):
                     i = index.setdefault(key, len(index))

@@ -174,7 +174,14 @@ def body_graph(body, quantize: str = "none") -> Path:
 
 def onnx_forward(body, quantize: str = "none", threads: int | None = None) -> Forward:
     """A sentence pipeline's forward pass (:data:`lmforge.models.sentence.Forward`) on ONNX Runtime."""
-    sess = session(body_graph(body, quantize), threads)
+    try:
+        sess = session(body_graph(body, quantize), threads)
+    except LmforgeError:
+        raise
+    except Exception as e:  # noqa: BLE001 - the exporter or ONNX Runtime refusing the graph (ELMo's LSTMs)
+        first = (str(e).strip().splitlines() or [""])[0][:200]
+        raise LmforgeError(f"the {body.model_type} model's top layer does not run on ONNX Runtime ({type(e).__name__}: "
+                           f"{first}); use --backend torch") from None
     # a graph whose states do not depend on the mask (GPT: causal, padding only at the end) has no mask input
     takes_mask = "attention_mask" in {i.name for i in sess.get_inputs()}
 
@@ -233,7 +240,10 @@ def select(body, backend: str, quantize: str, probe: tuple[np.ndarray, np.ndarra
     known = autotune.lookup(question)
     if known is not None and known["choice"] == "torch":  # measured before: no graph needed
         return None, "torch"
-    onnx = cached_forward(body, quantize)
+    try:
+        onnx = cached_forward(body, quantize)
+    except LmforgeError:  # no graph of this body runs on ONNX Runtime (ELMo): auto takes torch
+        return None, "torch"
     top = TopStates(body)
 
     @torch.no_grad()

@@ -33,11 +33,12 @@ from fastapi.responses import HTMLResponse, Response
 
 from .. import __version__
 from ..data.tasks import TaskData, example_from_fields
-from ..errors import DataError, LmforgeError
+from ..errors import DataError, LmforgeError, MissingExtraError
 from ..evaluate import find_word, layer_names, span_vectors
 from ..evaluate.polysemy import word_similarities
 from ..generation import check_generation_args
-from ..models.vectors import encode
+from ..models.onnx_backend import BACKENDS, QUANTIZE
+from ..transfer.onnx_run import run_graph
 from ..utils import check_unicode
 from . import openai as openai_routes
 from .batching import MicroBatcher
@@ -61,9 +62,15 @@ _NEEDS = {
 class Server:
     """The loaded folders, their batchers, the generation slots and the request logic (one per app)."""
 
-    def __init__(self, entries: dict[str, Entry], limits: ServeLimits):
+    def __init__(self, entries: dict[str, Entry], limits: ServeLimits, backend: str = "torch", quantize: str = "none"):
+        if backend not in BACKENDS or quantize not in QUANTIZE:
+            raise LmforgeError(f"a server computes on torch, onnx or auto, in fp32 (none) or int8; not "
+                               f"{backend}/{quantize}")
+        if backend == "torch" and quantize != "none":
+            raise LmforgeError("int8 runs on ONNX Runtime: use --backend onnx (or auto) with --quantize int8")
         self.entries = entries
         self.limits = limits
+        self.backend, self.quantize = backend, quantize  # what sentence pipelines and runs run on (--backend)
         self.generations = Generations(limits.max_generations)
         self.batchers: dict[tuple[str, str], MicroBatcher] = {}
         self._reload_locks: dict[str, asyncio.Lock] = {}
@@ -78,12 +85,12 @@ class Server:
             self.batchers[(name, "embed")] = MicroBatcher(
                 lambda items, e=e: e.compute(e.obj.embed, items), self.limits.max_batch, wait, f"embed {name}"
             )
-            # one request's texts per call, batched as `lmforge encode` batches them, so the vectors are the same
+            # /v1/embeddings: the texts of concurrent requests in one encode call (openai.encode_items)
             self.batchers[(name, "encode")] = MicroBatcher(
-                lambda items, e=e: [e.compute(encode, e.obj, texts, **options) for texts, options in items], 1, 0.0,
-                f"encode {name}",
+                lambda items, e=e: openai_routes.encode_items(e, items), self.limits.max_batch, wait, f"encode {name}"
             )
         if "predict" in e.supports:
+            self._set_run_backend(e)
             self.batchers[(name, "predict")] = MicroBatcher(
                 self._predict_fn(e), self.limits.max_batch, wait, f"predict {name}"
             )
@@ -92,6 +99,21 @@ class Server:
                 lambda items, e=e: [e.compute(e.obj.fill_mask, t, top_k=k) for t, k in items], 1, 0.0,
                 f"fill-mask {name}",
             )
+
+    def _set_run_backend(self, e: Entry) -> None:
+        """Let run ``e`` predict on the server's backend where the run has an ONNX graph (exported now, not on the
+        first request); a run without one (features mode, a pair read in both orders) stays on torch."""
+        if self.backend == "torch" and self.quantize == "none":
+            return
+        try:
+            e.obj.set_backend(self.backend, self.quantize)
+            if self.backend == "onnx" or self.quantize != "none":
+                run_graph(e.obj, self.quantize)
+        except MissingExtraError:  # asked for ONNX Runtime without it: say so before serving anything
+            raise
+        except LmforgeError as ex:
+            e.obj.set_backend("torch")
+            logger.warning("'%s' predicts on torch: %s", e.name, ex)
 
     @staticmethod
     def _predict_fn(entry: Entry):
@@ -358,6 +380,8 @@ def create_app(
     access: ServeAccess | None = None,
     device: str | None = None,
     precision: str | None = None,
+    backend: str = "torch",
+    quantize: str = "none",
 ) -> FastAPI:
     """The FastAPI app serving ``paths`` (model folders, runs, folders being pretrained).
 
@@ -371,13 +395,17 @@ def create_app(
             runs where their own config says.
         precision: what the folders compute in (``fp32``, ``bf16``, ``fp16`` on CUDA, ``auto``); None: models in
             fp32, runs in the precision they were fine-tuned in.
+        backend: ``torch``, ``onnx`` (ONNX Runtime) or ``auto`` (the faster, measured once per model): what runs
+            the runs' ``/v1/predict`` where a run has an ONNX graph, and ``/v1/embeddings`` where a sentence
+            pipeline reads the texts and the request names no backend; elsewhere torch.
+        quantize: ``none`` or ``int8`` (ONNX Runtime's dynamic int8, approximate) for the same.
     Returns:
         The app; run it with uvicorn (``lmforge serve``) or test it with ``fastapi.testclient.TestClient``.
     """
     limits = limits or ServeLimits()
     access = access or ServeAccess()
     entries = paths if isinstance(paths, dict) else open_entries(list(paths), device, precision)
-    server = Server(entries, limits)
+    server = Server(entries, limits, backend, quantize)
     app = FastAPI(
         title="lmforge serve",
         version=__version__,

@@ -14,7 +14,10 @@ written against vLLM or llama.cpp's server call.
   as OpenAI's embeddings are (clients written for them compare by dot product or by Euclidean distance,
   which rank as cosine only for unit vectors).  lmforge's ``normalize``, ``pool`` and ``layer`` change
   that (``extra_body`` in the ``openai`` client), so ``lmforge encode``'s own defaults are one request away;
-  ``backend`` (``torch``, ``onnx``, ``auto``) and ``quantize`` (``none``, ``int8``) are ``lmforge encode``'s.
+  ``backend`` (``torch``, ``onnx``, ``auto``) and ``quantize`` (``none``, ``int8``) are ``lmforge encode``'s
+  (left out: the server's ``--backend`` where a sentence pipeline reads the texts).  The texts of requests that
+  arrive together with the same options are encoded in one call (:func:`encode_items`), so they share padded
+  forward passes.
 - ``GET /v1/models`` and ``/v1/models/NAME``: OpenAI's list shape; lmforge's details (kind, family,
   parameters, supports, path, reloads ...) are extra keys of each model.
 
@@ -33,8 +36,10 @@ from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 import numpy as np
 from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel, Field
 
+from ..models.vectors import encode, sentence_pipeline
 from .errors import HTTPError
 from .generating import Generated, Generations, generate_one
 from .requests import COUNT_MAX, LAYER_MAX, SEED_MAX, Seed, ServeLimits, TopP
@@ -103,9 +108,11 @@ class EmbeddingRequest(BaseModel):
     pool: Literal["mean", "max", "cls", "mean+specials"] | None = Field(
         None, description="lmforge: how token vectors become one (default: the model's sentence pipeline, else mean)")
     layer: int | None = Field(None, ge=-LAYER_MAX, le=LAYER_MAX, description="lmforge: which layer (default top)")
-    backend: Literal["torch", "onnx", "auto"] = Field(
-        "torch", description="lmforge: what runs a sentence pipeline's model (onnx: ONNX Runtime; auto: the faster)")
-    quantize: Literal["none", "int8"] = Field("none", description="lmforge: int8 = ONNX Runtime's dynamic int8")
+    backend: Literal["torch", "onnx", "auto"] | None = Field(
+        None, description="lmforge: what runs a sentence pipeline's model (onnx: ONNX Runtime; auto: the faster); "
+        "default: the server's --backend where a sentence pipeline reads the texts, else torch")
+    quantize: Literal["none", "int8"] | None = Field(
+        None, description="lmforge: int8 = ONNX Runtime's dynamic int8; default: as for backend")
 
 
 def texts_of(server: Server, value: Any, field: str) -> list[str]:
@@ -243,31 +250,62 @@ def _encoded(vector: np.ndarray, encoding_format: str | None) -> list[float] | s
     return vector.tolist()
 
 
-async def embeddings(server: Server, req: EmbeddingRequest) -> dict:
+def encode_items(e: Entry, items: list[tuple[str, tuple]]) -> list[tuple[np.ndarray, int]]:
+    """``(vector, token count)`` of each ``(text, options)`` item of concurrent ``/v1/embeddings`` requests (the
+    micro-batcher's function: it runs in a worker thread).  The texts that share options are encoded in one
+    :func:`~lmforge.models.vectors.encode` call, which sorts them by length into padded forward passes; a
+    request that arrives alone is encoded exactly as ``lmforge encode`` encodes its texts."""
+    groups: dict[tuple, list[int]] = {}
+    for i, (_, options) in enumerate(items):
+        groups.setdefault(options, []).append(i)
+    out: list = [None] * len(items)
+    for options, rows in groups.items():
+        texts = [items[i][0] for i in rows]
+        vectors = e.compute(encode, e.obj, texts, **dict(options))
+        for i, text, v in zip(rows, texts, vectors):
+            out[i] = (v, len(e.obj.tokenizer.encode(text)))
+    return out
+
+
+def _encode_options(server: Server, e: Entry, req: EmbeddingRequest) -> tuple:
+    """The options ``encode`` runs a request with, hashable (requests with the same options share a batch).  A
+    backend or quantization the request leaves out is the server's where a sentence pipeline reads the texts
+    (the ONNX graph covers that pipeline only), else torch in fp32."""
+    pipeline = sentence_pipeline(e.obj, req.layer, req.pool) is not None
+    backend = req.backend or (server.backend if pipeline else "torch")
+    quantize = req.quantize or (server.quantize if pipeline and req.backend in (None, server.backend) else "none")
+    options = dict(layer=req.layer, pool=req.pool, normalize=req.normalize, backend=backend, quantize=quantize)
+    return tuple(sorted(options.items()))
+
+
+async def embeddings(server: Server, req: EmbeddingRequest) -> Response:
     e = await server.entry(req.model, "embed")
     texts = texts_of(server, req.input, "input")
     width = e.obj.hidden_size
     if req.dimensions is not None and req.dimensions != width:
         raise HTTPError(400, f"'{req.model}' gives {width}-dimensional vectors; leave dimensions out or give {width}",
                         "dimensions")
-    options = dict(layer=req.layer, pool=req.pool, normalize=req.normalize, backend=req.backend,
-                   quantize=req.quantize)
-    (vectors,) = await server.batchers[(req.model, "encode")].submit([(texts, options)])
-    n_tokens = sum(len(e.obj.tokenizer.encode(t)) for t in texts)
-    return {
+    options = _encode_options(server, e, req)
+    done = await server.batchers[(req.model, "encode")].submit([(t, options) for t in texts])
+    n_tokens = sum(n for _, n in done)
+    # written here rather than by FastAPI's encoder, which walks every float of every vector on the event loop
+    return JSONResponse({
         "object": "list",
         "data": [
             {"object": "embedding", "index": i, "embedding": _encoded(v, req.encoding_format)}
-            for i, v in enumerate(vectors)
+            for i, (v, _) in enumerate(done)
         ],
         "model": req.model,
         "usage": {"prompt_tokens": n_tokens, "total_tokens": n_tokens},
-    }
+    })
 
 
 def model_card(e: Entry) -> dict:
     """One model as OpenAI lists it, with lmforge's details as extra keys."""
-    return {"id": e.name, "object": "model", "created": int(e.loaded_at), "owned_by": "lmforge", **e.describe()}
+    card = {"id": e.name, "object": "model", "created": int(e.loaded_at), "owned_by": "lmforge", **e.describe()}
+    if e.kind == "run":  # what /v1/predict runs on (serve --backend, torch where the run has no ONNX graph)
+        card.update(backend=e.obj.backend, quantize=e.obj.quantize)
+    return card
 
 
 def add_routes(app: FastAPI, server: Server) -> None:
@@ -290,6 +328,6 @@ def add_routes(app: FastAPI, server: Server) -> None:
         return await completions(server, req, request)
 
     @app.post("/v1/embeddings")
-    async def create_embeddings(req: EmbeddingRequest) -> dict:
+    async def create_embeddings(req: EmbeddingRequest) -> Response:
         """OpenAI's embeddings (any family): one vector per input text, as floats or base64 float32."""
         return await embeddings(server, req)
