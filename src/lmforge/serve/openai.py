@@ -57,6 +57,8 @@ class Server(Protocol):
     limits: ServeLimits
     generations: Generations
     batchers: dict[tuple[str, str], MicroBatcher]
+    backend: str
+    quantize: str
 
     async def fresh(self, name: str) -> Entry: ...
 
