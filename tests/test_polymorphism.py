@@ -21,7 +21,8 @@ from lmforge.transfer.specs import SPECS
 
 SRC = Path(lmforge.__file__).resolve().parent
 NAMES = set(SPECS) | set(FAMILIES)
-OWNERS = {"transfer/specs.py", "models/registry.py", "interop/bert.py", "interop/electra.py", "interop/gpt2.py"}
+OWNERS = {"transfer/specs.py", "families/registry.py", "families/bert/hf.py", "families/electra/hf.py",
+          "families/gpt/hf.py"}
 # the same word with another meaning: a token budget, a pooling mode, an autotune cache entry
 OTHER_MEANING = {("train/budget.py", 'b.kind == "tokens"'), ("transfer/config.py", 'pool == "tokens"'),
                  ("transfer/encoding.py", 'self.pool == "tokens"'), ("nn/autotune.py", '"choice" in entry')}
