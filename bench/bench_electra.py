@@ -71,9 +71,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from lmforge.families.bert.model import BertConfig, BertForPreTraining
     from lmforge.families.electra.model import ElectraConfig, ElectraForPreTraining
-    from lmforge.families.recipes import PRESETS as ALL_PRESETS
-
-    PRESETS = ALL_PRESETS["electra"]
+    from lmforge.families.electra.presets import PRESETS
 
     if args.preset not in PRESETS:
         print(f"unknown preset {args.preset!r}; choose one of {', '.join(PRESETS)}", file=sys.stderr)

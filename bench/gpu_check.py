@@ -78,7 +78,8 @@ def step_check(device: str) -> dict:
     import numpy as np
     import torch
 
-    from lmforge.families.gpt.model import PRESETS, GPTConfig, GPTLMHeadModel
+    from lmforge.families.gpt.model import GPTConfig, GPTLMHeadModel
+    from lmforge.families.gpt.presets import PRESETS
     from lmforge.train import TrainConfig, Trainer
 
     class Windows:  # random windows of a fixed token stream: the sampler contract, no shards needed

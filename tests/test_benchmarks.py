@@ -104,14 +104,14 @@ def _tweets_bert(max_positions: int):
 
 
 def test_benchmark_cli_curve_with_a_baseline_in_another_shape(tmp_path, capsys):
-    from lmforge.families.recipes import PRESETS
+    from lmforge.families.bert.presets import PRESETS
     from lmforge.transfer.curve import curve_leads, preset_body
 
     tok, body = _tweets_bert(48)
     # the preset's shape, the pretrained body's vocabulary and positions, fresh weights
     tiny = preset_body(body, "tiny")
-    assert (tiny.config.hidden_size, tiny.config.num_hidden_layers) == (PRESETS["bert"]["tiny"]["hidden_size"],
-                                                                         PRESETS["bert"]["tiny"]["num_hidden_layers"])
+    assert (tiny.config.hidden_size, tiny.config.num_hidden_layers) == (PRESETS["tiny"]["hidden_size"],
+                                                                         PRESETS["tiny"]["num_hidden_layers"])
     assert tiny.config.vocab_size == tok.vocab_size and tiny.config.max_position_embeddings == 48
     assert tiny.tokenizer is tok and body.config.hidden_size == 32
     body.save_pretrained(tmp_path / "bert", tok)

@@ -13,12 +13,10 @@ from lmforge.config import from_dict
 from lmforge.errors import ConfigError, DataError
 from lmforge.families.bert.data import MaskedLMRecipe
 from lmforge.families.bert.model import BertConfig, BertForPreTraining
-from lmforge.families.pretraining import setup_bert
-from lmforge.families.recipes import DEFAULT_PRESET as DEFAULTS
-from lmforge.families.recipes import PRESETS as ALL_PRESETS
+from lmforge.families.bert.presets import DEFAULT_PRESET, PRESETS
+from lmforge.families.bert.pretraining import setup_bert
 
 V = 101
-DEFAULT_PRESET, PRESETS = DEFAULTS["bert"], ALL_PRESETS["bert"]
 
 
 def tiny_config(**kw) -> BertConfig:
@@ -97,7 +95,7 @@ def test_shapes_and_loss_at_init():
     out = model(**batch)
     n_masked = int((batch["labels"] != -100).sum())
     assert out.logits.shape == (n_masked, V)
-    assert set(out.metrics) == {"mlm_loss", "mlm_acc", "nsp_loss", "nsp_acc"}
+    assert set(out.metrics) == {"mlm_loss", "mlm_acc", "nsp_loss", "nsp_acc", "token_cos"}  # eval: the diagnostic
     assert abs(out.metrics["mlm_loss"].item() - math.log(V)) < 0.1
     assert abs(out.metrics["nsp_loss"].item() - math.log(2)) < 0.1
     assert torch.allclose(out.loss, out.metrics["mlm_loss"] + out.metrics["nsp_loss"])

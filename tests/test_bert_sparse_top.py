@@ -76,7 +76,7 @@ def test_the_rule_takes_the_sparse_layer_only_for_few_positions(monkeypatch):
     torch.manual_seed(0)
     cfg = BertConfig(vocab_size=V, hidden_size=32, num_hidden_layers=1, num_attention_heads=4, intermediate_size=48,
                      max_position_embeddings=64)
-    model = BertForPreTraining(cfg).eval()
+    model = BertForPreTraining(cfg).train()
     calls = []
     monkeypatch.setattr(TransformerBlock, "forward_at",
                         lambda self, x, index, mask=None: calls.append(index.shape) or self(x, mask).gather(
@@ -85,6 +85,8 @@ def test_the_rule_takes_the_sparse_layer_only_for_few_positions(monkeypatch):
         model(**_batch(T=40, share=0.15))
         assert len(calls) == 1 and calls[0][1] <= 20
         model(**_batch(T=40, share=0.9))  # most positions scored: the full layer
+        assert len(calls) == 1
+        model.eval()(**_batch(T=40, share=0.15))  # validation reads every top vector (token_cos): the full layer
     assert len(calls) == 1
 
 

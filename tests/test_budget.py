@@ -16,7 +16,6 @@ from lmforge.data.shards import Shards
 from lmforge.errors import ConfigError
 from lmforge.families import FAMILIES
 from lmforge.families.bert.data import MaskedLMRecipe
-from lmforge.families.recipes import PRESETS
 from lmforge.train import budget as B
 from lmforge.train import budget_probe as P
 from lmforge.train import budget_search as S
@@ -74,7 +73,8 @@ class FakeProbe:
 def unlimited_data(monkeypatch):
     """The planner as if the shards were endless: only the compute-optimal rule chooses."""
     monkeypatch.setattr(B, "MAX_EPOCHS", 1e12)
-    monkeypatch.setattr(B, "MAX_EPOCHS_BY_FAMILY", {})
+    for family in FAMILIES.values():
+        monkeypatch.setattr(family, "max_epochs", None)
     monkeypatch.setattr(S, "FULL_VALUE_EPOCHS", 1e12)
 
 
@@ -201,7 +201,7 @@ def test_bert_time_left_after_its_passes_buys_a_larger_shape(wordpiece_shards, m
     # 'mini' is probed), and a throughput at which 15 minutes buy 'tiny' three times the cap's passes: its
     # passes would take a third of the time, and 'mini' (k / N tokens/s) gets fewer than the cap
     cap = 40 * tiny.body_params / unique
-    monkeypatch.setitem(B.MAX_EPOCHS_BY_FAMILY, "bert", cap)
+    monkeypatch.setattr(FAMILIES["bert"], "max_epochs", cap)
     probe_s = 2.0
     train_s = (900 - 2 * probe_s) * (1 - P.RESERVE)
     k = 3 * cap * unique * P.eval_factor(train) * tiny.params / train_s
@@ -218,12 +218,12 @@ def test_bert_time_left_after_its_passes_buys_a_larger_shape(wordpiece_shards, m
     assert not any("prepare more text" in w for w in plan.warnings)
     assert "capped" not in plan.candidates[0] and "uncapped_steps" not in plan.candidates[0]
     # the same budget without step 5: step 3's winner, capped, with the warning to prepare more text
-    monkeypatch.setattr(S, "GROW_WHEN_CAPPED", ())
+    monkeypatch.setattr(FAMILIES["bert"], "grows_when_capped", False)
     plan = B.plan_budget("bert", shards, "15m", search_shape=True, recipe=recipe, probe=FakeProbe(k, probe_s))
     assert plan.preset == "tiny" and plan.max_steps == int(cap * unique / tiny.tokens_per_step)
     assert any("prepare more text" in w for w in plan.warnings)
     # nor when the small shape's passes would take more than half the time (here: two thirds)
-    monkeypatch.setattr(S, "GROW_WHEN_CAPPED", ("bert",))
+    monkeypatch.setattr(FAMILIES["bert"], "grows_when_capped", True)
     plan = B.plan_budget("bert", shards, "15m", search_shape=True, recipe=recipe, probe=FakeProbe(k / 2, probe_s))
     assert plan.preset == "tiny" and any("prepare more text" in w for w in plan.warnings)
 
@@ -253,7 +253,7 @@ def test_body_parameters_leave_out_embeddings_and_an_untied_softmax(wordpiece_sh
 
     shards = Shards.open(wordpiece_shards)
     tok = shards.tokenizer()
-    cfg = elmo.ElmoConfig(vocab_size=tok.vocab_size, **PRESETS["elmo"]["tiny"])
+    cfg = elmo.ElmoConfig(vocab_size=tok.vocab_size, **FAMILIES["elmo"].presets["tiny"])
     model, _ = P._module("elmo").pretraining_setup(cfg, shards, tok)
     total = sum(p.numel() for p in model.parameters())
     chars = model.token_encoder.char_embedding.weight.numel()

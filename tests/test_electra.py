@@ -16,9 +16,7 @@ from lmforge.cli import main
 from lmforge.errors import CheckpointError, ConfigError
 from lmforge.families.bert.data import MaskedLMRecipe
 from lmforge.families.electra.model import ElectraConfig, ElectraForPreTraining, sample_tokens
-from lmforge.families.recipes import PRESETS as ALL_PRESETS
-
-PRESETS = ALL_PRESETS["electra"]
+from lmforge.families.electra.presets import PRESETS
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
@@ -113,7 +111,7 @@ def _binomial_ok(hits: float, n: int, p: float, sds: float = 4.0) -> bool:
 
 def test_masking_and_replacement_statistics(wordpiece_shards, wordpiece_tokenizer):
     from lmforge.data.shards import Shards
-    from lmforge.families.pretraining import setup_electra
+    from lmforge.families.electra.pretraining import setup_electra
 
     shards = Shards.open(wordpiece_shards)
     cfg = tiny(vocab_size=7)
@@ -410,7 +408,12 @@ def test_cli_pretrain_resume_and_evaluate_lm(electra_dir, wordpiece_shards, tmp_
     assert model.config.generator_shape == (32, 1, 128)  # tiny: 128 wide, generator 1/4
     val = [json.loads(x) for x in (electra_dir / "metrics.jsonl").read_text().splitlines()]
     last = [e for e in val if e["split"] == "val"][-1]
-    assert {"mlm_loss", "mlm_acc", "rtd_loss", "rtd_acc", "replaced"} <= set(last["metrics"])
+    assert {"mlm_loss", "mlm_acc", "rtd_loss", "rtd_acc", "replaced", "token_cos", "rtd_auc"} <= set(last["metrics"])
+    assert 0.0 <= last["metrics"]["rtd_auc"] <= 1.0 and -1.0 <= last["metrics"]["token_cos"] <= 1.0
+    card = (electra_dir / "README.md").read_text()  # the diagnostics, with how to read them
+    assert "## Pretraining diagnostics" in card and "coin toss" in card
+    for key in ("token_cos", "rtd_auc"):
+        assert f"| `{key}` | {last['metrics'][key]:.3f} |" in card
     # the samples come from the rows' own generators: a resumed run repeats the uninterrupted one (in bf16) ...
     def pretrain(out, *argv):
         return main(["-q", "pretrain", "electra", "--data", str(wordpiece_shards), "--out", str(out),
@@ -515,3 +518,17 @@ def test_serve_fills_masks_with_the_generator_and_embeds_with_the_discriminator(
         (want,) = model.embed([SNAKE])
         assert r["results"][0]["tokens"] == want.tokens
         np.testing.assert_allclose(np.array(r["results"][0]["vectors"]), want.layers.numpy(), atol=1e-5)
+
+
+def test_discriminator_bias_init_sets_the_starting_log_odds_and_nothing_else():
+    kw = dict(vocab_size=V, embedding_size=16, hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
+              intermediate_size=64, max_position_embeddings=32)
+    torch.manual_seed(0)
+    plain = ElectraForPreTraining(ElectraConfig(**kw)).state_dict()
+    torch.manual_seed(0)
+    biased = ElectraForPreTraining(ElectraConfig(**kw, discriminator_bias_init=-2.0)).state_dict()
+    key = "discriminator_predictions.dense_prediction.bias"
+    assert plain[key].item() == 0.0 and biased[key].item() == -2.0
+    assert all(torch.equal(plain[k], biased[k]) for k in plain if k != key)  # no other weight, no extra draw
+    with pytest.raises(ConfigError, match="discriminator_bias_init"):
+        ElectraConfig(**kw, discriminator_bias_init=float("nan"))

@@ -11,12 +11,11 @@ import pytest
 import torch
 
 from lmforge.families.elmo.model import ElmoBiLM, ElmoConfig
-from lmforge.families.pretraining import setup_elmo
-from lmforge.families.recipes import PRESETS as ALL_PRESETS
+from lmforge.families.elmo.presets import PRESETS
+from lmforge.families.elmo.pretraining import setup_elmo
 from lmforge.models.base import TokenLayers
 from lmforge.nn.charcnn import BOW_CHAR, EOW_CHAR, PAD_CHAR, SPECIAL_CHAR, piece_bytes, spell_piece, vocab_char_ids
 
-PRESETS = ALL_PRESETS["elmo"]
 V = 97
 
 
@@ -67,7 +66,7 @@ def test_shapes_and_hidden_states(encoder):
     ids = torch.randint(0, V, (3, 11))
     out = model(ids, labels=ids)
     assert out.logits.shape == (2, 3, 11, V)
-    assert set(out.metrics) == {"fwd_loss", "bwd_loss", "lm_loss"}
+    assert set(out.metrics) == {"fwd_loss", "bwd_loss", "lm_loss", "token_cos"}  # eval: the collapse diagnostic
     assert torch.allclose(out.loss, out.metrics["fwd_loss"] + out.metrics["bwd_loss"])
     hs = model.hidden_states(ids)
     assert len(hs) == 3 and all(h.shape == (3, 11, model.hidden_size) for h in hs)

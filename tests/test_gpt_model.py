@@ -10,11 +10,10 @@ import torch
 
 from lmforge.errors import ConfigError, DataError, LmforgeError
 from lmforge.families.gpt.model import GPTConfig, GPTLMHeadModel
-from lmforge.families.pretraining import setup_gpt
-from lmforge.families.recipes import DEFAULT_PRESET, PRESETS
+from lmforge.families.gpt.presets import DEFAULT_PRESET, PRESETS
+from lmforge.families.gpt.pretraining import setup_gpt
 from lmforge.nn import cpu_features, cpu_ops
 
-DEFAULT_PRESET, PRESETS = DEFAULT_PRESET["gpt"], PRESETS["gpt"]
 V = 97
 
 

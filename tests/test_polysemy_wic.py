@@ -34,10 +34,10 @@ def pairs(examples):
 @pytest.fixture(scope="module")
 def elmo_dir(tmp_path_factory, wordpiece_tokenizer):
     from lmforge.families.elmo.model import ElmoBiLM, ElmoConfig
-    from lmforge.families.recipes import PRESETS
+    from lmforge.families.elmo.presets import PRESETS
 
     torch.manual_seed(0)
-    model = ElmoBiLM(ElmoConfig(**dict(PRESETS["elmo"]["tiny"], vocab_size=wordpiece_tokenizer.vocab_size)))
+    model = ElmoBiLM(ElmoConfig(**dict(PRESETS["tiny"], vocab_size=wordpiece_tokenizer.vocab_size)))
     model.set_tokenizer(wordpiece_tokenizer)
     out = tmp_path_factory.mktemp("elmo") / "elmo"
     model.save_pretrained(out)

@@ -18,44 +18,40 @@ from lmforge.cli import main
 from lmforge.commands._runconfig import model_from_choice
 from lmforge.config import apply_overrides
 from lmforge.errors import ConfigError, DataError
-from lmforge.families import FAMILIES
-from lmforge.families.pretraining import SETUPS
+from lmforge.families import register
+from lmforge.families.gpt import GptFamily
 from lmforge.train import LRSchedule, TrainConfig, Trainer, parse_duration
 from lmforge.train.parameters import param_groups
 from lmforge.train.pretrain import default_train_config, pretrain, run_configs
 
 
 # -- a fake family over the real shards and the real CausalWindowSampler -----------------------------------
-def _toy_family() -> types.ModuleType:
-    from lmforge.data.samplers import CausalWindowSampler
+class ToyGptFamily(GptFamily):
+    """The toy LM in GPT's place (the CLI's family names are fixed), with its own presets and setup."""
 
-    mod = types.ModuleType("toy_family")
-    mod.ToyConfig = ToyConfig
-    mod.ToyLM = ToyLM
-    mod.PRESETS = {"gpt": {"tiny": dict(hidden_size=32, num_layers=2, dropout=0.1), "one": dict(num_layers=1)}}
-    mod.DEFAULT_PRESET = {"gpt": "tiny"}
-    mod.TRAIN_DEFAULTS = {"gpt": dict(lr=2e-3, batch_size=2, eval_batches=2, warmup_steps=1, log_every=1,
-                                      eval_every=2, save_every=2, device="cpu")}
+    model_class, config_class = ToyLM, ToyConfig
 
-    def pretraining_setup(config, shards, tokenizer):
+    def preset_module(self):
+        return types.SimpleNamespace(
+            PRESETS={"tiny": dict(hidden_size=32, num_layers=2, dropout=0.1), "one": dict(num_layers=1)},
+            DEFAULT_PRESET="tiny",
+            TRAIN_DEFAULTS=dict(lr=2e-3, batch_size=2, eval_batches=2, warmup_steps=1, log_every=1, eval_every=2,
+                                save_every=2, device="cpu"))
+
+    def pretraining_setup(self, config, shards, tokenizer, recipe=None):
+        from lmforge.data.samplers import CausalWindowSampler
+
         config = dataclasses.replace(config, vocab_size=tokenizer.vocab_size)
         model = ToyLM(config)
         model.tokenizer = tokenizer
         return model, CausalWindowSampler(shards, config.seq_len)
 
-    mod.pretraining_setup = pretraining_setup
-    return mod
-
 
 @pytest.fixture
-def toy_family(monkeypatch):
-    """`lmforge pretrain gpt` runs the toy family (the CLI's family names are fixed)."""
-    monkeypatch.setitem(sys.modules, "toy_family", _toy_family())
-    toy = dataclasses.replace(FAMILIES["gpt"], module="toy_family", model_class_name="ToyLM",
-                              config_class_name="ToyConfig", recipes="toy_family")
-    monkeypatch.setitem(FAMILIES, "gpt", toy)
-    monkeypatch.setitem(SETUPS, "gpt", sys.modules["toy_family"].pretraining_setup)
-    return "gpt"
+def toy_family():
+    """`lmforge pretrain gpt` runs the toy family."""
+    with register(ToyGptFamily(), replace=True):
+        yield "gpt"
 
 
 def run_cli(capsys, *argv) -> tuple[int, str, str]:

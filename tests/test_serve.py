@@ -151,6 +151,7 @@ def test_models_health_and_docs(client, folders):
     assert models["bert"]["family"] == "bert" and set(models["bert"]["supports"]) == {"embed", "fill-mask"}
     assert set(models["gpt"]["supports"]) == {"embed", "generate"}
     assert models["w2v"]["supports"] == ["embed"] and models["elmo"]["supports"] == ["embed"]
+    assert models["elmo"]["contextual"] and not models["w2v"]["contextual"]  # the playground projects a contextual one
     assert models["bert"]["parameters"] == lmforge.load(folders["bert"]).num_parameters()
     assert models["run-qa"]["task"] == "qa" and models["run-qa"]["supports"] == ["predict"]
     assert models["run-cls"]["labels"] == ["neg", "pos"]

@@ -122,6 +122,8 @@ def test_model_card_of_a_pretrained_folder(gpt_dir, bpe_shards, bpe_tokenizer):
         "| max_steps | 4 |",
         "| optimizer steps | 4 |",
         f"| ppl | {last_val['metrics']['ppl']:.4g} |",
+        "## Pretraining diagnostics",
+        f"| `token_cos` | {last_val['metrics']['token_cos']:.3f} |",
         "![training curves](training_curves.png)",
         "tiny_corpus.txt",
     ):

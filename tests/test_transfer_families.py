@@ -78,10 +78,10 @@ def tiny_gpt(tok, seed=0):
 
 def tiny_elmo(tok, seed=0):
     from lmforge.families.elmo.model import ElmoBiLM, ElmoConfig
-    from lmforge.families.recipes import PRESETS
+    from lmforge.families.elmo.presets import PRESETS
 
     torch.manual_seed(seed)
-    m = ElmoBiLM(ElmoConfig(vocab_size=tok.vocab_size, **PRESETS["elmo"]["tiny"]))
+    m = ElmoBiLM(ElmoConfig(vocab_size=tok.vocab_size, **PRESETS["tiny"]))
     m.set_tokenizer(tok)
     return m.eval()
 

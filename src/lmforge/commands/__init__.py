@@ -8,7 +8,7 @@ command is run or asked for its help.
 
 from __future__ import annotations
 
-from ..families.registry import FAMILIES
+from ..families import FAMILIES
 
 #: command -> (module under lmforge.commands, one-line help)
 COMMANDS: dict[str, tuple[str, str]] = {

@@ -21,6 +21,7 @@ from ..errors import ConfigError, LmforgeError
 from ..train.precision import resolve_device
 from ..train.tblog import LOG_CHOICES
 from ..transfer.config import TransferConfig
+from ..transfer.modes import DEFAULT_MODE
 from ._common import add_set_arg, fmt, pairs
 
 # flags whose value means "not given" (booleans: the state a flag changes)
@@ -84,7 +85,7 @@ def transfer_settings(args: argparse.Namespace) -> tuple[str, str, dict[str, Any
     task, mode = options.pop("task", None), options.pop("mode", None)
     if task is None:
         raise LmforgeError("give --task (classify, pair, tokens, qa or choice), or a --config that names it")
-    return task, mode or "finetune", options, log
+    return task, mode or DEFAULT_MODE, options, log
 
 
 # -- the summary ----------------------------------------------------------------------------------------------

@@ -9,6 +9,7 @@ from ..storage.writing import output_folder, staged_folder
 from ..train.tblog import EpochLog
 from ..transfer import run_transfer
 from ..transfer.holdout import hold_out
+from ..transfer.modes import MODES
 from ..transfer.specs import SPECS
 from . import command_help
 from ._columns import add_column_args
@@ -47,7 +48,7 @@ def _add_data_args(p) -> None:
     p.add_argument(
         "--mode",
         default=None,
-        choices=["frozen", "features", "finetune"],
+        choices=list(MODES),
         help="frozen: body fixed, head trains; features: cached vectors + small classifier; "
         "finetune: everything trains (default)",
     )

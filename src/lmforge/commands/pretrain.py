@@ -1,4 +1,5 @@
-"""``lmforge pretrain {bert,gpt,elmo,word2vec}``: train a model family on prepared token shards."""
+"""``lmforge pretrain FAMILY`` (``bert``, ``gpt``, ``elmo``, ``word2vec``, ``electra``: the registry's families):
+train a model family on prepared token shards."""
 
 from __future__ import annotations
 

@@ -11,7 +11,7 @@ import dataclasses
 import importlib.util
 from collections.abc import Callable
 
-from ..families.registry import FAMILIES
+from ..families import FAMILIES
 from .plan import CURVE, DemoPlan
 
 

@@ -39,7 +39,6 @@ the ``lmforge finetune`` command that retrains the run in a form that maps; noth
 
 from __future__ import annotations
 
-import importlib
 import json
 import logging
 import shlex
@@ -51,7 +50,7 @@ import torch
 from ..config import load_json
 from ..data.tasks import KINDS
 from ..errors import LmforgeError
-from ..families.registry import FAMILIES, Family
+from ..families import FAMILIES, Family
 from ..storage.cards import display_name
 from ..storage.files import atomic_write_text, save_json, save_safetensors
 from ..transfer import load_run
@@ -62,7 +61,7 @@ logger = logging.getLogger(__name__)
 
 
 class RunExport(Protocol):
-    """What a family's run-export module (``Family.run_export``: :mod:`lmforge.families.bert.runs`,
+    """What a family's run-export module (``Family.run_export()``: :mod:`lmforge.families.bert.runs`,
     :mod:`lmforge.families.gpt.runs`, :mod:`lmforge.families.electra.runs`) gives :func:`export_run`."""
 
     #: ``TaskSpec.hf_head`` -> the HF class a run of that task exports to (a task not here does not export)
@@ -79,13 +78,13 @@ class RunExport(Protocol):
 
 
 def family_export(family: Family) -> RunExport:
-    """The module that exports ``family``'s runs (its ``run_export``)."""
-    return importlib.import_module(family.run_export)  # type: ignore[arg-type,return-value]
+    """The module that exports ``family``'s runs (its ``run_export()``)."""
+    return family.run_export()  # type: ignore[return-value]
 
 
 def _exporting() -> dict[str, Family]:
     """The families whose runs export, in the registry's order."""
-    return {name: f for name, f in FAMILIES.items() if f.run_export}
+    return {name: f for name, f in FAMILIES.items() if f.exports_runs}
 
 
 def is_run_folder(path: str | Path) -> bool:

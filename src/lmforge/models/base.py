@@ -20,7 +20,7 @@ from torch import nn
 
 from ..config import from_dict, load_json
 from ..errors import CheckpointError, LmforgeError
-from ..families.registry import FAMILIES
+from ..families import FAMILIES
 from ..storage.checks import check_finite, check_recorded_tokenizer, check_tokenizer_fits
 from ..storage.files import load_safetensors, save_json, save_safetensors
 from ..tokenization import Tokenizer

@@ -35,7 +35,7 @@ from tqdm import tqdm
 from ..data.formats import RECORD_FORMATS, detect, iter_records, record_fields
 from ..data.textfiles import read_lines
 from ..errors import DataError, LmforgeError, require
-from ..families.registry import FAMILIES
+from ..families import FAMILIES
 from ..storage.files import atomic_path
 from . import onnx_backend, sentence
 

@@ -36,6 +36,7 @@ from ..data.tasks import TaskData, example_from_fields
 from ..errors import DataError, LmforgeError, MissingExtraError
 from ..evaluate import find_word, layer_names, span_vectors
 from ..evaluate.polysemy import word_similarities
+from ..families import FAMILIES
 from ..generation import check_generation_args
 from ..models.onnx_backend import BACKENDS, QUANTIZE
 from ..transfer.onnx_run import run_graph
@@ -51,12 +52,18 @@ from .requests import EmbedRequest, FillMaskRequest, GenerateRequest, PredictReq
 logger = logging.getLogger(__name__)
 
 _NEEDS = {
-    "fill-mask": "fill-mask needs a BERT model",
-    "generate": "generate needs a GPT model",
     "embed": "embed needs a model folder with a tokenizer",
     "predict": "predict needs a run from `lmforge finetune`",
     "curves": "it has no metrics.jsonl",
 }
+
+
+def _needs(op: str) -> str:
+    """What a request of ``op`` needs of a model (the families that fill masks or generate, by the registry)."""
+    if op in ("fill-mask", "generate"):
+        able = [f.label for f in FAMILIES.values() if (f.fills_mask if op == "fill-mask" else f.generates)]
+        return f"{op} needs a {' or '.join(able)} model"
+    return _NEEDS[op]
 
 
 class Server:
@@ -140,7 +147,7 @@ class Server:
         e = await self.fresh(name)
         if op not in e.supports:
             kind = f"a {e.family} {e.kind}" if e.family else f"a {e.kind} folder"
-            raise HTTPError(400, f"'{name}' is {kind}: {_NEEDS[op]}", "model")
+            raise HTTPError(400, f"'{name}' is {kind}: {_needs(op)}", "model")
         return e
 
     async def _reload(self, old: Entry) -> Entry:

@@ -20,8 +20,7 @@ from typing import Any
 
 from ..config import load_json
 from ..errors import CheckpointError
-from ..families import load
-from ..families.registry import get_family
+from ..families import get_family, load
 from ..train.precision import autocast, inference_precision, resolve_device
 from ..transfer import load_run
 
@@ -95,6 +94,7 @@ class Entry:
             d["precision"] = self.computes_in
         if self.kind == "model":
             d["parameters"] = int(self.obj.num_parameters())
+            d["contextual"] = get_family(self.family).contextual  # the playground projects a contextual model
         if self.kind == "run":
             run = self.obj
             d["parameters"] = int(sum(q.numel() for q in run.model.parameters()))

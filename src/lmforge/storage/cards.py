@@ -21,6 +21,7 @@ import json
 import logging
 import math
 import re
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +31,7 @@ from ..config import load_json
 from ..data.tasks import KINDS
 from ..text import is_cjk
 from ..tokenization import Tokenizer
+from .card_diagnostics import diagnostics_section
 from .files import atomic_write_text
 
 logger = logging.getLogger(__name__)
@@ -39,44 +41,38 @@ CARD_FILE = "README.md"
 
 @dataclasses.dataclass(frozen=True)
 class FamilyCard:
-    """What a model card says of one family (cards sit below the family registry, so they keep their own table;
-    ``tests/test_polymorphism.py`` checks that it names every family of the registry, with its label).
+    """What a model card says of one family (each family's ``card``, :class:`lmforge.families.Family`).
 
     Attributes:
-        label: how the card names the family (the registry's ``Family.label``).
+        label: how the card names the family (the family's ``label``).
         pipeline: what the family is for, as HF's pipeline tags name it.
         uses: the intended use, completing "Research and teaching: ...".
         limitation: a sentence the Limitations section adds for this family (empty: none).
+        hf_architecture: the ``transformers`` class its HF export loads with (None: ``AutoModel``).
     """
 
     label: str
     pipeline: str
     uses: str
     limitation: str = ""
+    hf_architecture: str | None = None
 
 
-FAMILY_CARDS = {
-    "bert": FamilyCard(
-        "BERT", "fill-mask",
-        "filling in masked words (`lmforge fill-mask`), contextual word vectors (`lmforge embed`), and a body to "
-        "fine-tune on classification, pair, tagging, QA and multiple-choice tasks (`lmforge finetune`)"),
-    "gpt": FamilyCard(
-        "GPT", "text-generation",
-        "continuing text (`lmforge generate`), contextual word vectors, and a body to fine-tune with GPT-1's input "
-        "transformations (`lmforge finetune`)"),
-    "elmo": FamilyCard(
-        "ELMo", "feature-extraction",
-        "contextual word vectors mixed by a learned ScalarMix for frozen or feature-based transfer"),
-    "word2vec": FamilyCard(
-        "word2vec", "feature-extraction",
-        "static word vectors (one per token, the same in every context) for feature-based transfer",
-        " Static vectors cannot tell the senses of a word apart."),
-    "electra": FamilyCard(  # the discriminator is the body; its generator fills masks besides
-        "ELECTRA", "feature-extraction",
-        "contextual word vectors from the discriminator (`lmforge embed`), a body to fine-tune on the same tasks "
-        "as BERT (`lmforge finetune`), and filling in masked words with its small generator (`lmforge fill-mask`)"),
-}
-HF_ARCH = {"bert": "BertForPreTraining", "gpt2": "GPT2LMHeadModel", "electra": "ElectraForPreTraining"}
+def _no_cards(family: str) -> FamilyCard | None:
+    return None
+
+
+# family name -> its card facts; cards sit below the family registry, which hands its lookup in when it loads
+# (use_family_cards); until then a card names the model_type alone
+_family_card: Callable[[str], FamilyCard | None] = _no_cards
+
+
+def use_family_cards(lookup: Callable[[str], FamilyCard | None]) -> None:
+    """Read each family's card facts from ``lookup`` (called once by :mod:`lmforge.families`)."""
+    global _family_card
+    _family_card = lookup
+
+
 SHARD_ARRAYS = ("tokens", "sentences", "documents")
 
 
@@ -269,7 +265,7 @@ _BUDGET_KEYS = ("max_steps", "max_time", "batch_size", "grad_accum", "lr", "sche
 
 def _model_meta(family: str, tok: dict | None, params: int | None, corpus: dict | None, hf: dict | None) -> dict:
     """The front matter of a model card (of an HF export when ``hf`` is given)."""
-    card = FAMILY_CARDS.get(family)
+    card = _family_card(family)
     meta: dict[str, Any] = {
         "library_name": "lmforge",
         "language": [tok["language"]] if tok else ["en"],
@@ -287,7 +283,7 @@ def _model_meta(family: str, tok: dict | None, params: int | None, corpus: dict 
 
 def _model_intro(folder: Path, family: str, params: int | None, hf: dict | None) -> list[str]:
     """The title and the opening paragraphs of a model card."""
-    card = FAMILY_CARDS.get(family)
+    card = _family_card(family)
     name = card.label if card else family
     title = f"# {display_name(folder)}: a {name} model pretrained with lmforge"
     if hf is not None:
@@ -298,7 +294,7 @@ def _model_intro(folder: Path, family: str, params: int | None, hf: dict | None)
     if hf is not None:
         parts.append(
             f"Written by `lmforge export-hf` from `{hf['source']}`: load it with "
-            f"`transformers.{HF_ARCH.get(hf['model_type'], 'AutoModel')}.from_pretrained(...)`; "
+            f"`transformers.{(card and card.hf_architecture) or 'AutoModel'}.from_pretrained(...)`; "
             "`lmforge import-hf` reads it back.\n"
         )
     return parts
@@ -321,12 +317,14 @@ def _training_sections(folder: Path) -> list[str]:
             + _table(list(final.items()), ("metric", "value"))
             + "\n"
         )
+        if diagnostics := diagnostics_section(final):
+            parts.append(diagnostics)
     return parts
 
 
 def _use_and_limits(family: str, params: int | None, corpus: dict | None) -> list[str]:
     """The Intended use and Limitations sections of a model card."""
-    card = FAMILY_CARDS.get(family)
+    card = _family_card(family)
     uses = (
         "## Intended use\n\n" + f"Research and teaching: {card.uses if card else 'feature extraction'}; "
         "comparing the model generations on equal terms.\n"
@@ -406,7 +404,8 @@ def _run_card(folder: Path) -> str:
         "lmforge": {"kind": "run", "family": family, "task": task, "mode": mode, "base_model": str(base),
                     "corpus": corpus},
     }
-    body_name = FAMILY_CARDS[family].label if family in FAMILY_CARDS else family
+    body_card = _family_card(family)
+    body_name = body_card.label if body_card else family
     parts = [_front_matter(meta), f"# {display_name(folder)}: {task} with a {body_name} body ({mode})\n"]
     parts.append(
         f"A transfer run written by `lmforge finetune --task {task} --mode {mode}`, on the model folder "
@@ -478,5 +477,5 @@ def update_card(folder: str | Path, shards: str | Path | None = None, source: st
         logger.warning("could not write the model card in %s: %s", folder, e)
 
 
-__all__ = ["write_model_card", "write_run_card", "write_export_card", "update_card", "read_card_meta", "shard_facts",
-           "display_name"]
+__all__ = ["FamilyCard", "use_family_cards", "write_model_card", "write_run_card", "write_export_card", "update_card",
+           "read_card_meta", "shard_facts", "display_name"]

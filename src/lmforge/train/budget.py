@@ -64,10 +64,8 @@ logger = logging.getLogger(__name__)
 PLAN_FILE = "plan.json"
 PLAN_FORMAT = "lmforge-budget-plan"
 MIN_STEPS = 200  # fewer optimizer steps never get far past the warm-up: a warning below it
-MAX_EPOCHS = 16.0  # the plan never repeats the training split more often, except where a family gains from it:
-# BERT draws new masks on every pass; 32 passes beat 16 on two small corpora (docs/training.md "Budgets"); ELECTRA's
-# rows are BERT's
-MAX_EPOCHS_BY_FAMILY = {"bert": 32.0, "electra": 32.0}
+MAX_EPOCHS = 16.0  # the plan never repeats the training split more often, except where a family gains from it
+# (its Family.max_epochs: BERT draws new masks on every pass)
 WARMUP_MAX_FRACTION = 0.1  # the warm-up of the family's defaults, capped at this share of the steps
 
 _TOKEN_BUDGET = re.compile(r"(\d+(?:\.\d*)?|\.\d+)([kmbg]?)(?:tok|toks|tokens?)", re.IGNORECASE)
@@ -243,7 +241,8 @@ class BudgetPlan:
 
 def max_epochs(family: str) -> float:
     """The most passes over the training split a plan of ``family`` makes."""
-    return MAX_EPOCHS_BY_FAMILY.get(family, MAX_EPOCHS)
+    own = get_family(family).max_epochs
+    return MAX_EPOCHS if own is None else own
 
 
 def plan_budget(
@@ -262,7 +261,7 @@ def plan_budget(
     """The number of steps (and with ``search_shape`` the shape) of a ``family`` run on ``shards`` within ``budget``.
 
     Args:
-        family: a key of :data:`lmforge.models.FAMILIES`.
+        family: a key of :data:`lmforge.families.FAMILIES`.
         shards: an open :class:`lmforge.data.shards.Shards` or its folder.
         budget: ``"15m"``, ``"1h"``, ``"90s"`` (wall-clock, probed) or ``"20Mtok"`` (tokens, no probe).
         model: the preset name or config object to train (default: the family's default preset); with

@@ -32,7 +32,7 @@ from . import compute
 from .config import TrainConfig
 from .parameters import param_groups
 from .precision import PrecisionChoice, autocast, choose_precision, needs_model, resolve_device
-from .pretrain import family_module, preset_config
+from .pretrain import preset_config
 from .rows import count_tokens, row_rngs
 
 logger = logging.getLogger(__name__)
@@ -89,11 +89,11 @@ Probe = Callable[[str, Candidate, TrainConfig, Any, float], ProbeResult]
 
 
 def _module(family: str):
-    return family_module(family)
+    return get_family(family)
 
 
 def _is_trainer_family(module) -> bool:
-    return not hasattr(module, "run_pretraining")
+    return module.trainer
 
 
 def candidate_presets(family: str) -> list[str]:
@@ -319,15 +319,16 @@ def _probe_dir() -> tempfile.TemporaryDirectory:
 
 
 def _probe_word2vec(module, cand: Candidate, shards, tokenizer, max_seconds: float, t0: float) -> ProbeResult:
-    cfg = from_dict(module.CONFIG_CLASS, {**cand.model, "epochs": 1}, ignore=("model_type",))
+    cfg = from_dict(module.config_class, {**cand.model, "epochs": 1}, ignore=("model_type",))
     head = _HeadShards(shards, 200_000)
     with _probe_dir() as tmp:
-        level = logging.getLogger(module.__name__).level
-        logging.getLogger(module.__name__).setLevel(logging.WARNING)
+        quiet = logging.getLogger(type(module).__module__)  # the family's package: its one-pass run logs below it
+        level = quiet.level
+        quiet.setLevel(logging.WARNING)
         try:
             res = module.run_pretraining(head, tokenizer, cfg, Path(tmp) / "w2v")
         finally:
-            logging.getLogger(module.__name__).setLevel(level)
+            quiet.setLevel(level)
     words = float(res.tokens_seen or len(head.tokens()))
     return ProbeResult(words / max(res.elapsed or 1e-9, 1e-9), 1, time.perf_counter() - t0)
 

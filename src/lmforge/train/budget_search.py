@@ -16,6 +16,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from ..families import get_family
 from .budget_probe import (
     PROBE_FRACTION,
     PROBE_MAX_SECONDS,
@@ -33,8 +34,8 @@ from .precision import PrecisionChoice
 TOKENS_PER_PARAM = 20.0  # Chinchilla's compute-optimal D/N
 UNDERTRAIN_WEIGHT = 0.5  # weight of ln(20 / (D/N)) for a shape that sees fewer than 20 tokens per parameter
 FULL_VALUE_EPOCHS = 4.0  # repeated data counts fully up to this many passes
-# measured for BERT on one small corpus only (the tweets, docs/training.md "Budgets"); ELECTRA's rows are BERT's
-GROW_WHEN_CAPPED = ("bert", "electra")
+# a family whose Family.grows_when_capped says so moves to a larger shape when a time budget outlasts the small one's
+# passes (measured for BERT on one small corpus only: the tweets, docs/training.md "Budgets") ...
 GROW_MAX_SHARE = 0.5  # ... and only when the small shape's passes would take at most this share of the time
 
 
@@ -112,7 +113,7 @@ def choose(family: str, feasible: list[tuple[Candidate, dict]], timed: bool, uni
            warnings: list[str]) -> tuple[Candidate, dict]:
     """The lowest score (a tie: the larger shape), grown when a time budget outlasts its passes."""
     cand, rec = min(feasible, key=lambda cr: (cr[1]["score"], -cr[0].params))
-    if timed and rec.get("capped") and family in GROW_WHEN_CAPPED:
+    if timed and rec.get("capped") and get_family(family).grows_when_capped:
         cand, rec = _grow_when_capped(cand, rec, feasible, unique, most_epochs, warnings)
     return cand, rec
 

@@ -43,7 +43,8 @@ def evaluate(
     """Mean ``loss`` and model metrics over ``eval_batches`` fixed global batches of ``split`` (all ranks).
 
     Each eval batch holds ``batch_size * grad_accum * world_size`` rows, seeded
-    ``[seed, 1, eval_batch, global_row]``; micro-batch means are averaged (equal weights).
+    ``[seed, 1, eval_batch, global_row]``; micro-batch means are averaged (equal weights), a metric over the
+    micro-batches that define it (a NaN metric, such as an AUC without positives, is left out).
 
     Returns:
         ``{"loss", "ppl", <metric>, <name>_ppl for each <name>_loss}`` as floats.
@@ -52,6 +53,7 @@ def evaluate(
     was_training = model.training
     model.eval()
     sums: dict[str, torch.Tensor] = {}
+    counts: dict[str, torch.Tensor] = {}  # the batches that defined each metric
     # Evaluation must not move the training RNG, or eval_every would change the training run.
     devices = [device] if device.type == "cuda" else []
     with torch.random.fork_rng(devices=devices):
@@ -68,10 +70,17 @@ def evaluate(
                 values = {"loss": out.loss, **(getattr(out, "metrics", None) or {})}
                 for k, v in values.items():
                     v = torch.as_tensor(v, device=device).detach().float().reshape(())
-                    sums[k] = sums[k] + v if k in sums else v
+                    # a metric a batch cannot define (NaN: an AUC without a replaced token) is left out of
+                    # that batch's count; the loss always counts, so a diverged run still shows NaN
+                    n = torch.ones((), device=device) if k == "loss" else (~v.isnan()).float()
+                    v = v if k == "loss" else torch.where(v.isnan(), torch.zeros_like(v), v)
+                    sums[k], counts[k] = (sums[k] + v, counts[k] + n) if k in sums else (v, n)
     model.train(was_training)
     keys = sorted(sums)
-    total = all_reduce_sum(torch.stack([sums[k] for k in keys]).double(), env)
-    n = cfg.eval_batches * cfg.grad_accum * env.world_size
-    means = {k: float(total[i].item()) / n for i, k in enumerate(keys)}
+    total = all_reduce_sum(torch.stack([sums[k] for k in keys] + [counts[k] for k in keys]).double(), env)
+    means = {k: _mean(float(total[i].item()), float(total[len(keys) + i].item())) for i, k in enumerate(keys)}
     return add_perplexities(means)
+
+
+def _mean(total: float, count: float) -> float:
+    return total / count if count else float("nan")

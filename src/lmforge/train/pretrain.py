@@ -1,8 +1,8 @@
-"""The ``lmforge pretrain FAMILY`` driver: shards + family hooks + TrainConfig -> a model folder.
+"""The ``lmforge pretrain FAMILY`` driver: shards + the family + TrainConfig -> a model folder.
 
-Which families exist, and their config classes, presets and training defaults, come from the
-registry (:data:`lmforge.models.FAMILIES`); how each is built from shards (model and sampler), or
-trained by gensim (word2vec), from :mod:`lmforge.families.pretraining`.
+Everything family-specific comes from the family's :class:`lmforge.families.Family` object: its config
+class, presets and training defaults, and how it is built from shards (``pretraining_setup``: model and
+sampler) or trained in one pass (``run_pretraining``: word2vec's gensim).
 
 Order of work: every config problem is found before any data is read, the tokenizer is checked
 against the shards before any model is built, and ``train_config.json`` is written before the
@@ -25,7 +25,6 @@ from ..config import apply_overrides, from_dict, load_json, to_dict
 from ..data.shards import Shards
 from ..errors import CheckpointError, ConfigError, DataError, LmforgeError
 from ..families import FAMILIES, get_family
-from ..families.pretraining import PretrainHooks, pretrain_hooks
 from ..families.result import PretrainResult
 from ..storage.cards import update_card
 from ..storage.files import load_safetensors, save_json
@@ -39,11 +38,6 @@ from .trainer import Trainer
 logger = logging.getLogger(__name__)
 
 TRAIN_CONFIG_FILE = "train_config.json"
-
-
-def family_module(family: str) -> PretrainHooks:
-    """The family's pretraining hooks (presets, defaults, setup or gensim run); unknown -> ConfigError."""
-    return pretrain_hooks(family)
 
 
 def preset_config(family: str, name: str | None = None, **fields: Any):
@@ -161,7 +155,8 @@ def check_init(init: str | Path, family: str, resume: bool, preset: str | None) 
             "--init starts a new run from a model folder and --resume continues the run in --out; give one of them"
         )
     if not get_family(family).trainer:
-        raise LmforgeError(f"--init continues the pretraining of bert, gpt or elmo; {family} trains in one pass")
+        trained = ", ".join(n for n, f in FAMILIES.items() if f.trainer)
+        raise LmforgeError(f"--init continues the pretraining of {trained}; {family} trains in one pass")
     if preset is not None:
         raise LmforgeError("--init takes the model config from its folder; drop --config (use --set for e.g. dropout)")
     p = Path(init)
@@ -242,7 +237,7 @@ def pretrain(
     """Pretrain a ``family`` model on the shards in ``data_dir`` and write the model folder ``out_dir``.
 
     Args:
-        family: a key of :data:`lmforge.models.FAMILIES` (``bert``, ``gpt``, ``elmo``, ``electra``, ``word2vec``).
+        family: a key of :data:`lmforge.families.FAMILIES` (``bert``, ``gpt``, ``elmo``, ``electra``, ``word2vec``).
         data_dir: shards written by ``lmforge prepare``.
         out_dir: the model folder to write (config.json, model.safetensors, tokenizer, training_state/,
             train_config.json, metrics.jsonl, training_curves.png).
@@ -262,7 +257,7 @@ def pretrain(
         A :class:`PretrainResult` with the final validation metrics.
     """
     out = Path(out_dir)
-    module = family_module(family)
+    module = get_family(family)
     init_dir = None
     if init is not None:
         init_dir = check_init(init, family, resume, model if isinstance(model, str) else None)
@@ -361,8 +356,9 @@ def evaluate_lm(
         raise CheckpointError(f"{p} is not a model folder (it needs config.json and model.safetensors)")
     family = load_json(p / "config.json").get("model_type")
     if family not in FAMILIES:
-        raise CheckpointError(f"{p} holds a '{family}' model; evaluate lm reads bert, gpt or elmo folders")
-    module = family_module(family)
+        scored = ", ".join(n for n, f in FAMILIES.items() if f.trainer)
+        raise CheckpointError(f"{p} holds a '{family}' model; evaluate lm reads {scored} folders")
+    module = get_family(family)
     if not get_family(family).trainer:
         raise LmforgeError(f"{family} has no language-model loss to score text with; use `lmforge evaluate wic`")
     if split not in ("val", "train"):

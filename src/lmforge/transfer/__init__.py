@@ -15,22 +15,27 @@ Python API::
 from __future__ import annotations
 
 from ..data.tasks import TASKS, TaskData, load_task
-from .config import MODES, SUPPORTED, TransferConfig, check_supported
+from .config import TransferConfig, check_supported
 from .curve import learning_curve
 from .estimator import Transfer
 from .folder import load_body, load_run, run_transfer
 from .model import RowStore
+from .modes import MODES, Features, Finetune, Frozen, Mode, mode_of
 from .run import TransferRun
 from .specs import SPECS, TaskSpec
 
 __all__ = [
     "MODES",
+    "Features",
+    "Finetune",
+    "Frozen",
+    "Mode",
+    "mode_of",
     "RowStore",
     "SPECS",
     "TaskSpec",
     "check_supported",
     "load_body",
-    "SUPPORTED",
     "TASKS",
     "TaskData",
     "Transfer",

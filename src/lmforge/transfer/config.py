@@ -30,18 +30,14 @@ import logging
 from ..config import from_dict
 from ..devices import PRECISIONS, check_device
 from ..errors import CheckpointError, ConfigError, LmforgeError
-from ..families.registry import FAMILIES
-from .encoding import DEFAULT_POOL, FORMATS, PLAIN, POOLS, TRUNCATIONS, input_format
+from ..families import FAMILIES
+from .encoding import POOLS, TRUNCATIONS, input_rules
 from .heads import CLASSIFIERS
+from .modes import DEFAULT_MODE, MODES, Mode, mode_of
 from .specs import SPECS
 
 logger = logging.getLogger(__name__)
 
-MODES = ("frozen", "features", "finetune")
-# family -> the modes its body supports (the family registry owns this fact)
-SUPPORTED: dict[str, tuple[str, ...]] = {name: fam.transfer_modes for name, fam in FAMILIES.items()}
-# Tasks a family cannot serve: a static word vector cannot locate an answer span.
-UNSUPPORTED_TASKS = {"word2vec": ("qa",)}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -56,17 +52,10 @@ class Recipe:
     lm_weight: float
 
 
-# (lr, epochs, warmup, layer_lr_decay, patience)
-_RECIPES = {
-    "finetune": (1e-4, 20, 0.1, 0.9, 3),
-    "scratch": (1e-3, 40, 0.1, None, 5),
-    "frozen": (3e-3, 60, 0.05, None, 5),
-    "features": (1e-2, 100, 0.05, None, 8),
-}
-# A bag of word vectors trained from zero learns at an embedding-bag rate (fastText uses 0.1-1.0).
-_SCRATCH_BY_FAMILY = {"word2vec": (1e-2, 20, 0.1, None, 5)}
-# Fine-tuning pretrained word vectors (Kim 2014's "non-static") moves them at the same embedding-bag rate.
-_FINETUNE_BY_FAMILY = {"word2vec": (1e-2, 20, 0.1, None, 5)}
+# (lr, epochs, warmup, layer_lr_decay, patience) of a body fine-tuned from a random init; each mode's own recipe
+# is its object's (lmforge.transfer.modes), and where a family departs from these its Family.transfer_recipes says so
+# (word2vec: an embedding-bag rate)
+_SCRATCH = (1e-3, 40, 0.1, None, 5)
 
 
 @dataclasses.dataclass
@@ -131,7 +120,7 @@ class TransferConfig:
     """
 
     task: str = "classify"
-    mode: str = "finetune"
+    mode: str = DEFAULT_MODE
     epochs: int | None = None
     lr: float | None = None
     lr_grid: list[float] | None = None
@@ -205,15 +194,20 @@ class TransferConfig:
                 need(False, f"layer must be an index, 'mix' or 'auto', got {self.layer!r}")
 
     @property
+    def transfer_mode(self) -> Mode:
+        """The mode object of :attr:`mode` (:mod:`lmforge.transfer.modes`)."""
+        return mode_of(self.mode)
+
+    @property
     def head_classifier(self) -> str:
-        return self.classifier or ("logreg" if self.mode == "features" else "linear")
+        return self.classifier or self.transfer_mode.default_classifier
 
     @property
     def uses_sklearn(self) -> bool:
         """features + logreg on a task whose rows are independent examples (and no learned layer mix):
         scikit-learn fits the head."""
         return (
-            self.mode == "features"
+            self.transfer_mode.reads_stored
             and self.head_classifier == "logreg"
             and SPECS[self.task].sklearn
             and self.layer != "mix"
@@ -228,7 +222,7 @@ class TransferConfig:
         if self.pool == "pooler":
             return -1
         mixes = family in FAMILIES and FAMILIES[family].mixes_layers
-        return "mix" if mixes or self.mode in ("frozen", "features") else -1
+        return "mix" if mixes or not self.transfer_mode.trains_body else -1
 
     def pool_choice(self, family: str, summary_trained: bool = True) -> str | None:
         """The sentence read-out (None for token-level tasks).
@@ -243,16 +237,17 @@ class TransferConfig:
             return "tokens"
         if self.pool is not None:
             return self.pool
-        no_summary = not FORMATS.get(input_format(family), PLAIN).pools  # ELMo, word2vec: no summary position
+        rules = input_rules(family)
+        no_summary = not rules.pools  # ELMo, word2vec: no summary position
         single = SPECS[self.task].single_text
         hf_pool = FAMILIES[family].hf_pool if family in FAMILIES else None
-        if self.mode == "finetune" and hf_pool and SPECS[self.task].hf_head and not no_summary:
+        if self.transfer_mode.trains_body and hf_pool and SPECS[self.task].hf_head and not no_summary:
             # what the family's HF class of the task reads (BERT's pooler, ELECTRA's [CLS], GPT's last token):
             # fine-tuning trains that read-out along with the body, and the run exports exactly (lmforge export-hf)
             return hf_pool
-        if no_summary or (self.mode in ("frozen", "features") and single) or (single and not summary_trained):
+        if no_summary or (not self.transfer_mode.trains_body and single) or (single and not summary_trained):
             return "mean"
-        return DEFAULT_POOL[input_format(family)]
+        return rules.default_pool
 
     def resolved(self, family: str, hidden_size: int | None = None) -> Recipe:
         """The learning rate, epochs, warm-up, layer decay, patience and LM weight this run uses.
@@ -261,24 +256,23 @@ class TransferConfig:
         (clamped to [2e-5, 1e-3]): 5e-5 for a BERT-base of 768 (the range the BERT paper recommends), 1e-4
         for a 384-wide MiniLM, 3e-4 for a 128-wide model: narrower bodies take larger steps.
         """
-        if self.mode == "finetune" and self.from_scratch:
-            base = _SCRATCH_BY_FAMILY.get(family, _RECIPES["scratch"])
-        elif self.mode == "finetune" and family in _FINETUNE_BY_FAMILY:
-            base = _FINETUNE_BY_FAMILY[family]
+        mode = self.transfer_mode
+        own = FAMILIES[family].transfer_recipes if family in FAMILIES else {}
+        if mode.trains_body and self.from_scratch:
+            base = own.get("scratch", _SCRATCH)
+        elif mode.trains_body and "finetune" in own:
+            base = own["finetune"]
             hidden_size = None  # the width rule is for transformer bodies
         else:
-            base = _RECIPES[self.mode]
+            base = mode.recipe
         lr, epochs, warmup, decay, patience = base
-        if self.mode == "finetune" and not self.from_scratch and hidden_size:
+        if mode.trains_body and not self.from_scratch and hidden_size:
             lr = min(1e-3, max(2e-5, lr * 384 / hidden_size))
-        if self.mode == "finetune" and self.layer_lr_decay is not None:
-            decay = None if self.layer_lr_decay == 1 else self.layer_lr_decay
-        if self.mode != "finetune":
-            decay = None
+        decay = mode.layer_decay(self, decay)
         lm = (
             self.lm_weight
             if self.lm_weight is not None
-            else (0.5 if _aux_lm(family) and self.mode == "finetune" else 0.0)
+            else (0.5 if _aux_lm(family) and mode.trains_body else 0.0)
         )
         return Recipe(
             lr=self.lr if self.lr is not None else lr,
@@ -297,21 +291,18 @@ def _aux_lm(family: str | None) -> bool:
 
 def check_supported(family: str | None, cfg: TransferConfig) -> None:
     """Raise a one-line LmforgeError when ``family`` cannot run ``cfg``'s mode / task / options."""
-    if family not in SUPPORTED:
-        raise LmforgeError(f"unknown model family '{family}'; transfer supports {', '.join(SUPPORTED)}")
-    if cfg.mode not in SUPPORTED[family] and not (cfg.mode == "finetune" and cfg.from_scratch):
+    if family not in FAMILIES:
+        raise LmforgeError(f"unknown model family '{family}'; transfer supports {', '.join(FAMILIES)}")
+    modes = FAMILIES[family].transfer_modes
+    mode = cfg.transfer_mode
+    if not mode.serves(modes, cfg):
         raise LmforgeError(
-            f"{family} models support --mode {' / '.join(SUPPORTED[family])}, not {cfg.mode} "
+            f"{family} models support --mode {' / '.join(modes)}, not {cfg.mode} "
             f"(see docs/transfer.md for which family supports which mode)"
         )
-    if cfg.task in UNSUPPORTED_TASKS.get(family, ()):
+    if cfg.task in FAMILIES[family].unsupported_tasks:
         raise LmforgeError(f"{family} models cannot do --task {cfg.task}: static word vectors cannot locate a span")
-    if cfg.from_scratch and cfg.mode != "finetune":
-        raise LmforgeError("--from-scratch trains the whole randomly initialised body: use it with --mode finetune")
-    if cfg.mode != "finetune" and (cfg.freeze_layers is not None or cfg.layer_lr_decay is not None):
-        raise LmforgeError("--freeze-layers and --layer-lr-decay apply to --mode finetune only")
-    if cfg.lm_weight and (not _aux_lm(family) or cfg.mode != "finetune"):
-        raise LmforgeError("--lm-weight (GPT-1's auxiliary LM loss) applies to GPT in --mode finetune only")
+    mode.check(cfg, _aux_lm(family))
     if cfg.both_orders and not SPECS[cfg.task].text_pair:
         raise LmforgeError(f"--both-orders reads a pair in both orders: it serves --task pair, not {cfg.task}")
     if cfg.head_classifier == "bilstm" and not SPECS[cfg.task].bilstm_head:
@@ -329,32 +320,20 @@ def check_supported(family: str | None, cfg: TransferConfig) -> None:
         )
     if pool == "pooler" and layer not in (-1, "auto"):
         raise LmforgeError("--pool pooler reads the top layer through BERT's pooler: leave --layer unset")
-    if cfg.classifier in ("logreg", "mlp") and cfg.mode != "features":
+    if cfg.classifier in ("logreg", "mlp") and not mode.reads_stored:
         logger.info(
             "classifier %s in %s mode: the head is that classifier on top of the body", cfg.classifier, cfg.mode
         )
-
-
-# Settings a run folder may record that lmforge no longer has (CHANGELOG.md says why each went). A run that
-# left one at its default loads as before; a run that used one is refused: it cannot be rebuilt as trained.
-_REMOVED = {
-    "prompt": "--prompt/--verbalizer (a prompted BERT classifier), which lmforge no longer has; retrain it without",
-    "verbalizer": "--prompt/--verbalizer (a prompted BERT classifier), which lmforge no longer has; retrain it without",
-    "layer_mix": "--layer-mix/--top-layer, the old spelling of --layer: in its config.json replace "
-    '"layer_mix": true by "layer": "mix" (false: "layer": -1)',
-}
 
 
 def saved_config(data: dict, where: object) -> TransferConfig:
     """The :class:`TransferConfig` of a run folder's parsed ``config.json`` (``where`` names it in errors).
 
     Raises:
+        ConfigError: a key TransferConfig does not have (the message names the closest one).
         CheckpointError: the run was trained with a setting lmforge no longer has (one line saying what to do).
     """
     fields = dict(data["transfer"])
-    for key, what in _REMOVED.items():
-        if fields.pop(key, None) is not None:
-            raise CheckpointError(f"{where} was trained with {what}")
     cfg = from_dict(TransferConfig, fields)
     if cfg.lm_weight and data.get("family") in FAMILIES and not _aux_lm(data["family"]):
         raise CheckpointError(

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import functools
 import json
 import logging
 import math
@@ -30,18 +31,20 @@ from torch import nn
 
 from ..data.tasks import TaskData, check_labels, load_task
 from ..errors import LmforgeError
-from ..families.registry import get_family
+from ..families import FAMILIES, get_family
 from ..storage.files import atomic_path, atomic_write_text
 from ..train.precision import choose_precision, describe, resolve_device
-from .config import SUPPORTED, TransferConfig, check_supported
+from .config import TransferConfig, check_supported
 from .folder import load_body
 from .model import RowStore
+from .modes import FINETUNE, MODES, Mode, mode_of
 from .run import TransferRun
 from .specs import SPECS
 
 logger = logging.getLogger(__name__)
 
-CURVE_MODES = ("scratch", "frozen", "features", "finetune")
+SCRATCH = "scratch"  # the baseline: the same body's shape from a random init, fine-tuned
+CURVE_MODES = (SCRATCH, *MODES)
 
 
 def main_metric(data: TaskData) -> str:
@@ -63,7 +66,12 @@ _KEEP_FROM_BODY = ("max_position_embeddings", "n_positions")
 
 def is_scratch(mode: str) -> bool:
     """``scratch`` or ``scratch:PRESET``: a baseline trained from a random init."""
-    return mode == "scratch" or mode.startswith("scratch:")
+    return mode == SCRATCH or mode.startswith(f"{SCRATCH}:")
+
+
+def transfer_mode(mode: str) -> Mode:
+    """The transfer mode of a curve's ``mode`` (a from-scratch baseline fine-tunes)."""
+    return FINETUNE if is_scratch(mode) else mode_of(mode)
 
 
 def preset_body(body: nn.Module, preset: str) -> nn.Module:
@@ -73,7 +81,7 @@ def preset_body(body: nn.Module, preset: str) -> nn.Module:
     the special ids and the position range stay the pretrained body's, so the same inputs fit both.
     """
     family = get_family(getattr(body, "model_type", None), LmforgeError)
-    if "finetune" not in family.transfer_modes:
+    if FINETUNE.name not in family.transfer_modes:
         raise LmforgeError(f"scratch:{preset}: {family.label} bodies are not fine-tuned, so there is no such baseline")
     presets = family.presets
     if preset not in presets:
@@ -165,13 +173,13 @@ class _Curve:
         self.min_steps, self.options = min_steps, options
         self.metric = main_metric(pool)
         self.shaped: dict[str, nn.Module] = {}  # scratch:PRESET -> its randomly initialised body
-        self.stores: dict[str, RowStore] = {}  # features: the vectors of the pool and of the test set
-        self.frozen_test: RowStore | None = None  # frozen (a body that stays fixed): the test set's vectors
+        # mode -> the vectors its runs share ("pool", "test"): features' of both, frozen's of the test set
+        self.stores: dict[str, dict[str, RowStore]] = {}
 
     def config(self, mode: str, n: int, seed: int) -> TransferConfig:
         """The run config of ``mode`` on ``n`` examples drawn with ``seed``."""
-        real = "finetune" if is_scratch(mode) else mode
-        cfg = TransferConfig(task=self.task, mode=real, seed=seed, from_scratch=is_scratch(mode), **self.options)
+        cfg = TransferConfig(task=self.task, mode=transfer_mode(mode).name, seed=seed, from_scratch=is_scratch(mode),
+                             **self.options)
         return cfg if "epochs" in self.options else with_min_steps(cfg, self.family, n, self.min_steps)
 
     def prepare(self, n: int, seed: int) -> str:
@@ -184,13 +192,10 @@ class _Curve:
         device = resolve_device(first.device)
         choice = choose_precision(first.precision, device, self.body)
         logger.info("%s", describe(first.precision, choice.precision, device, choice.reason))
-        if "features" in self.modes:  # the body runs once over the whole pool and the test set; subsets select rows
-            frun = TransferRun(self.body, self.config("features", n, seed), self.pool.labels, self.model_dir)
-            self.stores = {"pool": frun.features(self.pool), "test": frun.features(self.test)}
-        if "frozen" in self.modes:  # every frozen run scores the same test set with the same fixed body: run it once
-            frozen = TransferRun(self.body, self.config("frozen", n, seed), self.pool.labels, self.model_dir)
-            if frozen.body_stays_fixed:
-                self.frozen_test = frozen.features(self.test, use_cache=False)
+        for mode in self.modes:  # what the runs of a mode share: one body pass over the pool / the test set
+            make_run = functools.partial(TransferRun, self.body, self.config(mode, n, seed), self.pool.labels,
+                                         self.model_dir)
+            self.stores[mode] = transfer_mode(mode).shared_vectors(make_run, self.pool, self.test)
         return choice.precision
 
     def draw(self, n: int, seed: int) -> tuple[list[int], TaskData]:
@@ -207,14 +212,11 @@ class _Curve:
         idx, sub = self.draw(n, seed)
         records = []
         for mode in self.modes:
-            # frozen GPT trains its task-token rows, so every trained mode gets its own copy
-            b = self.body if mode == "features" else _copy_body(self.shaped.get(mode, self.body))
+            # frozen GPT trains its task-token rows, so every mode that may change the body gets its own copy
+            b = _copy_body(self.shaped.get(mode, self.body)) if transfer_mode(mode).changes_body else self.body
             run = TransferRun(b, self.config(mode, n, seed), self.pool.labels, self.model_dir)
-            part = (None, None)
-            if mode == "features":
-                part = (self.stores["pool"].subset(idx), self.stores["test"])
-            elif mode == "frozen":  # its own pass over its training draw, the shared test vectors
-                part = (None, self.frozen_test)
+            shared = self.stores.get(mode, {})  # frozen: its own pass over its training draw, the shared test vectors
+            part = (shared["pool"].subset(idx) if "pool" in shared else None, shared.get("test"))
             rec = _run_record(run, sub, self.test, part, self.metric, mode, n, seed)
             records.append(rec)
             line = f"n={n} seed={seed} {mode}: {self.metric} {rec['score']:.4f} ({rec['seconds']:.1f}s)"
@@ -245,10 +247,10 @@ class _Curve:
 
 def _curve_modes(family: str | None, modes: Sequence[str] | None) -> list[str]:
     """The modes of a curve (default: scratch and what the family supports), checked."""
-    if family not in SUPPORTED:
+    if family not in FAMILIES:
         raise LmforgeError(f"unknown model family '{family}'")
     if not modes:
-        modes = ["scratch", *[m for m in ("frozen", "features", "finetune") if m in SUPPORTED[family]]]
+        modes = [SCRATCH, *[m for m in MODES if m in FAMILIES[family].transfer_modes]]
     modes = list(modes)
     bad = [m for m in modes if m not in CURVE_MODES and not m.startswith("scratch:")]
     if bad:

@@ -4,7 +4,7 @@ Each family reads its input in its own way:
 
 - **BERT**: ``[CLS] A [SEP]`` or ``[CLS] A [SEP] B [SEP]`` with segment ids 0/1; a sentence (pair)
   is read at ``[CLS]``; QA is ``[CLS] question [SEP] context [SEP]``.
-- **GPT**: the GPT-1 input transformations of ``lmforge/transfer/gpt_inputs.py`` (start, delimiter
+- **GPT**: the GPT-1 input transformations of ``lmforge/families/gpt/inputs.py`` (start, delimiter
   and extract tokens); a sentence (pair) is read at the extract token, the last one.
 - **ELMo / word2vec** ("plain"): the tokens of ``A`` then ``B`` with no special tokens; a sentence is
   the mean of its token vectors, a pair is read as ``[a, b, |a - b|, a * b]`` of the two means.
@@ -26,13 +26,11 @@ import dataclasses
 import logging
 
 from ..errors import LmforgeError
-from ..families.registry import FAMILIES
+from ..families import FAMILIES, PLAIN, InputRules
 from ..text import written_without_spaces
 
 logger = logging.getLogger(__name__)
 
-# How each family reads a whole sentence (or pair) by default.
-DEFAULT_POOL = {"bert": "cls", "gpt": "last", "elmo": "mean", "word2vec": "mean"}
 # pooler: read at [CLS], through BERT's tanh pooler
 POOLS = ("cls", "pooler", "last", "mean", "tokens")
 # how a text longer than the room is cut: keep its start, or its first quarter and as much of its end as fits
@@ -41,29 +39,16 @@ TRUNCATIONS = ("head", "head+tail")
 HEAD_SHARE = 0.25  # head+tail: the share of the room kept from the start (Sun et al. 2019: 128 of 510)
 
 
-@dataclasses.dataclass(frozen=True)
-class FormatRules:
-    """What an input format needs and allows: special tokens around a text, the pools it has a position for,
-    the tokenizer ids it needs, and whether its summary position is trained only by next-sentence prediction."""
-
-    n_special: int = 0
-    pools: tuple[str, ...] = ()
-    needs_ids: tuple[str, ...] = ()
-    summary_needs_nsp: bool = False
-
-
-# input format (the registry's Family.input_format) -> its rules; a format not listed reads plain pieces
-FORMATS: dict[str, FormatRules] = {
-    "bert": FormatRules(3, ("cls", "pooler"), ("cls_id", "sep_id"), summary_needs_nsp=True),
-    "gpt": FormatRules(3, ("last",)),
-}
-PLAIN = FormatRules()
-
-
 def input_format(family: str | None) -> str | None:
-    """The family whose input format a ``family`` body reads (the registry's ``Family.input_format``): ELECTRA
+    """The family whose input format a ``family`` body reads (the family's ``input_format``): ELECTRA
     reads BERT's; an unknown name (a stand-in body) is its own."""
     return FAMILIES[family].input_format if family in FAMILIES else family
+
+
+def input_rules(family: str | None) -> InputRules:
+    """How transfer builds the input of a ``family`` body (the family's ``input_rules``); a stand-in body that no
+    family registers reads plain pieces."""
+    return FAMILIES[family].input_rules if family in FAMILIES else PLAIN
 
 
 def summary_trained(body) -> bool:
@@ -75,7 +60,7 @@ def summary_trained(body) -> bool:
     GPT's extract position sees the whole input under the LM objective; ELMo and word2vec read the mean.
     """
     family = getattr(body, "model_type", None)
-    if FORMATS.get(input_format(family), PLAIN).summary_needs_nsp:  # ELECTRA's discriminator has no NSP either
+    if input_rules(family).summary_needs_nsp:  # ELECTRA's discriminator has no NSP either
         return bool(getattr(getattr(body, "config", None), "next_sentence", input_format(family) == family))
     return True
 
@@ -144,11 +129,11 @@ class InputFormat:
     """Builds :class:`Encoding` s for one family from its tokenizer.
 
     Args:
-        family: ``"bert"``, ``"gpt"``, ``"elmo"`` or ``"word2vec"`` (model_type).
+        family: the body's family name (its ``model_type``).
         tokenizer: the body's attached tokenizer (``encode_with_offsets``, special ids).
         max_len: the most positions an encoding may have, specials included.
         pool: ``"cls"``, ``"pooler"``, ``"last"``, ``"mean"`` or ``"tokens"`` (every token, for a BiLSTM head).
-        gpt: for GPT, the input transformation object of ``gpt_inputs`` (adds start/delim/extract).
+        gpt: for GPT, the input transformation object of its family's ``task_format`` (adds start/delim/extract).
         doc_stride: QA: tokens between the starts of consecutive context windows (None: half the
             context room, so windows overlap by half; 0: one window, the rest of the context is cut;
             larger than the room: the room, so no context token is skipped).
@@ -172,21 +157,22 @@ class InputFormat:
     ):
         if tokenizer is None:
             raise LmforgeError(f"the {family} model has no tokenizer attached; load it with lmforge.load(model_dir)")
+        rules = input_rules(family)
         family = input_format(family)  # e.g. ELECTRA's discriminator: BERT's [CLS] A [SEP] B [SEP]
         self.family = family
         self.tok = tokenizer
         self.max_len = int(max_len)
-        self.pool = pool or DEFAULT_POOL.get(family, "mean")
+        self.pool = pool or rules.default_pool
         if self.pool not in POOLS:
             raise LmforgeError(f"unknown pooling '{self.pool}'; choose one of {', '.join(POOLS)}")
-        self.rules = rules = FORMATS.get(family, PLAIN)
+        self.rules = rules
         if self.pool in ("cls", "pooler") and self.pool not in rules.pools:
             raise LmforgeError(f"--pool {self.pool} needs a [CLS] token (BERT); the {family} model has none: use mean")
         if self.pool == "last" and self.pool not in rules.pools:
             raise LmforgeError(f"--pool last reads GPT's extract token; for {family} use mean")
         self.gpt = gpt
-        self._assemble_format = {"bert": self._assemble_cls_sep, "gpt": self._assemble_gpt}.get(family,
-                                                                                                self._assemble_plain)
+        self._assemble_format = {"cls_sep": self._assemble_cls_sep, "task_tokens": self._assemble_gpt}.get(
+            rules.layout, self._assemble_plain)
         if self._assemble_format == self._assemble_gpt and gpt is None:
             raise LmforgeError("GPT inputs need lmforge.families.gpt.inputs, which is not available")
         for name in rules.needs_ids:

@@ -39,6 +39,7 @@ from ..errors import ConfigError, LmforgeError
 from ..storage.writing import output_folder, staged_folder
 from .config import TransferConfig
 from .folder import as_data, fit_summary, load_body, load_run, save_run
+from .modes import DEFAULT_MODE
 from .run import TransferRun
 
 _EXAMPLES = (TextExample, TokensExample, QAExample, ChoiceExample)
@@ -69,7 +70,7 @@ class Transfer:
             of a folder that does not keep it.
     """
 
-    def __init__(self, body: nn.Module | str | Path, task: str = "classify", mode: str = "finetune", **settings):
+    def __init__(self, body: nn.Module | str | Path, task: str = "classify", mode: str = DEFAULT_MODE, **settings):
         self.body = body
         self.task = task
         self.mode = mode

@@ -43,15 +43,15 @@ def _batch_losses(run, plan, b_units: list) -> tuple[torch.Tensor, torch.Tensor,
     idx = [i for u in b_units for i in u]
     b_encs = [plan.encs[i] for i in idx]
     y = run.spec.batch(plan.targets, b_units).to(run.device)
-    with run.autocast():
+    with run.net.autocast():
         if plan.store is not None:
             blocks, mask = plan.store.batch(idx)
             blocks, mask = blocks.to(run.device), mask.to(run.device)
         else:
-            blocks, mask = run.body_blocks(b_encs, grad=run.body_needs_grad)
+            blocks, mask = run.net.body_blocks(b_encs, grad=run.net.body_needs_grad)
         logits = run.model.head(blocks, mask).float()
         task_loss = run.spec.loss(logits, y, b_encs, b_units)
-        lm_loss = run.lm_loss(b_encs) if run.recipe.lm_weight > 0 else None
+        lm_loss = run.net.lm_loss(b_encs) if run.recipe.lm_weight > 0 else None
         loss = task_loss if lm_loss is None else task_loss + run.recipe.lm_weight * lm_loss
     return loss, task_loss, lm_loss
 
@@ -83,7 +83,7 @@ class _Optimization:
 
     def __init__(self, run, plan, lr: float):
         cfg, recipe = run.cfg, run.recipe
-        groups = run.param_groups(lr)
+        groups = run.net.param_groups(lr)
         self.params = [p for g in groups for p in g["params"]]
         self.opt = torch.optim.AdamW(groups, lr=lr, weight_decay=cfg.weight_decay)
         self.scaler = grad_scaler(run.device, cfg.precision)  # fp16 on CUDA only
@@ -108,7 +108,7 @@ class _Optimization:
 
 def _train_epoch(run, plan, optim: _Optimization, order: np.ndarray, epoch: int) -> dict:
     """One pass over the training units in ``order``; the epoch's record with its mean losses."""
-    run.train_mode()
+    run.net.train_mode()
     ep_loss, ep_lm, ep_n = 0.0, 0.0, 0
     for k in range(0, len(order), run.cfg.batch_size):
         b_units = [plan.units[u] for u in order[k : k + run.cfg.batch_size].tolist()]
@@ -136,7 +136,7 @@ class _Selection:
     def update(self, run, epoch: int, score: float, vloss: float) -> None:
         """Take the validation ``score`` and loss of ``epoch`` into account (keeping the run's state if best)."""
         if score > self.best["score"] or (score == self.best["score"] and vloss < self.best["loss"]):
-            self.best = {"score": score, "loss": vloss, "epoch": epoch, "state": run.trainable_state()}
+            self.best = {"score": score, "loss": vloss, "epoch": epoch, "state": run.net.trainable_state()}
             self.progress_epoch = epoch
         if vloss < self.least_loss * (1 - LOSS_PROGRESS):
             self.least_loss, self.progress_epoch = vloss, epoch
@@ -195,7 +195,7 @@ def _trial_facts(run, plan, lr: float, sel: _Selection, history: list[dict], ste
     """What :func:`train_trial` returns: what validation chose, the last losses, the history and the best state."""
     best = sel.best
     if plan.val is None:  # nothing to choose on: the last state
-        best = {"score": math.nan, "epoch": len(history), "state": run.trainable_state()}
+        best = {"score": math.nan, "epoch": len(history), "state": run.net.trainable_state()}
     return {
         "lr": lr,
         "val_score": best["score"],
@@ -232,6 +232,6 @@ def fit_trials(
             best = out
         else:
             out["state"] = None
-    run.load_trainable_state(best.pop("state"))
+    run.net.load_trainable_state(best.pop("state"))
     best["trials"] = trials
     return best

@@ -28,6 +28,7 @@ from ..storage.checks import nonfinite_number, nonfinite_tensor
 from ..storage.files import atomic_write_text, file_sha256, load_safetensors, save_json, save_safetensors
 from ..train.precision import describe, warn_if_emulated
 from .config import TransferConfig, check_supported, saved_config
+from .modes import DEFAULT_MODE
 from .run import TransferRun
 
 logger = logging.getLogger(__name__)
@@ -36,13 +37,7 @@ logger = logging.getLogger(__name__)
 def _trained_tensors(run: TransferRun) -> dict[str, dict[str, torch.Tensor]]:
     """file name -> the tensors of ``run`` that the run folder keeps (what training changed)."""
     files = {"head.safetensors": {k: v.cpu() for k, v in run.model.head.state_dict().items()}}
-    if run.cfg.mode == "finetune":
-        body = run.body
-        tied = set(body.tied_weight_keys()) if hasattr(body, "tied_weight_keys") else set()
-        files["body.safetensors"] = {k: v.cpu() for k, v in body.state_dict().items() if k not in tied}
-    elif run.trains_task_rows:
-        files["task_tokens.safetensors"] = {"task_rows": run._wte()[list(run.task_token_ids)].detach().cpu()}
-    return files
+    return {**files, **run.mode.trained_tensors(run)}  # the body (finetune) or GPT's task-token rows
 
 
 def check_finite_run(run: TransferRun, files: dict[str, dict[str, torch.Tensor]], metrics: dict,
@@ -80,7 +75,7 @@ def save_run(run: TransferRun, out_dir: str | Path, metrics: dict, records: list
         "layer_mix": run.layer == "mix",
         "pool": run.fmt.pool,
         "choices": run.choices,
-        "weights_sha256": run.weights_hash() if run.model_dir else None,
+        "weights_sha256": run.vectors.weights_hash() if run.model_dir else None,
     }
     save_json({"transfer": to_dict(run.cfg), **extra}, out / "config.json")
     atomic_write_text(out / "metrics.json", json.dumps(metrics, indent=2, ensure_ascii=False, allow_nan=False) + "\n")
@@ -125,17 +120,12 @@ def load_run(run_dir: str | Path, device: str | None = None, precision: str | No
     if not model_dir or not Path(model_dir).is_dir():
         raise CheckpointError(f"the run's model folder {model_dir} is gone; the run needs it to predict")
     body = load(model_dir)
-    if cfg.mode != "finetune" and data.get("weights_sha256"):
+    if cfg.transfer_mode.reads_model_weights and data.get("weights_sha256"):
         if file_sha256(Path(model_dir) / "model.safetensors") != data["weights_sha256"]:
             raise CheckpointError(f"{model_dir} changed since this run was trained; retrain the run on this model")
     run = TransferRun(body, cfg, data["labels"], model_dir)  # (GPT: adds its task tokens to the body first)
     warn_if_emulated(run.cfg.precision, run.device)
-    if cfg.mode == "finetune":
-        body.load_weights(_finite(p / "body.safetensors"))
-    elif (p / "task_tokens.safetensors").is_file():
-        rows = load_safetensors(p / "task_tokens.safetensors")["task_rows"]
-        with torch.no_grad():
-            body.wte.weight[list(run.task_token_ids)] = rows
+    run.mode.restore(run, p, _finite)  # the fine-tuned body, or GPT's trained task-token rows
     run.num_states = data.get("num_states")
     run.choices = data.get("choices", {})
     ids = data["layer_ids"]
@@ -193,7 +183,7 @@ def run_transfer(
     task: str,
     train: TaskData | str | Path,
     test: TaskData | str | Path,
-    mode: str = "finetune",
+    mode: str = DEFAULT_MODE,
     out_dir: str | Path | None = None,
     progress: Callable[[str], None] | None = None,
     **options,

@@ -61,9 +61,7 @@ def run_graph(run, quantize: str = "none", encs=None) -> Path:
 
 
 def _graph(run, encs, quantize: str) -> tuple[Path, list[str]]:
-    if run.cfg.mode == "features":
-        raise LmforgeError("a features-mode run's head reads stored vectors; --backend onnx needs a frozen or "
-                           "finetune run")
+    run.mode.check_onnx()  # (features: the head reads stored vectors)
     if any(e.twin is not None for e in encs):
         raise LmforgeError("a run that reads pairs in both orders has no single ONNX graph; use --backend torch")
     example = _padded_example(run, encs)
@@ -98,7 +96,7 @@ def auto_forward(run, encs):
     """The faster of torch and ONNX Runtime for ``run``, timed on a batch of ``encs`` once per run, batch shape
     and machine (cached: :mod:`lmforge.nn.autotune`): the ONNX Runtime forward, or None for torch (also where a
     run has no single graph)."""
-    if run.cfg.mode == "features" or any(e.twin is not None for e in encs):
+    if not run.mode.exports_onnx or any(e.twin is not None for e in encs):
         return None
     batch = collate(encs[: run.cfg.batch_size], run.fmt.pad_id)
     B, T = batch["input_ids"].shape

@@ -1,11 +1,14 @@
 """One transfer run: a body, a task head, how the two are trained, and what they predict.
 
-:class:`TransferRun` joins three parts, one module each:
+:class:`TransferRun` sets up one :class:`~lmforge.transfer.state.RunState` (body, config, its mode object, input
+format, layers) and hands it to its parts, one module each:
 
-- :mod:`lmforge.transfer.building` (:class:`~lmforge.transfer.building.RunModel`): the head joined to the
-  body, what trains in each mode (``frozen``, ``features``, ``finetune``), parameter groups, body passes;
-- :mod:`lmforge.transfer.stored` (:class:`~lmforge.transfer.stored.RunFeatures`): the vectors a body pass
-  stores, their cache and the scikit-learn fit of ``features`` mode;
+- :mod:`lmforge.transfer.modes`: what the run's mode (``frozen``, ``features``, ``finetune``) trains, stores and
+  exports;
+- :mod:`lmforge.transfer.building` (:class:`~lmforge.transfer.building.RunNetwork`, ``run.net``): the head joined
+  to the body, what trains, parameter groups, body passes;
+- :mod:`lmforge.transfer.stored` (:class:`~lmforge.transfer.stored.RunVectors`, ``run.vectors``): the vectors a
+  body pass stores, their cache and the scikit-learn fit of ``features`` mode;
 - this module: encoding the data, fitting on a validation split, validating and predicting.
 
 Runs that train by steps hold out a validation split of the training data (``val_fraction``), or read a
@@ -30,19 +33,19 @@ from torch import nn
 
 from ..data.tasks import TaskData
 from ..errors import LmforgeError
-from ..families.gpt import inputs as gpt_inputs
-from ..families.registry import get_family
+from ..families import get_family
 from ..models import onnx_backend
 from ..train.precision import resolve_device, resolve_precision
 from ..utils import seed_everything
 from . import onnx_run
-from .building import RunModel, reinit_body
+from .building import RunNetwork, body_positions, reinit_body, start_pooler_at_identity
 from .config import TransferConfig, check_supported
 from .encoding import Encoding, InputFormat, summary_trained
 from .fit import fit_trials, snapshot, train_trial
 from .model import RowStore, TransferModel, collate
 from .specs import SPECS
-from .stored import RunFeatures
+from .state import RunState
+from .stored import RunVectors
 
 logger = logging.getLogger(__name__)
 
@@ -104,42 +107,52 @@ def _choices(out: dict, val_d: TaskData | None, n_train: int, refit_epochs: int 
     return choices
 
 
-def body_positions(body: nn.Module) -> int | None:
-    """The most positions one input of ``body`` may take, special tokens included (None: any length)."""
-    window = getattr(body, "embed_window", lambda: None)()
-    if window is None:
-        return None
-    before, after = body.embed_specials()
-    return int(window) + len(before) + len(after)
+def _shared(name: str) -> property:
+    """The run's view of field ``name`` of its :class:`~lmforge.transfer.state.RunState` (read and set)."""
+
+    def get(run: TransferRun):
+        return getattr(run.state, name)
+
+    def set_(run: TransferRun, value) -> None:
+        setattr(run.state, name, value)
+
+    return property(get, set_, doc=f"``state.{name}`` (see :class:`~lmforge.transfer.state.RunState`)")
 
 
-@torch.no_grad()
-def start_pooler_at_identity(body: nn.Module) -> None:
-    """Set the tanh pooler of a BERT that no loss trained it on (pretrained without next-sentence prediction) to
-    ``tanh([CLS])``: dense = identity, bias 0.
-
-    Fine-tuning reads the pooler by default (``BertForSequenceClassification`` reads it, so the run exports).
-    A pooler at its random initialisation shrinks ``[CLS]`` to a small random projection, through which a
-    fine-tuned head learns far slower than from ``[CLS]`` itself; at the identity it starts from ``[CLS]``
-    (squashed by tanh) and trains from there.  A run folder keeps the trained pooler in ``body.safetensors``.
-    """
-    dense = body.bert.pooler.dense
-    dense.weight.copy_(torch.eye(dense.weight.shape[0], dtype=dense.weight.dtype, device=dense.weight.device))
-    dense.bias.zero_()
-
-
-class TransferRun(RunModel, RunFeatures):
+class TransferRun:
     """One transfer setup: body, config, labels, input format and head.
 
     Build it with ``TransferRun(body, cfg, labels)`` (a new run; :meth:`fit` trains it) or
     :func:`~lmforge.transfer.folder.load_run` (a finished run folder); :meth:`predict` / :meth:`evaluate`
-    use it.
+    use it.  Its setup is one :class:`~lmforge.transfer.state.RunState` (``run.state``), which the run's network
+    (``run.net``) and stored vectors (``run.vectors``) are given; the attributes below read and set it.
     """
 
+    body = _shared("body")
+    cfg = _shared("cfg")
+    mode = _shared("mode")
+    spec = _shared("spec")
+    recipe = _shared("recipe")
+    labels = _shared("labels")
+    label_index = _shared("label_index")
+    family = _shared("family")
+    model_dir = _shared("model_dir")
+    device = _shared("device")
+    fmt = _shared("fmt")
+    layer = _shared("layer")
+    pooler = _shared("pooler")
+    pair_rows = _shared("pair_rows")
+    task_token_ids = _shared("task_token_ids")
+    num_states = _shared("num_states")
+    extract_ids = _shared("extract_ids")
+    model = _shared("model")
+
     def __init__(self, body: nn.Module, cfg: TransferConfig, labels: list[str], model_dir: str | None = None):
+        self.state = RunState()
         self.family = getattr(body, "model_type", None)
         check_supported(self.family, cfg)
         self.cfg = cfg
+        self.mode = cfg.transfer_mode  # the mode's name is read here, once
         self.spec = SPECS[cfg.task]
         self.recipe = cfg.resolved(self.family, int(body.hidden_size))
         self.labels = list(labels)
@@ -157,7 +170,7 @@ class TransferRun(RunModel, RunFeatures):
         gpt = None
         self.task_token_ids: tuple[int, ...] = ()
         if get_family(self.family).task_tokens:
-            gpt = gpt_inputs.transfer_format(body)
+            gpt = get_family(self.family).task_format(body)
             self.task_token_ids = (gpt.start_id, gpt.delim_id, gpt.extract_id)
         self.fmt = InputFormat(
             self.family,
@@ -171,14 +184,12 @@ class TransferRun(RunModel, RunFeatures):
         )
         self.layer = cfg.layer_choice(self.family)
         self.pooler = self.fmt.pool == "pooler"
-        if self.pooler and cfg.mode == "finetune" and not summary_trained(body):
+        if self.pooler and self.mode.trains_body and not summary_trained(body):
             start_pooler_at_identity(body)
         self.pair_rows = self.spec.pair_rows and self.fmt.pool == "mean"
-        self.num_states: int | None = None  # filled on the first body pass
-        self.extract_ids: list[int] | None = None  # the layers a features pass stores
+        self.net = RunNetwork(self.state)  # the head joined to the body, what trains
+        self.vectors = RunVectors(self.state, self.net)  # body passes, the features cache, the logreg fit
         self.choices: dict = {}  # what was chosen on validation data
-        self._weights_hash: str | None = None
-        self.model: TransferModel | None = None
         self.backend, self.quantize = "torch", "none"  # what predict runs the model on (set_backend)
         self._onnx: Callable | None = None
         self._decided = False  # whether _onnx holds the backend's answer (None then means torch)
@@ -186,12 +197,36 @@ class TransferRun(RunModel, RunFeatures):
     def encode(self, data: TaskData) -> list[Encoding]:
         """The body inputs of ``data`` in order (QA: one per window; choice: one per choice); each
         encoding's ``example`` is the index of its example in ``data``."""
-        out = []
-        for i, ex in enumerate(data.examples):
-            for e in self.spec.encode(self.fmt, ex):
-                e.example = i
-                out.append(e)
-        return out
+        return self.state.encode(data)
+
+    # -- the network and the stored vectors (what run.net and run.vectors do for the run) --------------------------
+    def build(self, layer_ids: list[int] | None = None) -> TransferModel:
+        """Create the head (seeded) and join it to the body (:meth:`RunNetwork.build`)."""
+        return self.net.build(layer_ids)
+
+    @property
+    def trains_task_rows(self) -> bool:
+        return self.net.trains_task_rows
+
+    @property
+    def body_stays_fixed(self) -> bool:
+        return self.net.body_stays_fixed
+
+    def freeze(self) -> None:
+        self.net.freeze()
+
+    def param_groups(self, lr: float) -> list[dict]:
+        return self.net.param_groups(lr)
+
+    def autocast(self):
+        return self.net.autocast()
+
+    def body_blocks(self, encs: list[Encoding], grad: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.net.body_blocks(encs, grad)
+
+    def features(self, data: TaskData, encs: list[Encoding] | None = None, use_cache: bool = True) -> RowStore:
+        """The stored vectors of ``data`` (:meth:`RunVectors.features`: from the cache, or one body pass)."""
+        return self.vectors.features(data, encs, use_cache)
 
     # -- training -------------------------------------------------------------------------------------
     def fit(
@@ -224,23 +259,19 @@ class TransferRun(RunModel, RunFeatures):
         t0 = time.time()
         metric = self.spec.main_metric(self.labels)
         if cfg.uses_sklearn:
-            return self._fit_logreg(train, store, t0, metric)
+            facts = self.vectors.fit_logreg(train, store if store is not None else self.features(train), t0)
+            self.choices = facts["choices"]
+            return facts
         if cfg.lr_grid and len(cfg.lr_grid) > 1 and cfg.val_fraction <= 0 and val is None:
             raise LmforgeError("--lr-grid chooses on a validation split: set --val-fraction above 0")
         fit_idx, val_idx = (list(range(len(train))), []) if val is not None else self._split(train)
-        full = None
-        if cfg.mode == "features":
-            full = store if store is not None else self.features(train)
-        elif self.body_stays_fixed:  # the same vectors every epoch: one body pass, kept in memory
-            full = self._kept_vectors(train)
+        full = self.mode.fit_vectors(self, train, store)  # stored vectors (features), or frozen's kept ones
         refit = cfg.refit and bool(val_idx)
         start = snapshot(self.model) if refit or len(cfg.lr_grid or []) > 1 else None
         plan = self._train_plan(train, val, full, fit_idx, val_idx, metric)
         out = fit_trials(self, plan, progress, start)
         refit_epochs = self._refit(train, full, metric, out, start, progress) if refit else None
-        if getattr(self, "_row_hook", None) is not None:
-            self._row_hook.remove()
-            self._row_hook = None
+        self.net.drop_row_hook()
         self.model.eval()
         self.choices = _choices(out, plan.val, len(train), refit_epochs)
         return {
@@ -253,7 +284,7 @@ class TransferRun(RunModel, RunFeatures):
             "choices": self.choices,
         }
 
-    def _kept_vectors(self, train: TaskData) -> RowStore | None:
+    def kept_vectors(self, train: TaskData) -> RowStore | None:
         """Frozen mode's vectors of ``train`` from one body pass, or None (a body pass in every step) when they
         would take more than :data:`KEEP_VECTORS_BYTES` of memory (long token-level inputs of a wide model)."""
         encs = self.encode(train)
@@ -287,7 +318,7 @@ class TransferRun(RunModel, RunFeatures):
         self.model.load_state_dict(start)
         refit_epochs = max(out["best_epoch"], out["least_loss_epoch"])
         again = train_trial(self, self._fit_plan(train, full, metric), out["lr"], progress, refit_epochs)
-        self.load_trainable_state(again.pop("state"))
+        self.net.load_trainable_state(again.pop("state"))
         out["steps"] += again["steps"]
         out["train_loss"], out["aux_lm_loss"] = again["train_loss"], again["aux_lm_loss"]
         out["history"] = out["history"] + [dict(r, refit=True) for r in again["history"]]
@@ -307,11 +338,11 @@ class TransferRun(RunModel, RunFeatures):
         standardised over it (off for a validation split)."""
         encs = self.encode(data)
         # standardised vectors, as in features mode
-        if standardize and self.cfg.mode == "frozen" and encs and store is None:
-            mean, std = RowStore(*self.extract(encs)).stats()
-            self.model.head.set_standardization(*self._head_stats(mean, std))
+        if standardize and self.mode.standardizes_body_pass and encs and store is None:
+            mean, std = RowStore(*self.vectors.extract(encs)).stats()
+            self.model.head.set_standardization(*self.vectors.head_stats(mean, std))
         if store is not None:
-            store = self._head_store(store)
+            store = self.vectors.head_store(store)
             if standardize and store.vectors.shape[0]:
                 mean, std = store.stats()
                 self.model.head.set_standardization(mean.to(self.device), std.to(self.device))
@@ -360,9 +391,8 @@ class TransferRun(RunModel, RunFeatures):
             raise LmforgeError(f"a run predicts on torch or onnx, in fp32 (none) or int8; not {backend}/{quantize}")
         if backend == "torch" and quantize != "none":
             raise LmforgeError("int8 runs on ONNX Runtime: use --backend onnx with --quantize int8")
-        if (backend == "onnx" or quantize != "none") and self.cfg.mode == "features":
-            raise LmforgeError("a features-mode run's head reads stored vectors; --backend onnx needs a frozen or "
-                               "finetune run")
+        if backend == "onnx" or quantize != "none":
+            self.mode.check_onnx()
         self.backend, self.quantize, self._onnx, self._decided = backend, quantize, None, False
         return self
 
@@ -383,10 +413,8 @@ class TransferRun(RunModel, RunFeatures):
     ) -> list[torch.Tensor]:
         """Per encoding: (K,) class scores, (n, K) tag scores or (n, 2) span scores."""
         self.model.eval()
-        if self.cfg.mode == "features":
-            store = self._head_store(store if store is not None else self.features(data, encs, use_cache))
-        elif store is not None:  # frozen: vectors its fixed body gave (a learning curve's shared test set)
-            store = self._head_store(store)
+        # features: the stored vectors; frozen: those its fixed body gave when given (a learning curve's test set)
+        store = self.mode.predict_vectors(self, data, encs, use_cache, store)
         out: list[torch.Tensor | None] = [None] * len(encs)
         order = sorted(range(len(encs)), key=lambda i: len(encs[i].input_ids))
         graph = self._graph(encs) if store is None and encs else None

@@ -12,7 +12,7 @@ Understanding" (https://arxiv.org/abs/1810.04805).  The file reads top to bottom
   and the NSP head; loss = MLM + NSP.
 
 Module names follow HF's ``BertForPreTraining`` (``bert.embeddings.LayerNorm``, ``bert.pooler.dense``,
-``cls.predictions.transform.dense`` ...) so that ``lmforge/interop/bert.py`` maps weights with one
+``cls.predictions.transform.dense`` ...) so that ``lmforge/families/bert/hf.py`` maps weights with one
 small dict; only the inside of a layer uses lmforge's shared names (fused ``attn.qkv`` etc.).
 """
 
@@ -28,6 +28,7 @@ from torch import nn
 from ...errors import ConfigError, DataError, LmforgeError
 from ...models.base import ModelOutput, PretrainedModel
 from ...nn.cpu_ops import Dropout, Linear, compiling, linear
+from ...nn.diagnostics import token_cosine
 from ...nn.losses import mean_cross_entropy, top1_share
 from ...nn.transformer import TransformerBlock, document_mask, init_weights, padding_mask
 
@@ -386,7 +387,8 @@ class BertForPreTraining(ClsSepReading, PretrainedModel):
         Returns:
             :class:`BertPreTrainingOutput`: ``loss`` = MLM + NSP (mean cross-entropies), ``logits``
             (B, T, V) without labels or (N, V) at the N masked positions with labels, ``nsp_logits``
-            (B, 2), and ``metrics`` ``mlm_loss``, ``mlm_acc``, ``nsp_loss``, ``nsp_acc``.
+            (B, 2), and ``metrics`` ``mlm_loss``, ``mlm_acc``, ``nsp_loss``, ``nsp_acc``; in eval mode also
+            ``token_cos``, the top layer's collapse measure (:func:`lmforge.nn.diagnostics.token_cosine`).
         """
         if labels is None:
             h = self.bert(input_ids, attention_mask, token_type_ids, document_ids=document_ids)  # (B, T, C)
@@ -403,6 +405,9 @@ class BertForPreTraining(ClsSepReading, PretrainedModel):
         # the accuracy in fp32: a row maximum over bf16 is slow on CPU
         mlm_acc = top1_share(logits.detach().float(), target) if target.numel() else torch.zeros((), device=h.device)
         metrics: dict[str, torch.Tensor] = {"mlm_acc": mlm_acc, "mlm_loss": mlm_loss.detach()}
+        if not self.training:  # validation: the collapse diagnostic on the full top layer _top_states gave
+            real = attention_mask if document_ids is None else document_ids.ne(0)
+            metrics["token_cos"] = token_cosine(h, real)
         loss = mlm_loss
         if next_sentence_label is not None and self.config.next_sentence:
             nsp_scores = nsp_logits.float()
@@ -419,12 +424,14 @@ class BertForPreTraining(ClsSepReading, PretrainedModel):
         most half the positions (``SPARSE_TOP_SHARE``), the top layer computes its queries, attention output
         and MLP for them alone (:meth:`TransformerBlock.forward_at`): every output row is the one the full
         layer gives.  ``h`` is then (B, Tq, C) with ``[CLS]`` first in each row, else the full (B, T, C).
-        Not under ``torch.compile``: the count of chosen rows changes with every batch (a new graph each).
+        Not in eval mode (validation reads every top vector for ``token_cos``), and not under ``torch.compile``:
+        the count of chosen rows changes with every batch (a new graph each).
         """
         need = sel.clone()
         need[:, 0] = True  # [CLS], for the pooler
         counts = need.sum(1)  # (B,)
-        Tq = 0 if compiling() else int(counts.max())
+        # in eval mode the full layer: validation reports every token's top vector (token_cos)
+        Tq = 0 if compiling() or not self.training else int(counts.max())
         if not 0 < Tq <= SPARSE_TOP_SHARE * sel.shape[1]:
             h = self.bert(input_ids, attention_mask, token_type_ids, document_ids=document_ids)  # (B, T, C)
             return h, h[sel]

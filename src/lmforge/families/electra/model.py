@@ -39,13 +39,14 @@ The recipe, as the paper and its code (google-research/electra) set it; docs/ele
 Module names follow HF's ``ElectraForPreTraining`` (``electra.embeddings``, ``electra.embeddings_project``,
 ``discriminator_predictions.dense``) and, under ``generator.``, HF's ``ElectraForMaskedLM``
 (``generator.electra.encoder``, ``generator.generator_predictions``, ``generator.generator_lm_head``), so
-``lmforge/interop/electra.py`` maps weights with one small dict.
+``lmforge/families/electra/hf.py`` maps weights with one small dict.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import logging
+import math
 
 import torch
 import torch.nn.functional as F
@@ -54,6 +55,7 @@ from torch import nn
 from ...errors import ConfigError
 from ...models.base import ModelOutput, PretrainedModel
 from ...nn.cpu_ops import Linear, linear
+from ...nn.diagnostics import roc_auc, token_cosine
 from ...nn.losses import mean_cross_entropy, top1_share
 from ...nn.transformer import TransformerBlock, document_mask, init_weights, padding_mask
 from ..bert.model import SUPPORTED_ACTS, BertEmbeddings, ClsSepReading
@@ -90,6 +92,9 @@ class ElectraConfig:
     # the replaced-token-detection recipe
     generator_size_divisor: int = 4
     discriminator_weight: float = 50.0
+    #: the discriminator's output bias at initialisation, the log-odds of "replaced" before any step: 0 = even
+    #: odds (the paper's code); the log-odds of the replaced share (about -2 for 12 %) starts at the prior
+    discriminator_bias_init: float = 0.0
 
     def __post_init__(self) -> None:
         for name in ("vocab_size", "embedding_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
@@ -112,6 +117,9 @@ class ElectraConfig:
                 raise ConfigError(f"ElectraConfig: {name} must be in [0, 1), got {getattr(self, name)}")
         if self.discriminator_weight <= 0 or self.layer_norm_eps <= 0 or self.initializer_range <= 0:
             raise ConfigError("ElectraConfig: discriminator_weight, layer_norm_eps and initializer_range must be > 0")
+        if not math.isfinite(self.discriminator_bias_init):
+            raise ConfigError("ElectraConfig: discriminator_bias_init must be a finite log-odds (e.g. -2), "
+                              f"got {self.discriminator_bias_init}")
         if not 0 <= self.pad_token_id < self.vocab_size:
             raise ConfigError(
                 f"ElectraConfig: pad_token_id {self.pad_token_id} is outside the vocabulary (size {self.vocab_size})"
@@ -142,6 +150,21 @@ def sample_tokens(logits: torch.Tensor, noise: torch.Tensor | None = None) -> to
         cdf = probs.cumsum(dim=-1)  # (N, V)
         at = (noise.to(cdf) * cdf[:, -1]).unsqueeze(1)  # (N, 1): scaled by the total, which rounding leaves near 1
         return torch.searchsorted(cdf, at, right=True).squeeze(1).clamp_(max=probs.shape[-1] - 1)
+
+
+def _detector_diagnostics(h: torch.Tensor, logits: torch.Tensor, replaced: torch.Tensor, original: torch.Tensor,
+                          real: torch.Tensor) -> dict[str, torch.Tensor]:
+    """``token_cos`` of the discriminator's top layer (non-padding tokens) and ``rtd_auc``, its scores' ROC AUC
+    for replaced vs original over the tokens the recipe could mask (:mod:`lmforge.nn.diagnostics`).
+
+    ``[CLS]`` and ``[SEP]`` are never masked, so they are always original: counting them would credit the
+    detector for knowing them.  Every pretraining row starts with ``[CLS]`` and ends with ``[SEP]`` (packed
+    documents are joined by ``[SEP]``), so their ids are read off each row's first and last real position.
+    """
+    ends = (real.sum(1) - 1).clamp(min=0)  # (B,) the last real position of each row (rows are right-padded)
+    specials = torch.cat([original[:, 0], original.gather(1, ends[:, None]).squeeze(1)])
+    ordinary = real & ~torch.isin(original, specials)  # (B, T)
+    return {"token_cos": token_cosine(h, real), "rtd_auc": roc_auc(logits[ordinary], replaced[ordinary])}
 
 
 @dataclasses.dataclass
@@ -299,6 +322,8 @@ class ElectraForPreTraining(ClsSepReading, PretrainedModel):
         self.discriminator_predictions = ElectraDiscriminatorPredictions(config.hidden_size, config.hidden_act)
         self.generator = ElectraGenerator(config, embeddings)
         self.apply(lambda m: init_weights(m, config.initializer_range))
+        if config.discriminator_bias_init:  # draws nothing: the run's random numbers are the same either way
+            nn.init.constant_(self.discriminator_predictions.dense_prediction.bias, config.discriminator_bias_init)
 
     # -- forward --------------------------------------------------------------------------------
     def forward(
@@ -323,7 +348,8 @@ class ElectraForPreTraining(ClsSepReading, PretrainedModel):
         Returns:
             :class:`ElectraPreTrainingOutput`; with labels ``loss`` = L_MLM + λ L_RTD and ``metrics``
             ``mlm_loss``, ``mlm_acc`` (generator), ``rtd_loss``, ``rtd_acc`` (discriminator, every non-padding
-            position) and ``replaced`` (share of non-padding positions replaced).
+            position) and ``replaced`` (share of non-padding positions replaced); in eval mode also the
+            diagnostics ``token_cos`` and ``rtd_auc`` (:func:`_detector_diagnostics`).
         """
         if labels is None:
             h = self.electra(input_ids, attention_mask, token_type_ids, document_ids=document_ids)  # (B, T, C)
@@ -357,6 +383,8 @@ class ElectraForPreTraining(ClsSepReading, PretrainedModel):
                 "rtd_acc": ((logits[real] > 0) == replaced[real]).float().mean(),
                 "replaced": replaced[real].float().mean(),
             }
+            if not self.training:  # validation: the diagnostics, from the tensors at hand (no RNG, no pass)
+                metrics.update(_detector_diagnostics(h, logits, replaced, original, real))
         return ElectraPreTrainingOutput(
             loss=loss, logits=logits, metrics=metrics, generator_logits=gen_logits, generator_loss=gen_loss,
             discriminator_loss=disc_loss, replaced=replaced, discriminator_input=corrupted,

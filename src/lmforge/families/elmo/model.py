@@ -34,6 +34,7 @@ from ...config import from_dict, load_json
 from ...errors import ConfigError
 from ...models.base import ModelOutput, PretrainedModel
 from ...nn.charcnn import CharCNNEncoder, vocab_char_ids
+from ...nn.diagnostics import token_cosine
 from ...nn.losses import cross_entropy_rows
 from ...nn.lstm import ResidualLSTMStack
 
@@ -50,7 +51,7 @@ class ElmoConfig:
 
     Attributes:
         vocab_size: V, the tokenizer's vocabulary (set from the tokenizer by
-            :func:`lmforge.families.pretraining.setup_elmo`).
+            :func:`lmforge.families.elmo.pretraining.setup_elmo`).
         token_encoder: ``"char"`` (char CNN + highway + projection, the original) or ``"word"``
             (a word-embedding table).
         projection_dim: P, width of the token vectors and of each LSTM layer's output per direction.
@@ -231,7 +232,8 @@ class ElmoBiLM(PretrainedModel):
                 position t against ``labels[t-1]``.
             token_type_ids: ignored (accepted so transfer code can pass BERT-style inputs).
         Returns:
-            ModelOutput with logits (2, B, T, V), loss and metrics when labels are given.
+            ModelOutput with logits (2, B, T, V), loss and metrics when labels are given (in eval mode also
+            ``token_cos`` of both directions' top layer: :func:`lmforge.nn.diagnostics.token_cosine`).
         """
         B, T = input_ids.shape
         _, fwd, bwd, perm, lengths = self._contextualize(input_ids, attention_mask)
@@ -262,6 +264,9 @@ class ElmoBiLM(PretrainedModel):
                 "bwd_loss": per_dir[1].detach(),
                 "lm_loss": per_dir.mean().detach(),
             }
+            if not self.training:  # validation: the collapse diagnostic on both directions' top layer
+                real = None if lengths is None else torch.arange(T, device=top.device) < lengths[:, None]
+                metrics["token_cos"] = token_cosine(torch.cat([top[0], top[1]], dim=-1), real)
         if perm is not None:
             inverse = torch.argsort(perm, dim=1)  # (B, T)
             logits = torch.stack([_gather_time(logits[0], inverse), _gather_time(logits[1], inverse)])

@@ -24,6 +24,7 @@ from ...errors import ConfigError, LmforgeError
 from ...generation import generate as generate_ids
 from ...generation import generate_text
 from ...models.base import ModelOutput, PretrainedModel
+from ...nn.diagnostics import token_cosine
 from ...nn.losses import causal_lm_loss, linear_cross_entropy, shift_labels
 from ...nn.transformer import KVCache, TransformerBlock, init_weights
 
@@ -37,7 +38,8 @@ class GPTConfig:
     """GPT hyper-parameters (HF ``GPT2Config`` field names).
 
     Attributes:
-        vocab_size: number of token ids (set from the tokenizer by :func:`lmforge.families.pretraining.setup_gpt`).
+        vocab_size: number of token ids (set from the tokenizer by
+            :func:`lmforge.families.gpt.pretraining.setup_gpt`).
         n_positions: longest sequence the learned position embedding covers.
         n_embd: hidden size C.
         n_layer: number of Transformer blocks.
@@ -240,7 +242,8 @@ class GPTLMHeadModel(PretrainedModel):
                 (training never needs them, and they are the LM head's main memory traffic).
         Returns:
             ModelOutput with ``logits`` (B, T, V) (None for a labelled call unless ``return_logits``) and,
-            with labels, ``loss`` = mean next-token cross-entropy.
+            with labels, ``loss`` = mean next-token cross-entropy; in eval mode with labels also ``metrics``
+            ``token_cos``, the top layer's collapse measure (:func:`lmforge.nn.diagnostics.token_cosine`).
         """
         x, states = self.body(input_ids, attention_mask, cache, position_ids, output_hidden_states)
         loss = logits = None
@@ -251,7 +254,11 @@ class GPTLMHeadModel(PretrainedModel):
             logits = self.lm_head(x)  # (B, T, V)
             if labels is not None:
                 loss = causal_lm_loss(logits, labels)
-        return ModelOutput(loss=loss, logits=logits, hidden_states=tuple(states) if states is not None else None)
+        metrics = {}
+        if labels is not None and not self.training and cache is None:  # validation: the collapse diagnostic
+            metrics["token_cos"] = token_cosine(x, attention_mask)
+        return ModelOutput(loss=loss, logits=logits, metrics=metrics,
+                           hidden_states=tuple(states) if states is not None else None)
 
     # -- the body interface (models.base.TransferBody) ------------------------------------------------
     def hidden_states(

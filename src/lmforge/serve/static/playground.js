@@ -362,7 +362,7 @@ async function start() {
   const sections = {fillmask: fillSelect("fm-model", "fill-mask"), generate: fillSelect("gen-model", "generate"),
     predict: fillSelect("pred-model", "predict"), curves: fillSelect("curve-model", "curves")};
   fillSelect("proj-model", "embed");
-  const contextual = MODELS.find((m) => m.kind === "model" && m.supports.includes("embed") && m.family !== "word2vec");
+  const contextual = MODELS.find((m) => m.kind === "model" && m.supports.includes("embed") && m.contextual);
   if (contextual) $("proj-model").value = contextual.name;  // a static model has one point for every sentence
   for (const [id, names] of Object.entries(sections)) {
     if (!names.length) {
