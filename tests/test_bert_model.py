@@ -57,14 +57,20 @@ def test_config_checks_and_presets():
     assert MaskedLMRecipe().seq_length(64) == 64 and MaskedLMRecipe().seq_length(512) == 128
 
 
-def test_an_old_config_json_with_the_data_recipe_still_loads(tmp_path):
-    """config.json files written when BertConfig carried the data recipe load; the recipe keys map to the recipe."""
+def test_the_data_recipe_is_read_from_train_config_and_is_no_model_key(tmp_path):
+    """The masking recipe is saved in train_config.json's ``data``; in config.json it is an unknown model key (the
+    ordinary error, as for any other), and a folder without a saved recipe trains with the defaults."""
     from lmforge.train.pretrain import saved_recipe
 
-    old = {"model_type": "bert", **dataclasses.asdict(tiny_config()), "max_seq_length": 32, "masked_lm_prob": 0.2,
-           "pack_documents": True, "whole_word_mask": True, "short_seq_prob": 0.0, "max_predictions_per_seq": 5}
-    (tmp_path / "config.json").write_text(json.dumps(old))
-    assert from_dict(BertConfig, old, ignore=("model_type",)) == tiny_config()
+    recipe = {"max_seq_length": 32, "masked_lm_prob": 0.2, "pack_documents": True, "whole_word_mask": True,
+              "short_seq_prob": 0.0, "max_predictions_per_seq": 5}
+    config = {"model_type": "bert", **dataclasses.asdict(tiny_config())}
+    (tmp_path / "config.json").write_text(json.dumps({**config, **recipe}))
+    assert from_dict(BertConfig, config, ignore=("model_type",)) == tiny_config()
+    with pytest.raises(ConfigError, match="unknown config key 'max_seq_length' for BertConfig"):
+        from_dict(BertConfig, {**config, **recipe}, ignore=("model_type",))
+    assert saved_recipe("bert", tmp_path) == MaskedLMRecipe()  # config.json's keys are not the recipe
+    (tmp_path / "train_config.json").write_text(json.dumps({"data": recipe}))
     assert saved_recipe("bert", tmp_path) == MaskedLMRecipe(32, 0.0, 0.2, 5, True, True)
     assert DEFAULT_PRESET in PRESETS
     sizes = {name: (p["num_hidden_layers"], p["hidden_size"]) for name, p in PRESETS.items()}

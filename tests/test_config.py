@@ -2,8 +2,9 @@ import dataclasses
 
 import pytest
 
-from lmforge.config import apply_overrides, from_dict, load_json, parse_overrides, save_json, to_dict
+from lmforge.config import apply_overrides, from_dict, load_json, parse_overrides, to_dict
 from lmforge.errors import ConfigError
+from lmforge.storage.files import save_json
 
 
 @dataclasses.dataclass
@@ -59,3 +60,19 @@ def test_bad_json(tmp_path):
         load_json(tmp_path / "bad.json")
     with pytest.raises(ConfigError, match="not found"):
         load_json(tmp_path / "missing.json")
+
+
+def test_keys_of_earlier_development_get_the_ordinary_unknown_key_error():
+    """lmforge has made no release: a key it once wrote (bf16, the masking recipe in a BERT config.json) is an
+    unknown key like any other, answered with the valid keys."""
+    from lmforge.families.bert.model import BertConfig
+    from lmforge.families.electra.model import ElectraConfig
+    from lmforge.train.config import TrainConfig
+
+    with pytest.raises(ConfigError, match="unknown config key 'bf16' for TrainConfig.*valid keys: .*precision"):
+        from_dict(TrainConfig, {"max_steps": 3, "bf16": True})
+    for cls in (BertConfig, ElectraConfig):
+        with pytest.raises(ConfigError, match=f"unknown config key 'masked_lm_prob' for {cls.__name__}"):
+            from_dict(cls, {"vocab_size": 100, "masked_lm_prob": 0.15})
+        with pytest.raises(ConfigError, match="'hiden_size'.*did you mean 'hidden_size'"):
+            from_dict(cls, {"hiden_size": 64})

@@ -24,7 +24,7 @@ def test_every_recorded_plan_has_its_configs():
 @pytest.mark.parametrize("name", sorted(RECORDED))
 def test_a_recorded_plan_builds_the_same_configs(name):
     plan = load_plan(ROOT / "docs" / "plans" / name)
-    recipe = plan.recipe_config()  # the data recipe, among the model fields when the plans were recorded
+    recipe = plan.recipe_config()  # the data recipe: its own section of the plan, among the model fields recorded
     model = {**to_dict(plan.model_config()), **(to_dict(recipe) if recipe is not None else {})}
     pairs = ((model, RECORDED[name]["model"]), (to_dict(plan.train_config()), RECORDED[name]["train"]))
     for got, recorded in pairs:

@@ -6,8 +6,9 @@ import shutil
 import pytest
 
 from lmforge.errors import ConfigError, DataError
+from lmforge.text import is_cjk
 from lmforge.tokenization import Tokenizer
-from lmforge.tokenizer_pipelines import WORDPIECE_SPECIALS, _drop_unusable_pieces, is_cjk
+from lmforge.tokenizer_pipelines import WORDPIECE_SPECIALS, _drop_unusable_pieces
 
 SAMPLE = "He got bit by Python. The python is a large snake; Python the language runs scripts."
 

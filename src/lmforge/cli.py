@@ -88,8 +88,8 @@ def command_of(argv: Sequence[str]) -> str:
 
 
 def parse_args(parser: argparse.ArgumentParser, argv: list[str] | None) -> argparse.Namespace:
-    """``parser.parse_args``, but a flag a command no longer takes is answered in one line saying what to write
-    instead (the command's ``removed_flags``), exit status 2 as for argparse's own errors."""
+    """``parser.parse_args``, but an argument a command does not take is answered in one line with the closest real
+    option, exit status 2 as for argparse's own errors."""
     given = [str(a) for a in (sys.argv[1:] if argv is None else argv)]
     words, command = command_parser(parser, given)
     stray = positional_output(parser, command, given)
@@ -98,9 +98,7 @@ def parse_args(parser: argparse.ArgumentParser, argv: list[str] | None) -> argpa
                                                 f"--out {stray}"))
     args, unknown = parser.parse_known_args(argv)
     if unknown:
-        line = removed_spelling(getattr(args, "removed_flags", {}), unknown, given)
-        line = line or unknown_line(command, " ".join(words), unknown)
-        raise SystemExit(_fail(" ".join(words) or "", line))
+        raise SystemExit(_fail(" ".join(words) or "", unknown_line(command, " ".join(words), unknown)))
     return args
 
 
@@ -143,23 +141,6 @@ def unknown_line(parser: argparse.ArgumentParser, command: str, unknown: Sequenc
     if "--out" in options:
         return f"unexpected argument '{token}'; every output is named with --out (--out {token}); {helping}"
     return f"unexpected argument '{token}'; {helping} shows what it takes"
-
-
-def removed_spelling(spellings: dict[str, str], unknown: Sequence[str], argv: Sequence[str]) -> str | None:
-    """The line for the first of ``unknown`` (argparse's leftover arguments) that is a removed flag, else ``None``.
-
-    The value shown in the advice is the one given after the flag in ``argv`` (``--log=x`` or ``--log x``)."""
-    argv = [str(a) for a in argv]
-    for token in unknown:
-        flag, eq, value = str(token).partition("=")
-        if flag not in spellings:
-            continue
-        if not eq and flag in argv:
-            i = argv.index(flag)
-            value = argv[i + 1] if i + 1 < len(argv) and not argv[i + 1].startswith("-") else ""
-        instead = spellings[flag].replace("{}", value or "VALUE")
-        return f"{flag} is not an option of this command; use {instead}"
-    return None
 
 
 def main(argv: list[str] | None = None) -> int:

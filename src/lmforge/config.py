@@ -18,13 +18,12 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from .errors import ConfigError
-from .storage.files import atomic_write_text
 from .utils import INT64, SEED_MAX
 
 T = TypeVar("T")
 
 
-def _field_types(cls) -> dict[str, Any]:
+def field_types(cls) -> dict[str, Any]:
     hints = typing.get_type_hints(cls)
     return {f.name: hints[f.name] for f in dataclasses.fields(cls) if f.init}
 
@@ -35,7 +34,7 @@ def _unknown_key_message(cls, key: str, valid: list[str]) -> str:
     return f"unknown config key '{key}' for {cls.__name__}{hint}; valid keys: {', '.join(sorted(valid))}"
 
 
-def _coerce(value: Any, tp: Any, key: str) -> Any:
+def coerce(value: Any, tp: Any, key: str) -> Any:
     """Convert a JSON value or a command-line string to the field type ``tp``."""
     origin = typing.get_origin(tp)
     args = typing.get_args(tp)
@@ -43,7 +42,7 @@ def _coerce(value: Any, tp: Any, key: str) -> Any:
         return _coerce_union(value, args, key)
     if origin in (list, tuple):
         inner = args[0] if args else Any
-        items = [_coerce(v, inner, key) for v in _as_list(value, key)]
+        items = [coerce(v, inner, key) for v in _as_list(value, key)]
         return tuple(items) if origin is tuple else items
     if origin is typing.Literal:
         if value not in args:
@@ -63,7 +62,7 @@ def _coerce_union(value: Any, args: tuple[Any, ...], key: str) -> Any:
         if a is type(None):
             continue
         try:
-            return _coerce(value, a, key)
+            return coerce(value, a, key)
         except ConfigError as e:
             errors.append(str(e))
     raise ConfigError(errors[0] if errors else f"bad value {value!r} for '{key}'")
@@ -163,18 +162,16 @@ def from_dict(cls: type[T], data: dict[str, Any], *, ignore: tuple[str, ...] = (
     Args:
         cls: the config dataclass.
         data: mapping of field name to value (e.g. a parsed ``config.json``).
-        ignore: keys that may be present but are not fields (e.g. ``"model_type"``); a class's ``MOVED_KEYS``
-            (fields that moved to another config) are read and dropped as well.
+        ignore: keys that may be present but are not fields (e.g. ``"model_type"``).
     """
-    fields = _field_types(cls)
-    ignore = (*ignore, *getattr(cls, "MOVED_KEYS", ()))
+    fields = field_types(cls)
     kwargs = {}
     for key, value in data.items():
         if key in ignore:
             continue
         if key not in fields:
             raise ConfigError(_unknown_key_message(cls, key, list(fields)))
-        kwargs[key] = _coerce(value, fields[key], key)
+        kwargs[key] = coerce(value, fields[key], key)
     try:
         return cls(**kwargs)
     except (TypeError, ValueError) as e:
@@ -202,23 +199,16 @@ def apply_overrides(cfg: T, pairs: list[str] | dict[str, Any] | None) -> T:
     overrides = pairs if isinstance(pairs, dict) else parse_overrides(pairs)
     if not overrides:
         return cfg
-    fields = _field_types(type(cfg))
+    fields = field_types(type(cfg))
     changes = {}
     for k, v in overrides.items():
         if k not in fields:
             raise ConfigError(_unknown_key_message(type(cfg), k, list(fields)))
-        changes[k] = _coerce(v, fields[k], k)
+        changes[k] = coerce(v, fields[k], k)
     try:
         return dataclasses.replace(cfg, **changes)
     except (TypeError, ValueError) as e:
         raise ConfigError(f"invalid {type(cfg).__name__}: {e}") from None
-
-
-def save_json(cfg_or_dict, path: str | Path, **extra: Any) -> None:
-    """Write a config (dataclass or dict) as pretty JSON, atomically; ``extra`` keys go first."""
-    data = cfg_or_dict if isinstance(cfg_or_dict, dict) else to_dict(cfg_or_dict)
-    data = {**extra, **data}
-    atomic_write_text(Path(path), json.dumps(data, indent=2, ensure_ascii=False) + "\n")
 
 
 # Names that the families give the same thing (GPT-2's, BERT's and ELMo's / word2vec's field names): a
@@ -240,7 +230,7 @@ FIELD_SYNONYMS: tuple[tuple[str, ...], ...] = (
 def synonyms_in(cls, key: str) -> list[str]:
     """The fields of dataclass ``cls`` that mean what ``key`` means in another family (``n_layer`` ->
     ``["num_hidden_layers"]`` for BERT's config); empty when ``key`` is a field of ``cls`` or unknown."""
-    fields = _field_types(cls)
+    fields = field_types(cls)
     if key in fields:
         return []
     found: list[str] = []

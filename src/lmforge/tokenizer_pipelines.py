@@ -26,6 +26,7 @@ from tokenizers import Tokenizer as HFTokenizer
 
 from .data.sources import Corpus
 from .errors import ConfigError, DataError
+from .text import is_cjk
 from .utils import check_memory
 
 logger = logging.getLogger(__name__)
@@ -37,21 +38,6 @@ BPE_SPECIALS = [EOT]
 BYTE_ALPHABET = 256
 BYTES_PER_VOCAB_ENTRY = 64
 MAX_VOCAB = 2**31 - 1  # ids are 32-bit in ``tokenizers`` (and in the shards' uint32 arrays)
-
-
-def is_cjk(ch: str) -> bool:
-    """The CJK ranges BERT's ``handle_chinese_chars`` isolates (CJK Unified Ideographs and extensions)."""
-    cp = ord(ch)
-    return (
-        0x4E00 <= cp <= 0x9FFF
-        or 0x3400 <= cp <= 0x4DBF
-        or 0x20000 <= cp <= 0x2A6DF
-        or 0x2A700 <= cp <= 0x2B73F
-        or 0x2B740 <= cp <= 0x2B81F
-        or 0x2B820 <= cp <= 0x2CEAF
-        or 0xF900 <= cp <= 0xFAFF
-        or 0x2F800 <= cp <= 0x2FA1F
-    )
 
 
 def _is_lone_piece(token: str) -> bool:

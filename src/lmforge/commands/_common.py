@@ -7,8 +7,7 @@
 - :func:`add_json_arg` and :func:`show`: a short human summary by default, the full record as JSON with
   ``--json``.
 - :func:`refuse_flag_keys`: a ``--set`` key that a flag owns is refused, naming the flag (one way to say
-  each thing); :func:`removed_flags` declares the flags a command no longer takes and what to write instead
-  (``lmforge`` answers them in one line).
+  each thing).
 - :func:`say`: a line on the way to the result (stdout, or stderr with ``--json`` so that stdout holds the JSON
   alone).
 - :func:`progress`: a tqdm bar on a terminal, plain log lines when the output is piped.
@@ -32,7 +31,6 @@ from ..errors import LmforgeError
 FLAG_KEYS = {
     "device": "--device",
     "precision": "--precision",
-    "bf16": "--precision bf16",
     "max_time": "--max-time",
     "compile": "--compile",
 }
@@ -151,12 +149,6 @@ def refuse_flag_keys(pairs: Sequence[str], owned: dict[str, str] | None = None) 
             flag = owned[key]
             example = flag if " " in flag or not value.strip() else f"{flag} {value.strip()}"
             raise LmforgeError(f"--set {key}=... is not a setting here; use {example}")
-
-
-def removed_flags(p: argparse.ArgumentParser, spellings: dict[str, str]) -> None:
-    """Flags ``p`` no longer takes, each with what to write instead (``{}`` there stands for the value given):
-    ``lmforge`` answers them in one line (``lmforge.cli.removed_spelling``) instead of argparse's "unrecognized"."""
-    p.set_defaults(removed_flags=spellings)
 
 
 # -- numbers a person reads ---------------------------------------------------------------------------------

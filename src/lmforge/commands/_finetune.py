@@ -18,7 +18,7 @@ from typing import Any
 
 from ..config import from_dict, load_config_file, parse_overrides
 from ..errors import ConfigError, LmforgeError
-from ..train.precision import resolve_device, upgrade_legacy_keys
+from ..train.precision import resolve_device
 from ..train.tblog import LOG_CHOICES
 from ..transfer.config import TransferConfig
 from ..transfer.modes import DEFAULT_MODE
@@ -55,7 +55,7 @@ def read_run_file(path: str | Path) -> dict[str, Any]:
     section = data.get("transfer", data)
     if not isinstance(section, dict):
         raise ConfigError(f"{path}: 'transfer' must be a table of settings")
-    return upgrade_legacy_keys(dict(section))
+    return dict(section)
 
 
 def _log_choice(value: Any) -> str:

@@ -13,7 +13,7 @@ from ..transfer.benchmarks import BENCHMARKS, load_benchmark, write_domain_text
 from ..transfer.curve import curve_table, leads_text
 from ..transfer.specs import SPECS
 from . import command_help
-from ._common import add_compute_args, add_json_arg, add_overwrite_arg, compute_options, progress, removed_flags, show
+from ._common import add_compute_args, add_json_arg, add_overwrite_arg, compute_options, progress, show
 from ._groups import add_cache_dir_arg, add_curve_draw_args
 from .finetune import add_truncation_arg
 
@@ -95,7 +95,6 @@ def _register_curve(verbs) -> None:
     add_compute_args(c)
     add_overwrite_arg(c)
     add_json_arg(c)
-    removed_flags(c, {"--bf16": "--precision bf16"})
     c.set_defaults(func=run_curve, reads=("model_dir",), writes=("--out",))
 
 

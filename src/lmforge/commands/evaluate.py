@@ -149,7 +149,7 @@ def _lm_keys(model_dir, pairs) -> dict[str, dict[str, str]]:
 def run_lm(args) -> int:
     import math
 
-    check_model_folder(args.model_dir)
+    check_model_folder(args.model_dir, FAMILIES)
     val = evaluate_lm(
         args.model_dir,
         args.data,

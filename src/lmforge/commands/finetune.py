@@ -13,7 +13,7 @@ from ..transfer.modes import MODES
 from ..transfer.specs import SPECS
 from . import command_help
 from ._columns import add_column_args
-from ._common import add_compute_args, add_json_arg, add_overwrite_arg, progress, removed_flags, show
+from ._common import add_compute_args, add_json_arg, add_overwrite_arg, progress, show
 from ._finetune import add_run_file_args, summary, transfer_settings
 from ._groups import brief_help
 
@@ -185,7 +185,6 @@ def register(sub) -> None:
     add_compute_args(p)
     add_run_file_args(p)
     add_json_arg(p)
-    removed_flags(p, {"--log": "--set log={}", "--bf16": "--precision bf16"})  # as pretrain says them
     p.set_defaults(func=run, reads=("model_dir", "--train", "--test"), writes=("--out",))
     add_column_args(p)
     brief_help(p, SHOWN, "the head (--classifier, --pool, --layer), the schedule, --device and --precision, qa "
@@ -206,7 +205,7 @@ def run(args) -> int:
     # the run is written into a hidden folder beside --out and renamed into place when complete, so a kill
     # at any moment leaves --out as it was
     with output_folder(args.out, "run", args.overwrite, inputs=[args.model_dir], beside=True):
-        check_model_folder(args.model_dir)
+        check_model_folder(args.model_dir, FAMILIES)
         with staged_folder(args.out, "run") as tmp:
             tb = EpochLog(tmp) if log == "tensorboard" else None
             quiet = getattr(args, "quiet", False)

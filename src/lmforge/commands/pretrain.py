@@ -19,8 +19,7 @@ from ..storage.writing import output_folder, recover_folder, staged_folder
 from ..train.budget import run_plan
 from ..train.checkpoint import restore_model_config
 from ..train.config import TrainConfig
-from ..train.pretrain import train_run
-from ..train.run_config import plan_run, resolve_run
+from ..train.run_config import plan_run, resolve_run, train_run
 from . import command_help
 from ._common import (
     add_compute_args,
@@ -29,7 +28,6 @@ from ._common import (
     add_set_arg,
     fmt,
     refuse_flag_keys,
-    removed_flags,
     say,
     show,
 )
@@ -63,10 +61,6 @@ keys under [train] (or both as flat keys), and optionally preset = "tiny" as the
 Every run saves OUT/train_config.json in that form: pass it back as --config to repeat the run.
 --set overrides the file; --device and --precision override both.
 """
-
-
-# flags pretrain no longer takes, and the one way to say each
-REMOVED_FLAGS = {"--max-steps": "--set max_steps={}", "--log": "--set log={}", "--bf16": "--precision bf16"}
 
 
 def _key_names() -> str:
@@ -130,7 +124,6 @@ def register(sub) -> None:
                    help="run the training forward through torch.compile: a minute or more of compilation before "
                    "the first step, off by default (docs/training.md has the measurements); saved with the run")
     add_json_arg(p)
-    removed_flags(p, REMOVED_FLAGS)
     p.set_defaults(func=run, reads=("--data", "--init", "--tokenizer", "--plan", "--config"), writes=("--out",))
 
 

@@ -33,8 +33,8 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import LmforgeError
+from ..text import is_cjk_or_punct
 from .corpus import SENTENCE, unit_sentences
-from .sentences import _CJK
 
 logger = logging.getLogger(__name__)
 
@@ -146,7 +146,7 @@ def chunk_sentences(chunk: Chunk, bpe_spacing: bool) -> tuple[list[str], np.ndar
         first = np.ones(len(sentences), dtype=bool)  # the first sentence of its document
         first[1:] = ends[:-1]
         first[0] = not chunk.continues
-        sentences = [s if f or not s or _CJK.match(s) else " " + s for s, f in zip(sentences, first.tolist())]
+        sentences = [s if f or not s or is_cjk_or_punct(s[0]) else " " + s for s, f in zip(sentences, first.tolist())]
     return sentences, np.repeat(unit_doc, per_unit), ends
 
 

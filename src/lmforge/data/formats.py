@@ -25,7 +25,7 @@ from pathlib import Path
 
 from ..errors import DataError, require
 from .compression import open_binary, stripped_suffix
-from .textfiles import _utf16_name, check_file, read_head
+from .textfiles import check_file, read_head, utf16_name
 
 FORMATS = ("text", "jsonl", "json", "csv", "tsv", "parquet", "dataset")
 RECORD_FORMATS = FORMATS[1:]
@@ -56,7 +56,7 @@ def detect(path: Path) -> str | None:
             return "parquet"
     head = read_head(path, _SNIFF_BYTES)
     suffix = stripped_suffix(path)
-    if _utf16_name(head):
+    if utf16_name(head):
         return "text"
     if b"\x00" in head[:8192]:  # as check_file looks: a NUL further on is reported with its line
         return "parquet" if suffix == ".parquet" else None

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import re
 
+from ..text import CJK_OR_PUNCT, is_cjk_or_punct
+
 _CLOSERS = "\"'”’»)]}」』）》〉"
 _OPENERS = "\"'“‘«([{「『（《〈"
 # English: terminal punctuation, optional closing quotes/brackets, whitespace, then something that
@@ -13,7 +15,6 @@ _OPENERS = "\"'“‘«([{「『（《〈"
 _EN_BOUNDARY = re.compile(r"[.!?]+[" + re.escape(_CLOSERS) + r"]*(?=\s+[" + re.escape(_OPENERS) + r"]*[A-Z0-9])")
 # Chinese: 。！？；… (and fullwidth ！？) end a sentence whatever follows; closing quotes stay with it.
 _ZH_BOUNDARY = re.compile(r"(?:[。！？；!?]|…+|\.{3,})+[" + re.escape(_CLOSERS) + r"]*")
-_CJK = re.compile(r"[\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff\u3000-\u303f\uff00-\uffef]")
 _ABBREVIATIONS = frozenset(
     "mr mrs ms dr prof sr jr st mt vs etc e.g i.e cf fig figs no nos vol vols ed eds al approx dept est inc "
     "ltd co corp jan feb mar apr jun jul aug sep sept oct nov dec gen col lt sgt capt rev gov sen rep u.s "
@@ -52,12 +53,12 @@ def split_sentences(text: str) -> list[str]:
         if first == "." and len(m.group(0).rstrip(_CLOSERS)) == 1 and _is_abbreviation(text, m.start()):
             continue
         cuts.add(m.end())
-    if _CJK.search(text):
+    if CJK_OR_PUNCT.search(text):
         for m in _ZH_BOUNDARY.finditer(text):
             # ASCII !? inside English text are handled above; here only count them next to CJK.
-            if m.group(0)[0] in "!?" and not (m.start() > 0 and _CJK.match(text[m.start() - 1])):
+            if m.group(0)[0] in "!?" and not (m.start() > 0 and is_cjk_or_punct(text[m.start() - 1])):
                 continue
-            if m.group(0).startswith("...") and not (m.start() > 0 and _CJK.match(text[m.start() - 1])):
+            if m.group(0).startswith("...") and not (m.start() > 0 and is_cjk_or_punct(text[m.start() - 1])):
                 continue
             cuts.add(m.end())
     out: list[str] = []
@@ -80,6 +81,6 @@ def ends_sentence(line: str) -> bool:
 
 def join_wrapped(a: str, b: str) -> str:
     """Join two wrapped lines: no space between CJK characters, one space otherwise."""
-    if a and b and _CJK.match(a[-1]) and _CJK.match(b[0]):
+    if a and b and is_cjk_or_punct(a[-1]) and is_cjk_or_punct(b[0]):
         return a + b
     return f"{a} {b}"

@@ -32,8 +32,7 @@ from ..errors import DataError
 from ..storage.folders import MARKER
 from ..utils import check_unicode
 from .corpus import LAYOUTS, RECORD_MODES, SENTENCE, detect_layout, iter_units, unit_sentences
-from .formats import FORMATS, detect, is_dataset_folder, iter_records, open_dataset, record_fields
-from .formats import dataset_records as _dataset_records
+from .formats import FORMATS, dataset_records, detect, is_dataset_folder, iter_records, open_dataset, record_fields
 from .line_blocks import line_blocks
 from .textfiles import ENCODING_ERRORS, check_file
 
@@ -247,7 +246,7 @@ def _record_units(src: Source, options: CorpusOptions, on_bytes) -> Iterator[str
     field = src.field
     if src.path is None:
         ds = open_dataset(src.name, options.split)
-        records = _dataset_records(ds, src.name, [field], on_bytes, src.size)
+        records = dataset_records(ds, src.name, [field], on_bytes, src.size)
     else:
         records = iter_records(src.path, src.format, [field], by_position=_by_position(src, field),
                                encoding_errors=options.encoding_errors, on_bytes=on_bytes, split=options.split)

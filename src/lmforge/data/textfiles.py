@@ -30,7 +30,7 @@ def check_file(path: str | Path) -> Path:
     if not p.is_file():
         raise DataError(f"{p} is not a regular file")
     head = read_head(p)
-    utf16 = _utf16_name(head)
+    utf16 = utf16_name(head)
     if utf16:
         raise DataError(f"{p} is {utf16} text, not UTF-8; convert it first, e.g. iconv -f {utf16.split()[0]} "
                         f"-t UTF-8 {p} > {p.stem}.utf8{p.suffix}")
@@ -49,7 +49,7 @@ def read_head(p: Path, n: int = 8192) -> bytes:
         raise DataError(f"cannot read {p}: {e}") from None
 
 
-def _utf16_name(head: bytes) -> str | None:
+def utf16_name(head: bytes) -> str | None:
     """"UTF-16 (little-endian, with BOM)" and the like when ``head`` is UTF-16/32 text, else None."""
     for bom, name in ((b"\xff\xfe\x00\x00", "UTF-32 (little-endian, with BOM)"),
                       (b"\x00\x00\xfe\xff", "UTF-32 (big-endian, with BOM)"),

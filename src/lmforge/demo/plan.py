@@ -87,7 +87,8 @@ class FamilyPlan:
     Attributes:
         family: a family of the registry (``word2vec``, ``elmo``, ``gpt``, ``bert``, ``electra``).
         tokenizer: which shards it reads: ``wordpiece`` or ``bpe`` (the general corpus) or :data:`DOMAIN`.
-        config: model config fields (written to ``configs/<key>.json`` and given to ``pretrain``).
+        config: model config fields, and the data recipe's for BERT and ELECTRA (written together to
+            ``configs/<key>.json``; ``pretrain`` gets them apart).
         train: TrainConfig fields (``--set`` overrides, ``max_steps`` included); empty for word2vec.
         name: the model's key when it is not the family's general-corpus model (:data:`DOMAIN_MODEL`).
         objective: what it learns from, in the report's words (``MLM only``, ``replaced-token detection``).

@@ -18,7 +18,7 @@ from typing import Any
 
 import torch
 
-from ..config import from_dict, save_json
+from ..config import from_dict
 from ..data.corpus import builtin_corpus_path
 from ..data.shards import Shards, prepare, uncompressed_size
 from ..devices import Compute
@@ -27,7 +27,7 @@ from ..evaluate import find_word, load_reference, word_rows
 from ..evaluate.polysemy import polysemy_table
 from ..evaluate.wic import wic_table
 from ..families import FAMILIES, load
-from ..storage.files import atomic_write_text, file_sha256
+from ..storage.files import atomic_write_text, file_sha256, save_json
 from ..tokenization import Tokenizer
 from ..train.precision import resolve_compute
 from ..train.pretrain import default_train_config, pretrain, recipe_in
@@ -249,10 +249,11 @@ def pretrain_model(ctx: DemoContext, key: str) -> dict:
     cfg_file.parent.mkdir(parents=True, exist_ok=True)
     save_json({"model_type": fp.family, **fp.config}, cfg_file)
     t0 = time.monotonic()
-    model = from_dict(FAMILIES[fp.family].config_class, fp.config, ignore=("model_type",))
+    recipe = recipe_in(fp.family, fp.config)
+    recipe_keys = {f.name for f in dataclasses.fields(recipe)} if recipe is not None else set()
+    model = from_dict(FAMILIES[fp.family].config_class, {k: v for k, v in fp.config.items() if k not in recipe_keys})
     compute = {k: v for k, v in (("device", ctx.device), ("precision", ctx.precision_asked)) if v is not None}
     train = default_train_config(fp.family, **{**fp.train, **compute}) if FAMILIES[fp.family].trainer else None
-    recipe = recipe_in(fp.family, fp.config)
     res = pretrain(fp.family, ctx.path(f"shards-{fp.tokenizer}"), out, model, train, recipe, progress=ctx.show_bars,
                    compute=run_compute(ctx) if train is not None else None)
     seconds = time.monotonic() - t0

@@ -19,28 +19,11 @@ from ..errors import LmforgeError
 from ..families import load
 from ..families.bert.hf import import_hf
 from ..models.base import TokenLayers
+from ..text import written_without_spaces
 from ..tokenization import Tokenizer
-from ..tokenizer_pipelines import is_cjk
 from ..train.precision import resolve_device
 
 _WORD_CHAR = re.compile(r"\w")
-
-
-def written_without_spaces(ch: str) -> bool:
-    """Whether ``ch`` belongs to a script written without spaces between words: Chinese (Han), Japanese
-    kana, Thai, Lao, Khmer, Myanmar, and CJK / fullwidth punctuation.  Next to such a character a word
-    needs no boundary: 苹果 is found inside 苹果公司发布了新手机。"""
-    o = ord(ch)
-    return (
-        is_cjk(ch)
-        or 0x2E80 <= o <= 0x2FDF  # CJK radicals
-        or 0x3000 <= o <= 0x30FF  # CJK punctuation, hiragana, katakana
-        or 0x31F0 <= o <= 0x31FF  # katakana extensions
-        or 0xFF00 <= o <= 0xFFEF  # fullwidth / halfwidth forms
-        or 0x0E00 <= o <= 0x0EFF  # Thai, Lao
-        or 0x1000 <= o <= 0x109F  # Myanmar
-        or 0x1780 <= o <= 0x17FF  # Khmer
-    )
 
 
 def find_word(text: str, word: str, *, match_case: bool = False, spaced: bool = False) -> tuple[int, int] | None:

@@ -47,12 +47,12 @@ from typing import Protocol
 
 import torch
 
-from ..config import load_json, save_json
+from ..config import load_json
 from ..data.tasks import KINDS
 from ..errors import LmforgeError
 from ..families import FAMILIES, Family
 from ..storage.cards import display_name
-from ..storage.files import atomic_write_text, save_safetensors
+from ..storage.files import atomic_write_text, save_json, save_safetensors
 from ..transfer import load_run
 from ..transfer.config import saved_config
 from ..transfer.specs import SPECS

@@ -18,10 +18,11 @@ import numpy as np
 import torch
 from torch import nn
 
-from ..config import from_dict, load_json, save_json
+from ..config import from_dict, load_json
 from ..errors import CheckpointError, LmforgeError
 from ..families import FAMILIES
 from ..storage.checks import check_dtypes, check_recorded_tokenizer, check_tokenizer_fits, read_weights
+from ..storage.files import save_json
 from ..storage.writing import save_weights
 from ..tokenization import Tokenizer
 from . import sentence, vectors

@@ -25,7 +25,7 @@ import numpy as np
 import torch
 
 from ..errors import CheckpointError, LmforgeError
-from ..storage.files import atomic_path
+from ..storage.files import atomic_write_text
 
 PIPELINE_FILE = "sentence_pipeline.json"
 ST_POOLS = ("mean", "cls", "max")
@@ -83,8 +83,7 @@ def read_pipeline(folder: str | Path) -> SentencePipeline | None:
 def write_pipeline(pipeline: SentencePipeline, folder: str | Path) -> Path:
     """Write ``sentence_pipeline.json`` into ``folder`` (atomically)."""
     p = Path(folder) / PIPELINE_FILE
-    with atomic_path(p) as tmp:
-        Path(tmp).write_text(json.dumps(dataclasses.asdict(pipeline), indent=2) + "\n", encoding="utf-8")
+    atomic_write_text(p, json.dumps(dataclasses.asdict(pipeline), indent=2) + "\n")
     return p
 
 

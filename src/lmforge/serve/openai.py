@@ -32,7 +32,7 @@ import dataclasses
 import json
 import time
 import uuid
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 import numpy as np
 from fastapi import FastAPI, Request
@@ -41,12 +41,32 @@ from pydantic import BaseModel, Field
 
 from ..models.vectors import encode, sentence_pipeline
 from .errors import HTTPError
-from .generating import Generated, generate_one
-from .requests import COUNT_MAX, LAYER_MAX, SEED_MAX, Seed, TopP
+from .generating import Generated, Generations, generate_one
+from .requests import COUNT_MAX, LAYER_MAX, SEED_MAX, Seed, ServeLimits, TopP
 
 if TYPE_CHECKING:
-    from .app import Server
+    from .batching import MicroBatcher
     from .registry import Entry
+
+
+class Server(Protocol):
+    """What these routes use of :class:`lmforge.serve.app.Server` (the app imports this module, so this one names
+    the members instead of importing the class)."""
+
+    entries: dict[str, Entry]
+    limits: ServeLimits
+    generations: Generations
+    batchers: dict[tuple[str, str], MicroBatcher]
+    backend: str
+    quantize: str
+
+    async def fresh(self, name: str) -> Entry: ...
+
+    async def entry(self, name: str, op: str) -> Entry: ...
+
+    def text(self, value: str | None, field: str, allow_empty: bool = False) -> str: ...
+
+    def texts(self, values: list[str], field: str, least: int = 1) -> list[str]: ...
 
 #: OpenAI's defaults for a completion
 DEFAULT_MAX_TOKENS = 16

@@ -29,8 +29,8 @@ from safetensors import safe_open
 
 from ..config import load_json
 from ..data.tasks import KINDS
+from ..text import is_cjk
 from ..tokenization import Tokenizer
-from ..tokenizer_pipelines import is_cjk
 from .card_diagnostics import diagnostics_section
 from .files import atomic_write_text
 

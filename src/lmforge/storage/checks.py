@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -166,11 +168,12 @@ def read_weights(path: str | Path) -> dict:
     return state
 
 
-def check_model_folder(path: str | Path) -> None:
+def check_model_folder(path: str | Path, families: Mapping[str, Any]) -> None:
     """Refuse a model folder whose weights are not finite or whose tokenizer does not fit its config.
 
     For commands that read weights without :func:`lmforge.load` (which checks the same).  A folder
-    with no ``config.json`` or weights is left to the caller's own message.
+    with no ``config.json`` or weights is left to the caller's own message.  ``families`` maps a ``model_type``
+    to its family (the registry's ``FAMILIES``, which sits above this module): the tokenizer kind it reads.
     """
     p = Path(path)
     weights = p / "model.safetensors"
@@ -178,13 +181,11 @@ def check_model_folder(path: str | Path) -> None:
         return
     read_weights(weights)
     if (p / "tokenizer.json").is_file():
-        from ..families import FAMILIES  # uphill: the registry's family for the tokenizer kind
-
         class _Config:  # the fields check_tokenizer_fits reads
             def __init__(self, data: dict):
                 self.__dict__.update({k: v for k, v in data.items() if k.endswith("_id") or k == "vocab_size"})
 
         data = load_json(p / "config.json")
         tokenizer = Tokenizer.load(p)
-        check_tokenizer_fits(_Config(data), tokenizer, p, FAMILIES.get(data.get("model_type")))
+        check_tokenizer_fits(_Config(data), tokenizer, p, families.get(data.get("model_type")))
         check_recorded_tokenizer(p, tokenizer)

@@ -13,14 +13,18 @@ import re
 import shutil
 import tempfile
 import uuid
+from collections.abc import Iterable
 from pathlib import Path
+from typing import Any
 
+from ..config import to_dict
 from ..errors import CheckpointError, LmforgeError
 
 logger = logging.getLogger("lmforge")
 
 
-def _fsync_dir(path: Path) -> None:
+def fsync_dir(path: Path) -> None:
+    """Flush a folder's entries to disk, so a rename into it survives a power cut (a no-op where unsupported)."""
     with contextlib.suppress(OSError):
         fd = os.open(path, os.O_RDONLY)
         try:
@@ -50,7 +54,7 @@ def atomic_path(path: str | Path):
         with open(tmp_path, "rb+") as f:
             os.fsync(f.fileno())
         os.replace(tmp_path, path)
-        _fsync_dir(path.parent)
+        fsync_dir(path.parent)
     except OSError as e:
         with contextlib.suppress(OSError):
             tmp_path.unlink()
@@ -70,6 +74,14 @@ def atomic_write_bytes(path: str | Path, data: bytes) -> None:
 
 def atomic_write_text(path: str | Path, text: str) -> None:
     atomic_write_bytes(path, text.encode("utf-8"))
+
+
+def atomic_write_lines(path: str | Path, lines: Iterable[str]) -> None:
+    """Write ``lines`` (each without its newline) as UTF-8 text to ``path`` atomically, one at a time: a large
+    file is never held whole in memory."""
+    with atomic_path(path) as tmp, open(tmp, "w", encoding="utf-8") as f:
+        for line in lines:
+            f.write(line + "\n")
 
 
 # -- files that change together ------------------------------------------------------------------------
@@ -96,12 +108,12 @@ def write_together(folder: str | Path, files: dict[str, bytes], remove: tuple[st
                 f.write(data)
                 f.flush()
                 os.fsync(f.fileno())
-        _fsync_dir(stage)
+        fsync_dir(stage)
         os.rename(stage, p / TOGETHER)
     except BaseException:
         shutil.rmtree(stage, ignore_errors=True)
         raise
-    _fsync_dir(p)
+    fsync_dir(p)
     finish_together(p)
 
 
@@ -128,7 +140,7 @@ def finish_together(folder: str | Path) -> bool:
     for name in remove:
         with contextlib.suppress(FileNotFoundError):
             (p / name).unlink()
-    _fsync_dir(p)
+    fsync_dir(p)
     shutil.rmtree(stage, ignore_errors=True)
     return True
 
@@ -211,16 +223,16 @@ def swap_into_place(new: str | Path, path: str | Path, keep: tuple[str, ...] | l
     if not os.path.lexists(p):
         os.rename(new, p)
     elif _exchange(new, p):
-        _fsync_dir(p.parent)
+        fsync_dir(p.parent)
         shutil.rmtree(new, ignore_errors=True)
         return
     else:
         old = p.parent / f".{p.name}.old-{uuid.uuid4().hex[:8]}"
         os.replace(p, old)
         os.replace(new, p)
-        _fsync_dir(p.parent)
+        fsync_dir(p.parent)
         shutil.rmtree(old, ignore_errors=True)
-    _fsync_dir(p.parent)
+    fsync_dir(p.parent)
 
 
 def save_safetensors(tensors: dict, path: str | Path, metadata: dict[str, str] | None = None) -> None:
@@ -258,8 +270,6 @@ def _sort_metadata(path: Path) -> None:
     from one process to the next; sorted keys make equal weights give byte-equal files.  Reordering keeps
     the header's length, so only the header bytes are rewritten.
     """
-    import json
-
     with open(path, "r+b") as f:
         n = int.from_bytes(f.read(8), "little")
         header = json.loads(f.read(n))
@@ -291,3 +301,10 @@ def file_sha256(path: str | Path) -> str:
         for chunk in iter(lambda: f.read(1 << 20), b""):
             h.update(chunk)
     return h.hexdigest()
+
+
+def save_json(cfg_or_dict, path: str | Path, **extra: Any) -> None:
+    """Write a config (dataclass or dict) as pretty JSON, atomically; ``extra`` keys go first."""
+    data = cfg_or_dict if isinstance(cfg_or_dict, dict) else to_dict(cfg_or_dict)
+    data = {**extra, **data}
+    atomic_write_text(Path(path), json.dumps(data, indent=2, ensure_ascii=False) + "\n")

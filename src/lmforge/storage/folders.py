@@ -75,14 +75,16 @@ def describe(kind: str) -> str:
     return _WORDS.get(kind, f"a {kind} folder")
 
 
-def _entries(path: Path) -> list[str]:
+def folder_entries(path: Path) -> list[str]:
+    """The sorted names in folder ``path`` other than lmforge's own lock and marker files ([] when absent)."""
     try:
         return sorted(e.name for e in os.scandir(path) if not any(fnmatch(e.name, pat) for pat in _OWN))
     except FileNotFoundError:
         return []
 
 
-def _read_json(path: Path) -> dict:
+def read_json_object(path: Path) -> dict:
+    """The JSON object in ``path``, or {} when it is missing, unreadable or not an object (for guessing a kind)."""
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError):
@@ -91,17 +93,18 @@ def _read_json(path: Path) -> dict:
 
 
 def _marked_kind(path: Path) -> str | None:
-    kind = _read_json(path / MARKER).get("kind")
+    kind = read_json_object(path / MARKER).get("kind")
     return kind if kind in KINDS else None
 
 
 def folder_kind(path: str | Path) -> str | None:
     """The kind of folder at ``path``: one of :data:`KINDS`, ``None`` (absent or empty) or ``"other"``.
 
-    The marker decides when there is one; otherwise the files do: ``meta.json`` of shards, a
-    ``config.json`` with ``transfer`` (a run), ``architectures`` (an HF export) or an lmforge
-    ``model_type`` (a model), ``training_state/`` (a model whose first save was cut short), tokenizer
-    files alone (a tokenizer), ``demo_state.json`` (a demo).  ``"other"`` is a folder lmforge did not write.
+    The marker decides when there is one; otherwise the files do: ``meta.json`` of shards, a ``config.json``
+    with ``transfer`` (a run), ``architectures`` (an HF export) or a ``model_type`` (a model: whether lmforge has
+    that family is the registry's to say, which loading asks), ``training_state/`` (a model whose first save was
+    cut short), tokenizer files alone (a tokenizer), ``demo_state.json`` (a demo).  ``"other"`` is a folder
+    lmforge did not write.
     """
     p = Path(path)
     if not p.is_dir():
@@ -109,22 +112,20 @@ def folder_kind(path: str | Path) -> str | None:
     marked = _marked_kind(p)
     if marked is not None:
         return marked
-    names = set(_entries(p))
+    names = set(folder_entries(p))
     if not names:
         return None
-    if _read_json(p / "meta.json").get("format") == "lmforge-shards":
+    if read_json_object(p / "meta.json").get("format") == "lmforge-shards":
         return "shards"
     if "demo_state.json" in names:
         return "demo"
     if "config.json" in names:
-        config = _read_json(p / "config.json")
-        from ..families import FAMILIES  # uphill: which model_types exist; the families import this module
-
+        config = read_json_object(p / "config.json")
         if "transfer" in config:
             return "run"
         if "architectures" in config:
             return "export"
-        if config.get("model_type") in FAMILIES:
+        if isinstance(config.get("model_type"), str):
             return "model"
         return "other"
     if "training_state" in names or "train_config.json" in names:
@@ -137,7 +138,7 @@ def folder_kind(path: str | Path) -> str | None:
 def foreign_files(path: str | Path, kind: str) -> list[str]:
     """Names in ``path`` that a folder of ``kind`` does not hold (files lmforge did not write there)."""
     known = _KNOWN.get(kind, ())
-    return [n for n in _entries(Path(path)) if not any(fnmatch(n, pat) for pat in known)]
+    return [n for n in folder_entries(Path(path)) if not any(fnmatch(n, pat) for pat in known)]
 
 
 def user_files(path: str | Path) -> list[str]:
@@ -147,10 +148,11 @@ def user_files(path: str | Path) -> list[str]:
     kind = folder_kind(p)
     if kind is None:
         return []
-    return _entries(p) if kind == "other" else foreign_files(p, kind)
+    return folder_entries(p) if kind == "other" else foreign_files(p, kind)
 
 
-def _names(items: list[str], n: int = 3) -> str:
+def first_names(items: list[str], n: int = 3) -> str:
+    """``a, b, c and 4 more``: the first ``n`` names of a list, for a message."""
     return ", ".join(items[:n]) + (f" and {len(items) - n} more" if len(items) > n else "")
 
 
@@ -230,14 +232,14 @@ def check_output_dir(
         clash = [n for n in user_files(p) if any(fnmatch(n, pat) for pat in _KNOWN.get(kind, ()))]
         if clash and kind != "demo":
             raise LmforgeError(
-                f"{option} {p} holds {_names(clash)}, which lmforge did not write but {describe(kind)} may hold; "
+                f"{option} {p} holds {first_names(clash)}, which lmforge did not write but {describe(kind)} may hold; "
                 f"move or rename it, then run again"
             )
         return p
     tail = f", or {hint}" if hint else ""
     if found == "other":
         raise LmforgeError(
-            f"{option} {p} holds files lmforge did not write ({_names(_entries(p))}); choose a new or empty "
+            f"{option} {p} holds files lmforge did not write ({first_names(folder_entries(p))}); choose a new or empty "
             f"folder{tail}"
         )
     if found != kind:
@@ -245,7 +247,8 @@ def check_output_dir(
     foreign = foreign_files(p, kind)
     if foreign and existing == "continue":
         raise LmforgeError(
-            f"{option} {p} holds files lmforge did not write ({_names(foreign)}); choose a new or empty folder{tail}"
+            f"{option} {p} holds files lmforge did not write ({first_names(foreign)}); choose a new or empty "
+            f"folder{tail}"
         )
     if existing != "continue":
         raise LmforgeError(f"{option} {p} already holds {describe(kind)}; choose another folder{tail}")
@@ -290,7 +293,7 @@ def recorded_weights(folder: str | Path) -> dict[str, list[str]]:
 
     One hash, or two while a file is being replaced in place (the old and the new: a kill between the rename
     of the file and the update of the record leaves either).  A file with no entry is not checked."""
-    found = _read_json(Path(folder) / MARKER).get(WEIGHTS_FIELD)
+    found = read_json_object(Path(folder) / MARKER).get(WEIGHTS_FIELD)
     if not isinstance(found, dict):
         return {}
     out = {}
@@ -306,7 +309,7 @@ def record_weights(folder: str | Path, name: str, hashes: list[str] | None, kind
     from .. import __version__  # the package root imports the models, which import this module
 
     p = Path(folder)
-    data = _read_json(p / MARKER) or {"kind": kind, "lmforge": __version__}
+    data = read_json_object(p / MARKER) or {"kind": kind, "lmforge": __version__}
     table = data.get(WEIGHTS_FIELD) if isinstance(data.get(WEIGHTS_FIELD), dict) else {}
     if hashes:
         table[name] = hashes[0] if len(hashes) == 1 else hashes

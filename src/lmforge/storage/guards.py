@@ -22,9 +22,8 @@ from pathlib import Path
 from typing import NamedTuple
 
 from ..errors import LmforgeError
-from ..utils import INT64 as _INT64
-from ..utils import SEED_MAX
-from .folders import _read_json, folder_kind
+from ..utils import INT64, SEED_MAX
+from .folders import folder_kind, read_json_object
 
 
 class Range(NamedTuple):
@@ -55,7 +54,7 @@ RANGES: dict[str, Range] = {
         "lr", "lr_grid", "finetune_lr", "lr_grid_finetune", "lr_grid_scratch")},
     "val_fraction": Range(0, 1, "in [0, 1)", high_open=True),
 }
-_ANY_INT = Range(*_INT64, f"a whole number from {_INT64[0]} to {_INT64[1]}")
+_ANY_INT = Range(*INT64, f"a whole number from {INT64[0]} to {INT64[1]}")
 
 
 def _flag(dest: str) -> str:
@@ -73,7 +72,7 @@ def check_numbers(args) -> None:
                 if not math.isfinite(v):
                     raise LmforgeError(f"{_flag(dest)} must be a finite number, got {v}")
             elif not _ANY_INT.holds(v):
-                bound = f"at most {_INT64[1]}" if v > 0 else f"at least {_INT64[0]}"
+                bound = f"at most {INT64[1]}" if v > 0 else f"at least {INT64[0]}"
                 raise LmforgeError(f"{_flag(dest)} must be {rule.what if rule else bound}, got {v}")
             if rule is not None and not rule.holds(v):
                 raise LmforgeError(f"{_flag(dest)} must be {rule.what}, got {v}")
@@ -91,7 +90,7 @@ def _run_model(path: str) -> str | None:
     """The model folder a transfer run folder was trained from (from its ``config.json``), if any."""
     if folder_kind(path) != "run":
         return None
-    model = _read_json(Path(path) / "config.json").get("model_dir")
+    model = read_json_object(Path(path) / "config.json").get("model_dir")
     return model if isinstance(model, str) and model else None
 
 

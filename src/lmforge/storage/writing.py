@@ -30,18 +30,18 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 from ..errors import LmforgeError
-from .files import TOGETHER, _fsync_dir, file_sha256, moved_aside, save_safetensors, swap_into_place
+from .files import TOGETHER, file_sha256, fsync_dir, moved_aside, save_safetensors, swap_into_place
 from .folders import (
     LOCK,
     MARKER,
     OVERWRITE_HINT,
-    _entries,
-    _names,
-    _read_json,
     check_output_dir,
+    first_names,
+    folder_entries,
     folder_kind,
     os_error_line,
     probe_writable,
+    read_json_object,
     record_weights,
     recorded_weights,
     user_files,
@@ -98,7 +98,7 @@ def acquire_lock(folder: str | Path, beside: bool = False) -> Path:
                     os.link(tmp, lock)
                     return lock
                 except FileExistsError:
-                    holder = _read_json(lock)
+                    holder = read_json_object(lock)
                     pid, host = holder.get("pid"), holder.get("host")
                     if not isinstance(pid, int) or not isinstance(host, str):
                         raise LmforgeError(
@@ -126,14 +126,14 @@ def acquire_lock(folder: str | Path, beside: bool = False) -> Path:
 
 def release_lock(lock: Path) -> None:
     """Remove ``lock`` if this process still holds it."""
-    if _read_json(lock).get("pid") == os.getpid():
+    if read_json_object(lock).get("pid") == os.getpid():
         with contextlib.suppress(OSError):
             lock.unlink()
 
 
 def _live_writer(path: Path) -> dict | None:
     """The lock record of a live lmforge process writing ``path`` (beside it), else None."""
-    holder = _read_json(lock_path(path, beside=True))
+    holder = read_json_object(lock_path(path, beside=True))
     pid = holder.get("pid")
     if isinstance(pid, int) and pid != os.getpid() and (holder.get("host") != socket.gethostname() or pid_alive(pid)):
         return holder
@@ -217,7 +217,7 @@ def remove_leftovers(folder: str | Path, beside: bool = False) -> list[Path]:
         except OSError:
             continue
     if gone:
-        logger.info("removed %d leftover(s) of an interrupted run: %s", len(gone), _names([g.name for g in gone]))
+        logger.info("removed %d leftover(s) of an interrupted run: %s", len(gone), first_names([g.name for g in gone]))
     return gone
 
 
@@ -273,7 +273,7 @@ def output_folder(
         raise
     finally:
         release_lock(lock)
-        if failed and created and not beside and not _entries(p):  # a failed command leaves no empty folder
+        if failed and created and not beside and not folder_entries(p):  # a failed command leaves no empty folder
             with contextlib.suppress(OSError):
                 (p / MARKER).unlink()
                 p.rmdir()
@@ -341,7 +341,7 @@ def save_weights(tensors: dict, path: str | Path, kind: str, metadata: dict[str,
         old = recorded_weights(p.parent).get(p.name) if p.exists() else []
         record_weights(p.parent, p.name, [digest, *old] if old or not p.exists() else None, kind)
         os.replace(staged, p)
-        _fsync_dir(p.parent)
+        fsync_dir(p.parent)
     except BaseException as e:
         with contextlib.suppress(OSError):
             staged.unlink()

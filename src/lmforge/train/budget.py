@@ -29,12 +29,13 @@ from typing import Any
 import torch
 
 from .. import __version__
-from ..config import from_dict, save_json, to_dict
+from ..config import from_dict, to_dict
 from ..cpu_quota import auto_threads
 from ..devices import Compute
 from ..errors import ConfigError, LmforgeError
 from ..families import get_family
 from ..nn.cpu_share import advise_threads
+from ..storage.files import save_json
 from . import budget_search
 from .budget_probe import (
     PROBE_FRACTION,

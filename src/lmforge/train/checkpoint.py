@@ -29,7 +29,7 @@ from typing import Any
 import torch
 
 from ..errors import CheckpointError
-from ..storage.files import _fsync_dir, atomic_write_text, file_sha256, load_safetensors, save_safetensors
+from ..storage.files import atomic_write_text, file_sha256, fsync_dir, load_safetensors, save_safetensors
 
 logger = logging.getLogger(__name__)
 
@@ -145,14 +145,14 @@ def write_state_dir(out_dir: str | Path, files: dict[str, dict[str, torch.Tensor
             hashes[name] = file_sha256(tmp / name)
         state = {**state, "format_version": FORMAT_VERSION, "files": hashes}
         atomic_write_text(tmp / "state.json", json.dumps(state, indent=1) + "\n")
-        _fsync_dir(tmp)
+        fsync_dir(tmp)
         final = out / STATE_DIR
         if final.exists():
             old = Path(tempfile.mkdtemp(prefix=f"{STATE_DIR}.old-", dir=out))
             os.rmdir(old)
             os.rename(final, old)
         os.rename(tmp, final)
-        _fsync_dir(out)
+        fsync_dir(out)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise

@@ -13,11 +13,10 @@ import typing
 from pathlib import Path
 from typing import Any
 
-from ..config import _coerce, _field_types, apply_overrides, from_dict
+from ..config import apply_overrides, coerce, field_types, from_dict
 from ..errors import ConfigError, LmforgeError
 from ..families import get_family
 from .config import TrainConfig
-from .precision import upgrade_legacy_keys
 
 
 def _refuse(path: Path, problem: str) -> LmforgeError:
@@ -28,7 +27,7 @@ def _refuse(path: Path, problem: str) -> LmforgeError:
 def plan_fields(cls: type, data: dict, path: Path) -> dict[str, Any]:
     """The fields of the plan dataclass ``cls`` in ``data``, each of its type (numbers finite and >= 0)."""
     out: dict[str, Any] = {}
-    for name, kind in _field_types(cls).items():
+    for name, kind in field_types(cls).items():
         if name not in data:
             continue
         value = data[name]
@@ -41,7 +40,7 @@ def plan_fields(cls: type, data: dict, path: Path) -> dict[str, Any]:
                 raise _refuse(path, f"every entry of '{name}' must be a JSON {'object' if item is dict else 'string'}")
         else:
             try:
-                value = _coerce(value, kind, name)
+                value = coerce(value, kind, name)
             except ConfigError as e:
                 raise _refuse(path, str(e)) from None
             if isinstance(value, (int, float)) and not isinstance(value, bool) and (
@@ -61,9 +60,8 @@ def plan_train_config(plan) -> TrainConfig | None:
     family = get_family(plan.family)
     if not family.trainer:
         return None
-    keys = set(_field_types(TrainConfig))
-    train = upgrade_legacy_keys(plan.train)  # a plan of lmforge 0.1 says bf16: true|false
-    fields = {k: v for k, v in train.items() if k in keys and k != "max_time"}
+    keys = set(field_types(TrainConfig))
+    fields = {k: v for k, v in plan.train.items() if k in keys and k != "max_time"}
     return apply_overrides(apply_overrides(TrainConfig(), family.train_defaults), fields)
 
 

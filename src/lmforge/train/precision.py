@@ -355,12 +355,3 @@ def grad_scaler(device: torch.device, precision: str) -> torch.amp.GradScaler | 
     if precision == "fp16" and device.type == "cuda":
         return torch.amp.GradScaler("cuda")
     return None
-
-
-def upgrade_legacy_keys(data: dict) -> dict:
-    """A saved config of lmforge 0.1 with ``bf16: true|false`` in place of ``precision`` (a copy)."""
-    if "bf16" not in data:
-        return data
-    out = {k: v for k, v in data.items() if k != "bf16"}
-    out.setdefault("precision", "bf16" if data["bf16"] in (True, "true", "True", 1) else "fp32")
-    return out

@@ -10,7 +10,8 @@ first step so that a killed run can be resumed with the same settings.
 
 The library takes config objects: ``pretrain("gpt", data, out, preset_config("gpt", "tiny"),
 default_train_config("gpt", max_steps=2000))``. The command line's strings (``--set k=v``, run files, ``--init``,
-``--resume``) become one resolved run in :mod:`lmforge.train.run_config`, which :func:`train_run` trains as given.
+``--resume``) become one resolved run in :mod:`lmforge.train.run_config`, which its
+:func:`~lmforge.train.run_config.train_run` trains as given.
 ``train_config.json`` holds the training fields flat and the model config under ``model`` (the data recipe under
 ``data``), so ``--config MODEL_DIR/train_config.json`` repeats a run.
 """
@@ -20,26 +21,24 @@ from __future__ import annotations
 import dataclasses
 import logging
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from ..config import apply_overrides, from_dict, load_json, save_json, to_dict
+from ..config import apply_overrides, from_dict, load_json, to_dict
 from ..data.shards import Shards
 from ..devices import Compute
 from ..errors import CheckpointError, ConfigError, DataError, LmforgeError
 from ..families import FAMILIES, get_family
+from ..families.result import PretrainResult
 from ..storage.cards import update_card
 from ..storage.checks import read_weights
+from ..storage.files import save_json
 from ..tokenization import Tokenizer
 from ..utils import seed_everything
 from .checkpoint import STATE_DIR, find_state_dir
 from .config import TrainConfig, format_duration
 from .distributed import cleanup, init_distributed
-from .precision import resolve_compute, upgrade_legacy_keys
-from .result import PretrainResult
+from .precision import resolve_compute
 from .trainer import Trainer
-
-if TYPE_CHECKING:
-    from .run_config import RunConfig  # for the annotation only: run_config imports this module
 
 logger = logging.getLogger(__name__)
 
@@ -72,7 +71,7 @@ def saved_train_config(out_dir: str | Path) -> TrainConfig | None:
     path = Path(out_dir) / TRAIN_CONFIG_FILE
     if not path.is_file():
         return None
-    saved = upgrade_legacy_keys(load_json(path))
+    saved = load_json(path)
     saved["max_time"] = None
     return from_dict(TrainConfig, saved, ignore=("model", "data"))
 
@@ -98,8 +97,8 @@ def recipe_in(family: str, fields: dict):
 
 
 def saved_recipe(family: str, folder: str | Path):
-    """The data recipe a run in ``folder`` trained with: ``data`` of its train_config.json, else the recipe keys
-    of a config.json written before the recipe had a config of its own, else the defaults (None: no recipe)."""
+    """The data recipe a run in ``folder`` trained with: ``data`` of its train_config.json, else the defaults
+    (None: no recipe)."""
     cls = get_family(family).recipe_class
     if cls is None:
         return None
@@ -107,8 +106,7 @@ def saved_recipe(family: str, folder: str | Path):
     saved = load_json(path) if path.is_file() else {}
     if isinstance(saved.get("data"), dict):
         return from_dict(cls, saved["data"])
-    config = Path(folder) / "config.json"
-    return recipe_in(family, load_json(config) if config.is_file() else {})
+    return cls()
 
 
 def saved_model_config(family: str, out_dir: str | Path):
@@ -274,24 +272,11 @@ def pretrain(
     model_config = _model_config(family, out, model, resume, init_dir)
     train_config = _train_config(family, out, train, resume)
     recipe = _recipe(family, out, recipe, resume, init_dir)
-    return _run(family, data_dir, out, (model_config, train_config, recipe), compute, init_dir=init_dir, resume=resume,
-                tokenizer_dir=tokenizer_dir, progress=progress)
+    return train_configs(family, data_dir, out, (model_config, train_config, recipe), compute, init_dir=init_dir,
+                         resume=resume, tokenizer_dir=tokenizer_dir, progress=progress)
 
 
-def train_run(run: RunConfig, data_dir: str | Path, out_dir: str | Path, *, tokenizer_dir: str | Path | None = None,
-              progress: bool | None = None) -> PretrainResult:
-    """Train the resolved ``run`` (:func:`lmforge.train.run_config.resolve_run`) on the shards in ``data_dir`` into
-    ``out_dir``, as :func:`pretrain` does; its settings are used as given, none resolved again."""
-    out = Path(out_dir)
-    if run.resume:
-        check_resumable(out, run.family)
-    else:
-        check_fresh_out(out, run.family)
-    return _run(run.family, data_dir, out, (run.model, run.train, run.recipe), run.compute, init_dir=run.init,
-                resume=run.resume, tokenizer_dir=tokenizer_dir, progress=progress)
-
-
-def _run(family: str, data_dir, out: Path, configs: tuple, compute: Compute | None, *, init_dir: Path | None,
+def train_configs(family: str, data_dir, out: Path, configs: tuple, compute: Compute | None, *, init_dir: Path | None,
          resume: bool, tokenizer_dir, progress: bool | None) -> PretrainResult:
     """Open and check the shards, then train (the Trainer) or run gensim (word2vec)."""
     model_config, train_config, recipe = configs

@@ -4,7 +4,7 @@
 The command line parses its arguments into a :class:`RunRequest` (the strings as given) and hands it over;
 :func:`resolve_run` checks it and returns the :class:`RunConfig`: the model config, the training settings, the
 data recipe, the :class:`lmforge.devices.Compute` (device and precision, resolved once), the ``--init`` folder
-and, for a planned run, the budget or the plan.  :func:`lmforge.train.pretrain.train_run` trains it as given and
+and, for a planned run, the budget or the plan.  :func:`train_run` trains it as given and
 :func:`plan_run` plans a ``--budget`` run from it; neither resolves a setting again.
 
 A run file (``--config run.toml``, ``.json`` or ``.yaml``) holds a whole run: model fields under ``[model]``,
@@ -25,15 +25,17 @@ import os
 from pathlib import Path
 from typing import Any
 
-from ..config import _field_types, apply_overrides, from_dict, load_config_file, parse_overrides, synonyms_in
+from ..config import apply_overrides, field_types, from_dict, load_config_file, parse_overrides, synonyms_in
 from ..devices import Compute
 from ..errors import ConfigError, LmforgeError
 from ..families import FAMILIES, get_family
+from ..families.result import PretrainResult
 from .budget import Budget, BudgetPlan, check_plan_data, holds_model, load_plan, parse_budget, plan_budget
 from .checkpoint import restore_model_config
 from .config import TrainConfig, parse_duration
-from .precision import resolve_compute, upgrade_legacy_keys
+from .precision import resolve_compute
 from .pretrain import (
+    check_fresh_out,
     check_init,
     check_resumable,
     default_train_config,
@@ -43,6 +45,7 @@ from .pretrain import (
     saved_model_config,
     saved_recipe,
     saved_train_config,
+    train_configs,
 )
 
 logger = logging.getLogger(__name__)
@@ -268,9 +271,9 @@ def read_run_file(family: str, path: str | Path) -> tuple[str | None, dict, dict
     preset = data.pop("preset", None)
     if preset is not None and preset not in fam.presets:
         raise ConfigError(f"{p}: unknown {family} preset '{preset}'; presets: {', '.join(fam.presets)}")
-    model_fields = set(_field_types(fam.config_class))
+    model_fields = set(field_types(fam.config_class))
     recipe_fields = _recipe_fields(family)
-    train_fields = set(_field_types(TrainConfig)) if fam.trainer else set()
+    train_fields = set(field_types(TrainConfig)) if fam.trainer else set()
     # a train_config.json written before the recipe had its own config keeps it under "model"
     recipe.update({k: model.pop(k) for k in list(model) if k in recipe_fields and k not in model_fields})
     for k, v in data.items():
@@ -284,12 +287,12 @@ def read_run_file(family: str, path: str | Path) -> tuple[str | None, dict, dict
             raise unknown_key(k, fam.config_class, sorted(train_fields | recipe_fields), file=str(p))
     if train and not fam.trainer:
         raise ConfigError(f"{p}: {family} trains in one gensim pass; its settings are model keys, not [train]")
-    return preset, model, upgrade_legacy_keys(train), recipe
+    return preset, model, train, recipe
 
 
 def _recipe_fields(family: str) -> set[str]:
     cls = get_family(family).recipe_class
-    return set(_field_types(cls)) if cls is not None else set()
+    return set(field_types(cls)) if cls is not None else set()
 
 
 def model_from_choice(family: str, choice: str | None):
@@ -323,7 +326,7 @@ def run_file_recipe(family: str, choice: str | None) -> dict:
 
 def unknown_key(key: str, model_cls: type, train_fields: list[str], file: str | None = None) -> ConfigError:
     """The error for a key of neither config: this family's name for it, a close key, or the valid keys."""
-    model_fields = list(_field_types(model_cls))
+    model_fields = list(field_types(model_cls))
     what = f"unknown config key '{key}' in {file}" if file else f"unknown --set key '{key}'"
     same = synonyms_in(model_cls, key)
     if same:
@@ -345,9 +348,9 @@ def split_sets(pairs: list[str] | None, family: str) -> tuple[dict[str, str], di
     fam = get_family(family)
     model_cls = fam.config_class
     over = parse_overrides(pairs)
-    model_fields = set(_field_types(model_cls))
+    model_fields = set(field_types(model_cls))
     recipe_fields = _recipe_fields(family)
-    train_fields = list(_field_types(TrainConfig)) if fam.trainer else []
+    train_fields = list(field_types(TrainConfig)) if fam.trainer else []
     model_over, train_over, recipe_over = {}, {}, {}
     for k, v in over.items():
         if k in model_fields:
@@ -356,7 +359,7 @@ def split_sets(pairs: list[str] | None, family: str) -> tuple[dict[str, str], di
             recipe_over[k] = v
         elif k in train_fields:
             train_over[k] = v
-        elif not fam.trainer and k in _field_types(TrainConfig):
+        elif not fam.trainer and k in field_types(TrainConfig):
             trained = ", ".join(n for n, f in FAMILIES.items() if f.trainer)
             raise ConfigError(f"'{k}' is a training key of the Trainer's families ({trained}); "
                               f"{model_cls.__name__} trains in one gensim pass and takes model keys only")
@@ -365,3 +368,16 @@ def split_sets(pairs: list[str] | None, family: str) -> tuple[dict[str, str], di
     if "max_time" in train_over and train_over["max_time"].lower() not in ("none", "null"):
         train_over["max_time"] = str(parse_duration(train_over["max_time"]))
     return model_over, train_over, recipe_over
+
+
+def train_run(run: RunConfig, data_dir: str | Path, out_dir: str | Path, *, tokenizer_dir: str | Path | None = None,
+              progress: bool | None = None) -> PretrainResult:
+    """Train the resolved ``run`` (:func:`lmforge.train.run_config.resolve_run`) on the shards in ``data_dir`` into
+    ``out_dir``, as :func:`pretrain` does; its settings are used as given, none resolved again."""
+    out = Path(out_dir)
+    if run.resume:
+        check_resumable(out, run.family)
+    else:
+        check_fresh_out(out, run.family)
+    return train_configs(run.family, data_dir, out, (run.model, run.train, run.recipe), run.compute, init_dir=run.init,
+                resume=run.resume, tokenizer_dir=tokenizer_dir, progress=progress)

@@ -13,7 +13,7 @@ import dataclasses
 import json
 import logging
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import numpy as np
 import torch
@@ -30,10 +30,24 @@ from .distributed import DistEnv, any_rank
 from .rows import first_row, row_rngs
 from .schedule import restore_scheduler, scheduler_state
 
-if TYPE_CHECKING:
-    from .trainer import Trainer  # for the annotations only: the trainer imports this module
-
 logger = logging.getLogger(__name__)
+
+
+class Trainer(Protocol):
+    """What a checkpoint saves of :class:`lmforge.train.trainer.Trainer` and a resume sets back (the trainer
+    imports this module, so this one names the members instead of importing the class)."""
+
+    config: TrainConfig
+    env: DistEnv
+    out_dir: Path
+    model: nn.Module
+    optimizer: torch.optim.Optimizer
+    scheduler: Any
+    scaler: torch.amp.GradScaler | None
+    param_names: list[str]
+    step: int
+    tokens_seen: int
+    elapsed_before: float
 
 
 # -- never save what cannot be resumed ----------------------------------------------------------------

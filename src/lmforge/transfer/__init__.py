@@ -15,11 +15,11 @@ Python API::
 from __future__ import annotations
 
 from ..data.tasks import TASKS, TaskData, load_task
-from .batching import RowStore
 from .config import TransferConfig, check_supported
 from .curve import learning_curve
 from .estimator import Transfer
 from .folder import load_body, load_run, run_transfer
+from .model import RowStore
 from .modes import MODES, Features, Finetune, Frozen, Mode, mode_of
 from .run import TransferRun
 from .specs import SPECS, TaskSpec

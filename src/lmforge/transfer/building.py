@@ -28,9 +28,9 @@ from torch import nn
 from ..errors import LmforgeError
 from ..nn.losses import linear_cross_entropy, shift_labels
 from ..train.precision import autocast as precision_autocast
-from .batching import TransferModel, collate, with_twins
 from .encoding import Encoding
 from .heads import TaskHead
+from .model import TransferModel, collate, with_twins
 from .state import RunState
 
 logger = logging.getLogger(__name__)

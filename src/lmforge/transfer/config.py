@@ -31,7 +31,6 @@ from ..config import from_dict
 from ..devices import PRECISIONS, check_device
 from ..errors import CheckpointError, ConfigError, LmforgeError
 from ..families import FAMILIES
-from ..train.precision import upgrade_legacy_keys
 from .encoding import POOLS, TRUNCATIONS, input_rules
 from .heads import CLASSIFIERS
 from .modes import DEFAULT_MODE, MODES, Mode, mode_of
@@ -334,7 +333,7 @@ def saved_config(data: dict, where: object) -> TransferConfig:
         ConfigError: a key TransferConfig does not have (the message names the closest one).
         CheckpointError: the run was trained with a setting lmforge no longer has (one line saying what to do).
     """
-    fields = upgrade_legacy_keys(dict(data["transfer"]))  # lmforge 0.1's bf16: true|false
+    fields = dict(data["transfer"])
     cfg = from_dict(TransferConfig, fields)
     if cfg.lm_weight and data.get("family") in FAMILIES and not _aux_lm(data["family"]):
         raise CheckpointError(

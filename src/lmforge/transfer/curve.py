@@ -35,9 +35,9 @@ from ..errors import LmforgeError
 from ..families import FAMILIES, get_family
 from ..storage.files import atomic_path, atomic_write_text
 from ..train.precision import describe, resolve_compute, settle
-from .batching import RowStore
 from .config import TransferConfig, check_supported
 from .folder import load_body
+from .model import RowStore
 from .modes import FINETUNE, MODES, Mode, mode_of
 from .run import TransferRun
 from .specs import SPECS

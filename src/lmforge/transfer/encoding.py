@@ -27,6 +27,7 @@ import logging
 
 from ..errors import LmforgeError
 from ..families import FAMILIES, PLAIN, InputRules
+from ..text import written_without_spaces
 
 logger = logging.getLogger(__name__)
 
@@ -97,12 +98,6 @@ class Encoding:
     twin: Encoding | None = None
 
 
-def _written_without_spaces(ch: str) -> bool:
-    """CJK ideographs plus CJK/fullwidth punctuation: Chinese puts no spaces between these."""
-    o = ord(ch)
-    return 0x2E80 <= o <= 0x9FFF or 0xF900 <= o <= 0xFAFF or 0xFF00 <= o <= 0xFFEF or 0x3000 <= o <= 0x303F
-
-
 def join_words(words: list[str]) -> tuple[str, list[tuple[int, int]]]:
     """Join words into text: a space between words, none between two CJK words (Chinese is written so).
 
@@ -111,7 +106,7 @@ def join_words(words: list[str]) -> tuple[str, list[tuple[int, int]]]:
     """
     parts, spans, pos = [], [], 0
     for i, w in enumerate(words):
-        if i and not (_written_without_spaces(words[i - 1][-1]) and _written_without_spaces(w[0])):
+        if i and not (written_without_spaces(words[i - 1][-1]) and written_without_spaces(w[0])):
             parts.append(" ")
             pos += 1
         spans.append((pos, pos + len(w)))

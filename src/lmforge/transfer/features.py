@@ -30,7 +30,7 @@ from threadpoolctl import threadpool_limits
 from ..errors import CheckpointError
 from ..storage.files import load_safetensors, save_safetensors
 from ..utils import seed32
-from .batching import RowStore
+from .model import RowStore
 
 logger = logging.getLogger(__name__)
 

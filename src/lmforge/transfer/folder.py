@@ -18,14 +18,14 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from ..config import load_json, save_json, to_dict
+from ..config import load_json, to_dict
 from ..data.tasks import TaskData, check_labels, load_task
 from ..devices import Compute, check_device, check_precision
 from ..errors import CheckpointError, LmforgeError
 from ..families import load
 from ..storage.cards import update_card
 from ..storage.checks import check_dtypes, check_recorded_weights, nonfinite_number, nonfinite_tensor
-from ..storage.files import atomic_write_text, file_sha256, load_safetensors
+from ..storage.files import atomic_write_text, file_sha256, load_safetensors, save_json
 from ..storage.writing import save_weights
 from ..train.precision import describe, warn_if_emulated
 from .config import TransferConfig, check_supported, saved_config

@@ -1,7 +1,7 @@
 """A fine-tuned run (body and task head) as one ONNX graph, run by ONNX Runtime for ``predict``.
 
-The graph is :class:`~lmforge.transfer.batching.TransferModel`'s forward on a collated batch
-(:func:`~lmforge.transfer.batching.collate`): inputs ``input_ids``, ``attention_mask``, ``token_type_ids``,
+The graph is :class:`~lmforge.transfer.model.TransferModel`'s forward on a collated batch
+(:func:`~lmforge.transfer.model.collate`): inputs ``input_ids``, ``attention_mask``, ``token_type_ids``,
 ``segment`` and the head's read-out (``rows``, or ``mean_segments``) with its ``row_mask``, all (B, ·) int64 with
 dynamic sizes; output the head's logits.  Export, caching by weight hash and int8 are
 :mod:`lmforge.models.onnx_backend`'s.  Runs whose head reads stored vectors (``features`` mode) or a pair in both
@@ -20,7 +20,7 @@ from torch import nn
 from ..errors import LmforgeError
 from ..models import onnx_backend
 from ..nn import autotune
-from .batching import collate
+from .model import collate
 from .specs import SPECS
 
 

@@ -39,11 +39,11 @@ from ..models import onnx_backend
 from ..train.precision import resolve_compute, settle
 from ..utils import seed_everything
 from . import onnx_run
-from .batching import RowStore, TransferModel, collate
 from .building import RunNetwork, body_positions, reinit_body, start_pooler_at_identity
 from .config import TransferConfig, check_supported
 from .encoding import Encoding, InputFormat, summary_trained
 from .fit import fit_trials, snapshot, train_trial
+from .model import RowStore, TransferModel, collate
 from .specs import SPECS
 from .state import RunState
 from .stored import RunVectors

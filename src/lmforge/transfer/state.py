@@ -14,9 +14,9 @@ import dataclasses
 import torch
 from torch import nn
 
-from .batching import TransferModel
 from .config import Recipe, TransferConfig
 from .encoding import InputFormat
+from .model import TransferModel
 from .modes import Mode
 from .specs import TaskSpec
 

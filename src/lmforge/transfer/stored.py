@@ -22,10 +22,10 @@ from ..data.tasks import TaskData
 from ..errors import LmforgeError
 from ..storage.files import file_sha256
 from . import features as FT
-from .batching import RowStore
 from .building import RunNetwork
 from .encoding import Encoding
 from .heads import TaskHead
+from .model import RowStore
 from .state import RunState
 
 

@@ -40,7 +40,7 @@ import numpy as np
 import torch
 
 from ...errors import ConfigError, DataError, require
-from ...tokenizer_pipelines import is_cjk
+from ...text import is_cjk
 
 logger = logging.getLogger(__name__)
 
@@ -77,13 +77,6 @@ class MaskedLMRecipe:
         return n
 
 
-#: the recipe's fields: config.json files written before the recipe had its own config carry them
-RECIPE_FIELDS = tuple(f.name for f in dataclasses.fields(MaskedLMRecipe))
-
-
-def recipe_from(data: dict) -> MaskedLMRecipe:
-    """The recipe in a mapping that may hold other keys (an old config.json, a plan's model)."""
-    return MaskedLMRecipe(**{k: data[k] for k in RECIPE_FIELDS if k in data})
 
 
 @dataclasses.dataclass

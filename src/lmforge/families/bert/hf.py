@@ -14,9 +14,9 @@ from pathlib import Path
 
 import torch
 
-from ...config import load_json, save_json
+from ...config import load_json
 from ...errors import CheckpointError
-from ...storage.files import load_safetensors, save_safetensors
+from ...storage.files import load_safetensors, save_json, save_safetensors
 from ...tokenization import Tokenizer
 from .model import SUPPORTED_ACTS, BertConfig, BertForPreTraining
 
@@ -210,11 +210,12 @@ def import_hf(hf_dir: str | Path, warn_fresh_heads: bool = True) -> BertForPreTr
         )
     model.load_weights(state, strict=False)
     model.eval()
-    model.tokenizer = _load_tokenizer(p)
+    model.tokenizer = load_tokenizer_beside(p)
     return model
 
 
-def _load_tokenizer(p: Path):
+def load_tokenizer_beside(p: Path):
+    """The tokenizer in HF folder ``p``, or None (with a warning) when it has none or it cannot be read."""
     if not (p / "tokenizer.json").is_file() and not (p / "vocab.txt").is_file():
         logger.warning("%s has no tokenizer files; attach one before using embed/fill_mask", p)
         return None

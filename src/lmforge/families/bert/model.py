@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-from typing import ClassVar
 
 import torch
 import torch.nn.functional as F
@@ -32,7 +31,6 @@ from ...nn.cpu_ops import Dropout, Linear, compiling, linear
 from ...nn.diagnostics import token_cosine
 from ...nn.losses import mean_cross_entropy, top1_share
 from ...nn.transformer import TransformerBlock, document_mask, init_weights, padding_mask
-from .data import RECIPE_FIELDS
 
 logger = logging.getLogger(__name__)
 
@@ -52,9 +50,6 @@ class BertConfig:
     expressible in HF BERT, so such models cannot be exported); ``next_sentence=False`` drops the NSP
     objective (MLM only on single segments, RoBERTa style).
     """
-
-    #: keys of the data recipe that config.json files written before it had its own config carry: read and dropped
-    MOVED_KEYS: ClassVar[tuple[str, ...]] = RECIPE_FIELDS
 
     vocab_size: int = 30522
     hidden_size: int = 768

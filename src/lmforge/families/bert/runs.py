@@ -12,7 +12,8 @@ from pathlib import Path
 
 import torch
 
-from ...config import load_json, save_json
+from ...config import load_json
+from ...storage.files import save_json
 from .hf import hf_config_dict, to_hf_state_dict
 
 #: TaskSpec.hf_head -> the HF class a BERT run of that task exports to

@@ -26,10 +26,10 @@ from pathlib import Path
 
 import torch
 
-from ...config import load_json, save_json
+from ...config import load_json
 from ...errors import CheckpointError
-from ...storage.files import load_safetensors, save_safetensors
-from ..bert.hf import LAYER_MAP, QKV, _load_tokenizer
+from ...storage.files import load_safetensors, save_json, save_safetensors
+from ..bert.hf import LAYER_MAP, QKV, load_tokenizer_beside
 from ..bert.model import SUPPORTED_ACTS
 from .model import ElectraConfig, ElectraForPreTraining
 
@@ -252,7 +252,7 @@ def import_hf(hf_dir: str | Path, warn_fresh_heads: bool = True) -> ElectraForPr
             p.name, " and ".join(fresh))
     model.load_weights(ours, strict=False)
     model.eval()
-    model.tokenizer = _load_tokenizer(p)
+    model.tokenizer = load_tokenizer_beside(p)
     return model
 
 

@@ -47,7 +47,6 @@ from __future__ import annotations
 import dataclasses
 import logging
 import math
-from typing import ClassVar
 
 import torch
 import torch.nn.functional as F
@@ -59,7 +58,6 @@ from ...nn.cpu_ops import Linear, linear
 from ...nn.diagnostics import roc_auc, token_cosine
 from ...nn.losses import mean_cross_entropy, top1_share
 from ...nn.transformer import TransformerBlock, document_mask, init_weights, padding_mask
-from ..bert.data import RECIPE_FIELDS
 from ..bert.model import SUPPORTED_ACTS, BertEmbeddings, ClsSepReading
 
 logger = logging.getLogger(__name__)
@@ -76,9 +74,6 @@ class ElectraConfig:
     ``discriminator_weight`` is λ in loss = L_MLM + λ L_RTD.  The pretraining-data recipe is
     :class:`lmforge.families.bert.data.MaskedLMRecipe`.
     """
-
-    #: keys of the data recipe that config.json files written before it had its own config carry: read and dropped
-    MOVED_KEYS: ClassVar[tuple[str, ...]] = RECIPE_FIELDS
 
     vocab_size: int = 30522
     embedding_size: int = 128

@@ -25,7 +25,7 @@ from ...generation import generate as generate_ids
 from ...generation import generate_text
 from ...models.base import ModelOutput, PretrainedModel
 from ...nn.diagnostics import token_cosine
-from ...nn.losses import causal_lm_loss, free_workspace, linear_cross_entropy, shift_labels
+from ...nn.losses import causal_lm_loss, linear_cross_entropy, shift_labels
 from ...nn.transformer import KVCache, TransformerBlock, init_weights
 
 logger = logging.getLogger(__name__)
@@ -366,9 +366,4 @@ class GPTLMHeadModel(PretrainedModel):
 __all__ = [
     "GPTConfig",
     "GPTLMHeadModel",
-    # the LM losses live in lmforge.nn.losses; re-exported because transfer imports them from here
-    "causal_lm_loss",
-    "linear_cross_entropy",
-    "free_workspace",
-    "shift_labels",
 ]

@@ -17,6 +17,7 @@ thread scheduling changes the order of updates, so the vectors differ from run t
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import logging
 import re
 from pathlib import Path
@@ -27,7 +28,8 @@ from torch import nn
 
 from ...errors import ConfigError, LmforgeError
 from ...models.base import ModelOutput, PretrainedModel, TokenLayers
-from ...storage.files import atomic_path
+from ...storage.files import atomic_write_lines
+from ...text import is_cjk
 from ...utils import SEED_MAX
 
 logger = logging.getLogger(__name__)
@@ -78,7 +80,6 @@ class Word2VecConfig:
 
 
 _WORD_CHAR = re.compile(r"\w")
-_CJK = re.compile(r"[\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff]")
 
 
 def word_index(text: str, offsets: list[tuple[int, int]]) -> list[int]:
@@ -99,8 +100,8 @@ def word_index(text: str, offsets: list[tuple[int, int]]) -> list[int]:
             and 0 < start < len(text)
             and _WORD_CHAR.match(text[start - 1]) is not None
             and _WORD_CHAR.match(text[start]) is not None
-            and not _CJK.match(text[start - 1])
-            and not _CJK.match(text[start])
+            and not is_cjk(text[start - 1])
+            and not is_cjk(text[start])
         )
         if not joined:
             word += 1
@@ -200,7 +201,5 @@ class Word2Vec(PretrainedModel):
         w = self.embeddings.weight.detach().float().cpu().numpy()
         if token_ids is None:
             token_ids = [i for i in range(w.shape[0]) if np.any(w[i])]
-        with atomic_path(path) as tmp, open(tmp, "w", encoding="utf-8") as f:
-            f.write(f"{len(token_ids)} {w.shape[1]}\n")
-            for i in token_ids:
-                f.write(self.tokenizer.id_to_token(i) + " " + " ".join(f"{x:.6g}" for x in w[i]) + "\n")
+        rows = (self.tokenizer.id_to_token(i) + " " + " ".join(f"{x:.6g}" for x in w[i]) for i in token_ids)
+        atomic_write_lines(path, itertools.chain([f"{len(token_ids)} {w.shape[1]}"], rows))

@@ -24,10 +24,10 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from ...config import save_json
 from ...data.shards import Shards
 from ...errors import LmforgeError, require
-from ...train.result import PretrainResult
+from ...storage.files import save_json
+from ..result import PretrainResult
 from .model import Word2Vec, Word2VecConfig
 
 logger = logging.getLogger(__name__)
@@ -154,7 +154,7 @@ def run_pretraining(shards, tokenizer, config: Word2VecConfig, out_dir: str | Pa
         out_dir: the model folder to write (config.json, model.safetensors, vectors.txt, tokenizer,
             training_summary.json).
     Returns:
-        A :class:`lmforge.train.result.PretrainResult` whose ``val`` holds the training speed
+        A :class:`lmforge.families.result.PretrainResult` whose ``val`` holds the training speed
         (``words_per_sec`` as gensim reports it) and the share of the vocabulary that got a vector.
     """
     gensim_w2v = require("gensim.models.word2vec", "w2v")

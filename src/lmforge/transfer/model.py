@@ -1,4 +1,4 @@
-"""Batches of encodings, the body + head model, and stored feature vectors served as batches.
+"""The transfer model and its inputs: batches of encodings, the body + head, stored feature vectors as batches.
 
 - :func:`collate` pads encodings into the body's inputs plus the head's read-out indices;
 - :class:`TransferModel` runs the body and cuts out the ``(B, n, L, C)`` blocks the head reads
