@@ -218,25 +218,10 @@ def test_the_circle_finder_finds_circles():
     assert _circles({"a": {"b"}, "b": {"c"}, "c": set()}) == []
 
 
-# imports that close a circle, known and still to fix (any other circle fails the test): since the families
-# package imports every family, a model's base class asking the registry closes one
-PENDING_CIRCLES = {
-    # from_pretrained checks the tokenizer against the kind the model's family reads
-    ("lmforge.models.base", "lmforge.families"),
-    # word vectors ask the registry how a family's body is read
-    ("lmforge.models.vectors", "lmforge.families"),
-}
-
-
 def test_no_modules_import_each_other_in_a_circle():
     """Two modules that need each other are one module, or one of them names what it needs (a Protocol) instead
     of importing it; a circle under ``TYPE_CHECKING`` or inside a function counts as well."""
-    graph = _module_graph()
-    gone = [edge for edge in PENDING_CIRCLES if edge[1] not in graph.get(edge[0], ())]
-    assert not gone, f"fixed: take these out of PENDING_CIRCLES: {gone}"
-    for module, target in PENDING_CIRCLES:
-        graph[module].discard(target)
-    circles = _circles(graph)
+    circles = _circles(_module_graph())
     assert not circles, "modules importing each other in a circle:\n" + "\n".join(" <-> ".join(c) for c in circles)
 
 

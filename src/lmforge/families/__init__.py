@@ -12,6 +12,7 @@ from pathlib import Path
 
 from ..config import load_json
 from ..errors import CheckpointError, ConfigError, LmforgeError
+from ..models import family_hook
 from ..storage import cards
 from .base import PLAIN, Family, InputRules
 from .bert import FAMILY as BERT
@@ -112,8 +113,9 @@ def _card(name: str):
     return family.card if family is not None else None
 
 
-# model cards sit below the registry: it tells them each family's card facts
+# model cards and the shared model code sit below the registry: it tells them each family's facts
 cards.use_family_cards(_card)
+family_hook.use_family_lookup(FAMILIES.get)
 
 __all__ = ["FAMILIES", "PLAIN", "Family", "InputRules", "Registration", "folder_family", "get_family", "load",
            "model_class", "register"]

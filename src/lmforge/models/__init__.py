@@ -1,12 +1,6 @@
-"""The model families' registry, re-exported from :mod:`lmforge.families` (one folder per family there).
+"""What every model family shares: the base class and body interface (:mod:`.base`), word and sentence vectors
+(:mod:`.vectors`, :mod:`.sentence`), windows over long texts, nearest neighbours and the ONNX Runtime backend.
 
-``FAMILIES`` maps a family name (a folder's ``model_type``) to its :class:`Family` object;
-:func:`load` opens any model folder.  The family modules are imported lazily so that
-``import lmforge`` stays cheap.
+The families themselves, and their registry, are :mod:`lmforge.families` (one folder per family), which sits above
+this package.
 """
-
-from __future__ import annotations
-
-from ..families import FAMILIES, Family, folder_family, get_family, load, model_class
-
-__all__ = ["FAMILIES", "Family", "folder_family", "get_family", "load", "model_class"]

@@ -20,12 +20,12 @@ from torch import nn
 
 from ..config import from_dict, load_json
 from ..errors import CheckpointError, LmforgeError
-from ..families import FAMILIES
 from ..storage.checks import check_dtypes, check_recorded_tokenizer, check_tokenizer_fits, read_weights
 from ..storage.files import save_json
 from ..storage.writing import save_weights
 from ..tokenization import Tokenizer
 from . import sentence, vectors
+from .family_hook import family_of
 from .windows import Window, plan_windows
 
 logger = logging.getLogger(__name__)
@@ -313,7 +313,7 @@ class PretrainedModel(nn.Module):
         model.sentence_pipeline = sentence.read_pipeline(p)
         if load_tokenizer and (p / "tokenizer.json").is_file():
             model.tokenizer = Tokenizer.load(p)
-            check_tokenizer_fits(config, model.tokenizer, p, FAMILIES.get(cls.model_type))
+            check_tokenizer_fits(config, model.tokenizer, p, family_of(cls.model_type))
             check_recorded_tokenizer(p, model.tokenizer)
         return model
 

@@ -35,9 +35,9 @@ from tqdm import tqdm
 from ..data.formats import RECORD_FORMATS, detect, iter_records, record_fields
 from ..data.textfiles import read_lines
 from ..errors import DataError, LmforgeError, require
-from ..families import FAMILIES
 from ..storage.files import atomic_path
 from . import onnx_backend, sentence
+from .family_hook import family_of
 
 POOLS = ("mean", "cls", "max", "mean+specials")
 
@@ -130,7 +130,7 @@ def _pooled_tokens(body, texts: list[str], layer: int | None, pool: str, batch_s
 def sentence_pipeline(body, layer: int | None, pool: str | None) -> sentence.SentencePipeline | None:
     """The sentence pipeline ``encode`` reads ``body`` with for these arguments, or None (per-token pooling)."""
     if pool == "mean+specials":
-        family = FAMILIES.get(getattr(body, "model_type", None))
+        family = family_of(getattr(body, "model_type", None))
         if layer is not None or family is None or not family.sentence_transformers:
             raise LmforgeError("pool 'mean+specials' reads the top layer of a BERT or ELECTRA model (no layer)")
         return sentence.lmforge_pipeline(body)
