@@ -11,8 +11,9 @@ import torch
 from lmforge.cli import main
 from lmforge.errors import LmforgeError
 from lmforge.families import FAMILIES, load
-from lmforge.models.vectors import encode, load_vectors
+from lmforge.models.vectors import encode
 from lmforge.models.windows import plan_windows
+from lmforge.storage.vector_files import load_vectors
 from lmforge.train.precision import native_bf16
 
 WINDOW = 16  # text tokens per window of the small BERT and GPT below

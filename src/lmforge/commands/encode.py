@@ -12,6 +12,7 @@ from ..cpu_quota import auto_threads
 from ..errors import LmforgeError
 from ..families import load
 from ..storage.folders import check_output_file
+from ..storage.vector_files import save_vectors
 from . import command_help
 from ._common import (
     add_device_arg,
@@ -106,7 +107,7 @@ def run(args) -> int:
                              forward=forward)
     seconds = time.perf_counter() - start
     fidelity = _fidelity(model, texts, array, args) if args.quantize != "none" else None
-    vectors.save_vectors(out, texts, array)
+    save_vectors(out, texts, array)
     n_layers = len(model.layer_names())
     layer = vectors.resolve_layer(args.layer, n_layers)
     pipeline = vectors.sentence_pipeline(model, args.layer, args.pool)

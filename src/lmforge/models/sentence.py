@@ -143,7 +143,7 @@ def write_sentence_transformers(pipeline: SentencePipeline, width: int, folder: 
                                                    "default_prompt_name": pipeline.default_prompt_name,
                                                    "similarity_fn_name": "cosine"}}
     for name, data in files.items():
-        (root / name).write_text(json.dumps(data, indent=2) + "\n", encoding="utf-8")
+        atomic_write_text(root / name, json.dumps(data, indent=2) + "\n")
 
 
 def lmforge_pipeline(body) -> SentencePipeline:

@@ -34,8 +34,7 @@ from tqdm import tqdm
 
 from ..data.formats import RECORD_FORMATS, detect, iter_records, record_fields
 from ..data.textfiles import read_lines
-from ..errors import DataError, LmforgeError, require
-from ..storage.files import atomic_path
+from ..errors import DataError, LmforgeError
 from . import onnx_backend, sentence
 from .family_hook import family_of
 
@@ -211,7 +210,6 @@ def progress_updates(progress: Progress, total: int) -> Iterator[Callable[[int],
 
 
 # -- files in and out (lmforge encode) ------------------------------------------------------------
-VECTOR_SUFFIXES = (".npy", ".parquet")
 
 
 #: the record formats read through :func:`lmforge.data.formats.iter_records` (JSON Lines is read here, line by line)
@@ -301,44 +299,3 @@ def _json_text(line: str, field: str, p: Path, lineno: int) -> str:
     if not isinstance(record[field], str):
         raise DataError(f"{p} line {lineno}: field '{field}' is a {type(record[field]).__name__}, not a string")
     return record[field]
-
-
-def save_vectors(path: str | Path, texts: Sequence[str], vectors: np.ndarray) -> Path:
-    """Write vectors atomically: ``.npy`` (the float32 array, never pickled) or ``.parquet`` (columns ``text``
-    string and ``vector`` list<float32>, one row per text)."""
-    p = Path(path)
-    if p.suffix not in VECTOR_SUFFIXES:
-        raise LmforgeError(f"cannot write '{p.name}': the output must end in {' or '.join(VECTOR_SUFFIXES)}")
-    vectors = np.ascontiguousarray(vectors, dtype=np.float32)
-    with atomic_path(p) as tmp:
-        if p.suffix == ".npy":
-            with open(tmp, "wb") as f:
-                np.save(f, vectors, allow_pickle=False)
-        else:
-            pa, pq = _pyarrow()
-            n, width = vectors.shape
-            column = pa.ListArray.from_arrays(pa.array(np.arange(0, n * width + 1, width, dtype=np.int32)),
-                                              pa.array(vectors.reshape(-1)))
-            pq.write_table(pa.table({"text": pa.array(list(texts), pa.string()), "vector": column}), tmp)
-    return p
-
-
-def load_vectors(path: str | Path) -> np.ndarray:
-    """The (n, C) float32 array of a file :func:`save_vectors` wrote (``.npy`` read with ``allow_pickle=False``)."""
-    p = Path(path)
-    if p.suffix == ".npy":
-        return np.load(p, allow_pickle=False)
-    if p.suffix != ".parquet":
-        raise LmforgeError(f"cannot read '{p.name}': vectors are .npy or .parquet files")
-    _, pq = _pyarrow()
-    column = pq.read_table(p, columns=["vector"]).column("vector").combine_chunks()
-    width = len(column[0]) if len(column) else 0
-    return column.flatten().to_numpy().astype(np.float32, copy=False).reshape(len(column), width)
-
-
-def _pyarrow():
-    require("pyarrow", "data")  # optional dependency, imported only for parquet files
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
-    return pa, pq
