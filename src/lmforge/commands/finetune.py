@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from ..data.tasks import load_task
 from ..families import FAMILIES
-from ..storage.checks import check_model_folder
 from ..storage.writing import output_folder, staged_folder
 from ..train.tblog import EpochLog
 from ..transfer import run_transfer
@@ -205,7 +204,6 @@ def run(args) -> int:
     # the run is written into a hidden folder beside --out and renamed into place when complete, so a kill
     # at any moment leaves --out as it was
     with output_folder(args.out, "run", args.overwrite, inputs=[args.model_dir], beside=True):
-        check_model_folder(args.model_dir, FAMILIES)
         with staged_folder(args.out, "run") as tmp:
             tb = EpochLog(tmp) if log == "tensorboard" else None
             quiet = getattr(args, "quiet", False)
