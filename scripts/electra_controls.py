@@ -16,12 +16,12 @@ For one benchmark (en-tweets, zh-sentiment or zh-ner), in the folder ``--work``:
    * every ``--variant NAME:key=value,...`` (item 2's recipe search: ``generator_size_divisor``,
      ``discriminator_weight``, ``warmup_steps``, ``discriminator_bias_init``, ...);
 
-4. each model's learning curve with ``lmforge benchmark curve`` on the test partition (``--sizes``, seeds 0 1 2)
-   and ``scripts/heldout_curve.py`` on held-out training-side examples (seeds 0-4), modes frozen, features and
-   finetune (BERT's also scratch);
-5. the record ``docs/results/records/<bench>_electra_controls_15m.json`` (``--record``): the best mode of each
-   model at each size with every seed, each run's steps, CPU seconds, final ``token_cos`` / ``rtd_auc``, and every
-   command run, in order.
+4. each model's learning curve, right after its pretraining, with ``lmforge benchmark curve`` on the test
+   partition (``--sizes``, seeds 0 1 2) and ``scripts/heldout_curve.py`` on held-out training-side examples
+   (seeds 0-4), modes frozen, features and finetune (BERT's also scratch with ``--scratch``);
+5. the record ``docs/results/records/<bench>_electra_controls_15m.json`` (``--record``), rewritten after each
+   model's curves: the best mode of each model at each size with every seed, each run's steps, CPU seconds, final
+   ``token_cos`` / ``rtd_auc``, and every command run, in order.
 
 Runs go one at a time at ``OMP_NUM_THREADS=--threads`` (1 by default, as the 15-minute records).  A step whose
 output is complete is skipped, so the same command continues a stopped script; ``--dry-run`` prints the commands.
@@ -152,42 +152,43 @@ def _sets(changes: dict) -> list[str]:
     return [f"{k}={v}" for k, v in changes.items()]
 
 
-def controls(r: Runner, shards: Path, bert: Path, electra: Path, args) -> dict[str, dict]:
-    """Each control: ``{name: {"dir", "changes"}}``, trained as fixed-step replays of ELECTRA's plan."""
+def control_runs(r: Runner, bert: Path, electra: Path, args) -> dict[str, dict]:
+    """Each control's changes to ELECTRA's plan: ``{name: changes}``, in the order they run."""
     known = not r.dry_run or (bert / "train_config.json").is_file() and (electra / "train_config.json").is_file()
     bert_cfg = _train_config(bert) if known else {k: "<BERT's>" for k in (*OPTIMIZER_KEYS, "max_steps")}
-    own_lr = _train_config(electra)["lr"] if known else None
-    runs = {
+    every = {
         "bert-optimizer": {k: bert_cfg[k] for k in OPTIMIZER_KEYS},
         "bert-steps": {"max_steps": bert_cfg["max_steps"]},
         **{f"lr-{x:g}": {"lr": x} for x in args.lr_grid},
-        **{name: changes for name, changes in args.variant},
     }
-    out = {}
-    for name, changes in runs.items():
-        if name.startswith("lr-") and changes["lr"] == own_lr:  # the grid's trial at ELECTRA's own lr: that run
-            out[name] = {"dir": electra, "changes": changes}
-            continue
-        folder = r.work / f"electra-{name}"
-        r.run(_lmforge("pretrain", "electra", "--data", r.rel(shards), "--out", folder.name, "--config",
-                       r.rel(electra / "train_config.json"), "--precision", "fp32", "--set", *_sets(changes)),
-              folder / "model.safetensors")
-        out[name] = {"dir": folder, "changes": changes}
-    return out
+    wanted = [n for n in every if n in args.controls or (n.startswith("lr-") and "lr-grid" in args.controls)]
+    return {**{n: every[n] for n in wanted}, **{name: changes for name, changes in args.variant}}
 
 
-def choose_lr(runs: dict[str, dict], args) -> str | None:
-    """The grid's run with the best final validation ``args.select`` (lower loss, higher AUC)."""
-    grid = [n for n in runs if n.startswith("lr-") and (runs[n]["dir"] / "metrics.jsonl").is_file()]
-    if not grid:
+def train_control(r: Runner, shards: Path, electra: Path, name: str, changes: dict) -> Path:
+    """A fixed-step replay of ELECTRA's plan with ``changes``; the grid's trial at ELECTRA's own lr is that run."""
+    own_lr = _train_config(electra)["lr"] if (electra / "train_config.json").is_file() else None
+    if name.startswith("lr-") and changes["lr"] == own_lr:
+        return electra
+    folder = r.work / f"electra-{name}"
+    r.run(_lmforge("pretrain", "electra", "--data", r.rel(shards), "--out", folder.name, "--config",
+                   r.rel(electra / "train_config.json"), "--precision", "fp32", "--set", *_sets(changes)),
+          folder / "model.safetensors")
+    return folder
+
+
+def choose_lr(trials: dict[str, Path], args) -> str | None:
+    """The grid's trial with the best final validation ``args.select`` (lower loss, higher AUC)."""
+    done = [n for n, folder in trials.items() if (folder / "metrics.jsonl").is_file()]
+    if not done:
         return None
     sign = -1.0 if args.select == "loss" else 1.0
-    return max(grid, key=lambda n: sign * _last_val(runs[n]["dir"]).get(args.select, float("-inf") * sign))
+    return max(done, key=lambda n: sign * _last_val(trials[n]).get(args.select, float("-inf") * sign))
 
 
 def curves(r: Runner, bench: str, model: Path, name: str, args) -> tuple[Path, Path]:
     """The learning curve on the test partition and on held-out training-side examples."""
-    modes = (["scratch"] if name == "bert" else []) + MODES
+    modes = (["scratch"] if name == "bert" and args.scratch else []) + MODES
     test, held = r.work / f"curve-{name}", r.work / f"heldout-{name}"
     sizes = [str(n) for n in args.sizes]
     small = ["--n-test", "50", "--pool", "300", "--seeds", "0"] if args.smoke else ["--seeds", "0", "1", "2"]
@@ -293,6 +294,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--lr-grid", nargs="+", type=float, default=[5e-4, 1e-3, 2e-3],
                     help="the lr trials (ELECTRA's own lr reuses its reference run)")
     ap.add_argument("--select", choices=["loss", "rtd_auc"], default="loss")
+    ap.add_argument("--controls", nargs="*", default=["bert-optimizer", "bert-steps", "lr-grid"],
+                    choices=["bert-optimizer", "bert-steps", "lr-grid"], help="which controls, in this order")
+    ap.add_argument("--scratch", action="store_true", help="BERT's curves also score the from-scratch baseline")
     ap.add_argument("--variant", action="append", type=_variant, default=[], help="NAME:key=value,...")
     ap.add_argument("--sizes", nargs="+", type=int, default=[100, 300])
     ap.add_argument("--threads", type=int, default=1)
@@ -304,20 +308,32 @@ def main(argv: list[str] | None = None) -> int:
     r = Runner(args.work.resolve(), args.threads, args.dry_run)
     shards = prepare_data(r, args.bench, args.shards)
     bert, electra = references(r, shards, args)
-    runs = controls(r, shards, bert, electra, args)
-    if args.dry_run:
-        return 0
-    chosen = choose_lr(runs, args)
-    models = {"bert": {"dir": bert}, "electra": {"dir": electra}}
-    models.update({f"electra-{n}": {"dir": v["dir"]} for n, v in runs.items() if not n.startswith("lr-")})
-    if chosen:
-        models[f"electra-{chosen} (chosen)"] = {"dir": runs[chosen]["dir"]}
-    for name, m in models.items():
-        m["test"], m["held"] = curves(r, args.bench, m["dir"], name.split()[0], args)
     record = args.record or RECORDS / f"{args.bench.replace('-', '_')}_electra_controls_15m.json"
     if args.smoke and args.record is None:
         record = r.work / "record.json"  # a smoke run's figures are no result: never into docs/results
-    write_record(record, args.bench, models, chosen, r, args)
+    models: dict[str, dict] = {}
+    state = {"chosen": None}
+
+    def add(name: str, folder: Path) -> None:
+        """Each model's curves right after its pretraining, and the record rewritten with what is done so far."""
+        same = next((m for m in models.values() if m["dir"] == folder), None)
+        test, held = (same["test"], same["held"]) if same else curves(r, args.bench, folder, name.split()[0], args)
+        models[name] = {"dir": folder, "test": test, "held": held}
+        if not r.dry_run and len(models) > 1:
+            write_record(record, args.bench, models, state["chosen"], r, args)
+
+    add("bert", bert)
+    add("electra", electra)
+    trials = {}
+    for name, changes in control_runs(r, bert, electra, args).items():
+        folder = train_control(r, shards, electra, name, changes)
+        if not name.startswith("lr-"):
+            add(f"electra-{name}", folder)
+            continue
+        trials[name] = folder
+        if len(trials) == len(args.lr_grid) and not r.dry_run:
+            state["chosen"] = choose_lr(trials, args)
+            add(f"electra-{state['chosen']} (chosen)", trials[state["chosen"]])
     return 0
 
 
