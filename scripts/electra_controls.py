@@ -5,6 +5,8 @@ For one benchmark (en-tweets, zh-sentiment or zh-ner), in the folder ``--work``:
 1. the benchmark's text, a WordPiece tokenizer and shards (or ``--shards``: existing ones);
 2. the references, each planned by ``--budget 15m --search-shape`` as in the ``*_electra_vs_bert_15m`` records:
    BERT (MLM only, ``next_sentence=false``) and ELECTRA with its defaults (or ``--bert`` / ``--electra``: those runs);
+   BERT is replayed with its steps scaled to ELECTRA's CPU seconds where the two plans missed equal time by over
+   10 % (``bert-eq``): that BERT is the reference of the table;
 3. the controls, each a fixed-step replay of ELECTRA's plan (its ``train_config.json``) with one change:
 
    * ``bert-optimizer``: BERT's optimizer and schedule (``lr``, ``schedule``, ``min_lr_ratio``, ``warmup_steps``,
@@ -146,6 +148,20 @@ def references(r: Runner, shards: Path, args) -> tuple[Path, Path]:
         r.run(_lmforge("pretrain", "electra", "--data", r.rel(shards), "--out", "electra", *plan, "--precision",
                        "fp32"), electra / "model.safetensors")
     return bert, electra
+
+
+def equal_cpu_bert(r: Runner, shards: Path, bert: Path, electra: Path) -> Path:
+    """BERT replayed at ELECTRA's CPU seconds when the two planned runs' differ by over 10 %: each planner probes a
+    machine the other run may share, so the plans can miss equal time.  The steps scale by the CPU ratio."""
+    b, e = r.cpu_seconds(bert / "model.safetensors"), r.cpu_seconds(electra / "model.safetensors")
+    if b is None or e is None or abs(b / e - 1) <= 0.1:
+        return bert
+    steps = round(_train_config(bert)["max_steps"] * e / b)
+    folder = r.work / "bert-eq"
+    r.run(_lmforge("pretrain", "bert", "--data", r.rel(shards), "--out", folder.name, "--config",
+                   r.rel(bert / "train_config.json"), "--precision", "fp32", "--set", f"max_steps={steps}"),
+          folder / "model.safetensors")
+    return folder
 
 
 def _sets(changes: dict) -> list[str]:
@@ -308,6 +324,8 @@ def main(argv: list[str] | None = None) -> int:
     r = Runner(args.work.resolve(), args.threads, args.dry_run)
     shards = prepare_data(r, args.bench, args.shards)
     bert, electra = references(r, shards, args)
+    if not args.bert and not r.dry_run:
+        bert = equal_cpu_bert(r, shards, bert, electra)
     record = args.record or RECORDS / f"{args.bench.replace('-', '_')}_electra_controls_15m.json"
     if args.smoke and args.record is None:
         record = r.work / "record.json"  # a smoke run's figures are no result: never into docs/results
