@@ -27,7 +27,7 @@ import lmforge.data.shards as shards
 shards.CHUNK_CHARS = 2000  # many chunks, so the pool runs
 real = chunks.encode_chunk
 def slow(*args, **kwargs):
-    time.sleep(0.5)
+    time.sleep(2.0)  # ~16 chunks: the run lasts far longer than the wait before the signal, even on a busy machine
     return real(*args, **kwargs)
 chunks.encode_chunk = slow  # the forked workers inherit it
 from lmforge.cli import main
