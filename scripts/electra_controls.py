@@ -159,9 +159,14 @@ def equal_cpu_bert(r: Runner, shards: Path, bert: Path, electra: Path) -> Path:
     if b is None or e is None or abs(b / e - 1) <= 0.1:
         return bert
     steps = round(_train_config(bert)["max_steps"] * e / b)
-    folder = r.work / "bert-eq"
-    r.run(_lmforge("pretrain", "bert", "--data", r.rel(shards), "--out", folder.name, "--config",
-                   r.rel(bert / "train_config.json"), "--precision", "fp32", "--set", f"max_steps={steps}"),
+    return replay(r, "bert", shards, bert, "bert-eq", {"max_steps": steps})
+
+
+def replay(r: Runner, family: str, shards: Path, source: Path, name: str, changes: dict) -> Path:
+    """A fixed-step run of ``source``'s plan (its ``train_config.json``) with ``changes``, into ``work/name``."""
+    folder = r.work / name
+    r.run(_lmforge("pretrain", family, "--data", r.rel(shards), "--out", folder.name, "--config",
+                   r.rel(source / "train_config.json"), "--precision", "fp32", "--set", *_sets(changes)),
           folder / "model.safetensors")
     return folder
 
@@ -188,11 +193,7 @@ def train_control(r: Runner, shards: Path, electra: Path, name: str, changes: di
     own_lr = _train_config(electra)["lr"] if (electra / "train_config.json").is_file() else None
     if name.startswith("lr-") and changes["lr"] == own_lr:
         return electra
-    folder = r.work / f"electra-{name}"
-    r.run(_lmforge("pretrain", "electra", "--data", r.rel(shards), "--out", folder.name, "--config",
-                   r.rel(electra / "train_config.json"), "--precision", "fp32", "--set", *_sets(changes)),
-          folder / "model.safetensors")
-    return folder
+    return replay(r, "electra", shards, electra, f"electra-{name}", changes)
 
 
 def choose_lr(trials: dict[str, Path], args) -> str | None:

@@ -64,3 +64,19 @@ def test_dry_run_prints_every_control_command(tmp_path, capsys):
                for x in lines)
     with pytest.raises(SystemExit):
         script.main(["zh-ner", "--work", str(work), "--variant", "no-colon"])
+
+
+def test_bert_is_replayed_at_electras_cpu_seconds_when_the_plans_missed_equal_time(tmp_path, capsys):
+    script = _script()
+    work = tmp_path / "w"
+    (work / "bert").mkdir(parents=True)
+    (work / "bert" / "train_config.json").write_text(json.dumps({"max_steps": 3184}))
+    r = script.Runner(work, 1, dry_run=True)
+    r.done = [{"output": "bert/model.safetensors", "cpu_s": 363.4},
+              {"output": "electra/model.safetensors", "cpu_s": 538.0}]
+    assert script.equal_cpu_bert(r, work / "shards", work / "bert", work / "electra") == work / "bert-eq"
+    line = capsys.readouterr().err.strip()
+    assert "pretrain bert --data shards --out bert-eq --config bert/train_config.json" in line
+    assert line.endswith("--set max_steps=4714")  # 3184 steps x 538 / 363.4 CPU seconds
+    r.done[0]["cpu_s"] = 500.0  # within 10 %: the planned BERT is the reference
+    assert script.equal_cpu_bert(r, work / "shards", work / "bert", work / "electra") == work / "bert"
