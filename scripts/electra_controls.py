@@ -52,6 +52,8 @@ ROOT = Path(__file__).resolve().parents[1]
 RECORDS = ROOT / "docs" / "results" / "records"
 # the optimizer and schedule keys the bert-optimizer control copies from BERT's run
 OPTIMIZER_KEYS = ("lr", "schedule", "min_lr_ratio", "warmup_steps", "weight_decay", "beta1", "beta2", "eps")
+# the model keys of ELECTRA's recipe each run states in the record (a variant changes them)
+RECIPE_KEYS = ("generator_size_divisor", "discriminator_weight", "discriminator_bias_init")
 TASKS = {"en-tweets": "classify", "zh-sentiment": "classify", "zh-ner": "tokens"}
 TITLES = {"en-tweets": "English tweet sentiment (accuracy)", "zh-sentiment": "Chinese review sentiment (accuracy)",
           "zh-ner": "Chinese NER, People's Daily (entity F1)"}
@@ -262,9 +264,10 @@ def _run_facts(name: str, folder: Path, r: Runner) -> str:
     cpu = r.cpu_seconds(folder / "model.safetensors")
     diag = ", ".join(f"{k} {val[k]:.3f}" for k in ("token_cos", "rtd_auc") if k in val)
     shape = cfg.get("model", {})
+    recipe = "".join(f", {k} {shape[k]:g}" for k in RECIPE_KEYS if k in shape)  # ELECTRA's own knobs
     return (f"{name}: {cfg['max_steps']:,} steps of {shape.get('num_hidden_layers')}x{shape.get('hidden_size')}"
             f" at lr {cfg['lr']:g} ({cfg['schedule']}, min_lr_ratio {cfg['min_lr_ratio']:g}, warm-up"
-            f" {cfg['warmup_steps']})" + (f", {cpu:,.0f} CPU s" if cpu is not None else "")
+            f" {cfg['warmup_steps']}{recipe})" + (f", {cpu:,.0f} CPU s" if cpu is not None else "")
             + (f"; final validation {diag}" if diag else ""))
 
 

@@ -80,3 +80,21 @@ def test_bert_is_replayed_at_electras_cpu_seconds_when_the_plans_missed_equal_ti
     assert line.endswith("--set max_steps=4714")  # 3184 steps x 538 / 363.4 CPU seconds
     r.done[0]["cpu_s"] = 500.0  # within 10 %: the planned BERT is the reference
     assert script.equal_cpu_bert(r, work / "shards", work / "bert", work / "electra") == work / "bert"
+
+
+def test_each_runs_facts_state_electras_recipe_so_a_variant_is_told_apart(tmp_path):
+    script = _script()
+    run = tmp_path / "electra-bias"
+    run.mkdir()
+    model = {"num_hidden_layers": 2, "hidden_size": 128, "generator_size_divisor": 4, "discriminator_weight": 50.0,
+             "discriminator_bias_init": -2.0}
+    (run / "train_config.json").write_text(json.dumps({"max_steps": 2723, "lr": 5e-4, "schedule": "linear",
+                                                       "min_lr_ratio": 0.0, "warmup_steps": 100, "model": model}))
+    (run / "metrics.jsonl").write_text(json.dumps({"split": "val", "loss": 20.9,
+                                                     "metrics": {"token_cos": 0.268, "rtd_auc": 0.608}}))
+    r = script.Runner(tmp_path, 1, dry_run=True)
+    r.done = [{"output": "electra-bias/model.safetensors", "cpu_s": 494.0}]
+    assert script._run_facts("electra-bias", run, r) == (
+        "electra-bias: 2,723 steps of 2x128 at lr 0.0005 (linear, min_lr_ratio 0, warm-up 100, "
+        "generator_size_divisor 4, discriminator_weight 50, discriminator_bias_init -2), 494 CPU s; "
+        "final validation token_cos 0.268, rtd_auc 0.608")
