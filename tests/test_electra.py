@@ -201,7 +201,10 @@ def test_loss_at_init_and_one_batch_overfits():
     noise = torch.rand(inputs.shape)
     first = model(inputs, labels=labels, sample_noise=noise)
     assert abs(first.metrics["mlm_loss"].item() - math.log(V)) < 0.3
-    assert abs(first.metrics["rtd_loss"].item() - math.log(2)) < 0.1
+    # the detector starts at the prior log-odds -2: its loss is the cross-entropy of that prior on the batch
+    share = first.metrics["replaced"].item()
+    prior = -(share * math.log(1 / (1 + math.exp(2))) + (1 - share) * math.log(1 / (1 + math.exp(-2))))
+    assert abs(first.metrics["rtd_loss"].item() - prior) < 0.1
     opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
     for _ in range(100):
         opt.zero_grad()
@@ -524,9 +527,9 @@ def test_discriminator_bias_init_sets_the_starting_log_odds_and_nothing_else():
     kw = dict(vocab_size=V, embedding_size=16, hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
               intermediate_size=64, max_position_embeddings=32)
     torch.manual_seed(0)
-    plain = ElectraForPreTraining(ElectraConfig(**kw)).state_dict()
+    plain = ElectraForPreTraining(ElectraConfig(**kw, discriminator_bias_init=0.0)).state_dict()  # the paper's
     torch.manual_seed(0)
-    biased = ElectraForPreTraining(ElectraConfig(**kw, discriminator_bias_init=-2.0)).state_dict()
+    biased = ElectraForPreTraining(ElectraConfig(**kw)).state_dict()  # the default: the prior's log-odds
     key = "discriminator_predictions.dense_prediction.bias"
     assert plain[key].item() == 0.0 and biased[key].item() == -2.0
     assert all(torch.equal(plain[k], biased[k]) for k in plain if k != key)  # no other weight, no extra draw

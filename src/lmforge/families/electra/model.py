@@ -92,9 +92,10 @@ class ElectraConfig:
     # the replaced-token-detection recipe
     generator_size_divisor: int = 4
     discriminator_weight: float = 50.0
-    #: the discriminator's output bias at initialisation, the log-odds of "replaced" before any step: 0 = even
-    #: odds (the paper's code); the log-odds of the replaced share (about -2 for 12 %) starts at the prior
-    discriminator_bias_init: float = 0.0
+    #: the discriminator's output bias at initialisation, the log-odds of "replaced" before any step: -2 is
+    #: about the replaced share (12 %), so the detector starts at the prior and its token vectors do not
+    #: collapse (docs/electra.md, the recipe search); 0 = even odds, the paper's code
+    discriminator_bias_init: float = -2.0
 
     def __post_init__(self) -> None:
         for name in ("vocab_size", "embedding_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
