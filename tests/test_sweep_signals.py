@@ -24,10 +24,10 @@ SLOW_PREPARE = """
 import sys, time
 import lmforge.data.chunks as chunks
 import lmforge.data.shards as shards
-shards.CHUNK_CHARS = 2000  # many chunks, so the pool runs
+shards.CHUNK_CHARS = 500  # a chunk a document or so: ~40 chunks, so the pool runs
 real = chunks.encode_chunk
 def slow(*args, **kwargs):
-    time.sleep(2.0)  # ~16 chunks: the run lasts far longer than the wait before the signal, even on a busy machine
+    time.sleep(2.0)  # ~40 s of work: far longer than the wait before the signal, even on a busy machine
     return real(*args, **kwargs)
 chunks.encode_chunk = slow  # the forked workers inherit it
 from lmforge.cli import main
