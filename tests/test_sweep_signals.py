@@ -21,7 +21,10 @@ from lmforge.cli import main
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
 
 SLOW_PREPARE = """
-import sys, time
+import signal, sys, time
+# Ctrl-C's handler as in a terminal: a child inherits an ignored SIGINT from its parent (a background job, or a
+# test process that ignored it), and Python keeps it ignored
+signal.signal(signal.SIGINT, signal.default_int_handler)
 import lmforge.data.chunks as chunks
 import lmforge.data.shards as shards
 shards.CHUNK_CHARS = 500  # a chunk a document or so: ~40 chunks, so the pool runs
