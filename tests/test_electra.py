@@ -201,9 +201,10 @@ def test_loss_at_init_and_one_batch_overfits():
     noise = torch.rand(inputs.shape)
     first = model(inputs, labels=labels, sample_noise=noise)
     assert abs(first.metrics["mlm_loss"].item() - math.log(V)) < 0.3
-    # the detector starts at the prior log-odds -2: its loss is the cross-entropy of that prior on the batch
+    # the detector starts at its configured log-odds: its loss is the cross-entropy of that prior on the batch
     share = first.metrics["replaced"].item()
-    prior = -(share * math.log(1 / (1 + math.exp(2))) + (1 - share) * math.log(1 / (1 + math.exp(-2))))
+    p = 1 / (1 + math.exp(-model.config.discriminator_bias_init))  # the starting probability of "replaced"
+    prior = -(share * math.log(p) + (1 - share) * math.log(1 - p))
     assert abs(first.metrics["rtd_loss"].item() - prior) < 0.1
     opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
     for _ in range(100):
